@@ -1,0 +1,89 @@
+"""Shared helpers for the benchmark scripts: environment record, timing, JSON output."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def cpu_name():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def environment():
+    import scipy
+
+    import gpuembed
+    from gpuembed.backend import BackendUnavailable, get_backend
+
+    versions = {"gpuembed": gpuembed.__version__, "numpy": np.__version__,
+                "scipy": scipy.__version__, "python": platform.python_version()}
+    for name in ("sklearn", "openTSNE", "cupy"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            pass
+    try:
+        gpu = get_backend("gpu").device_name
+    except BackendUnavailable:
+        gpu = None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "machine": platform.node(),
+        "cpu": cpu_name(),
+        "n_cpus": os.cpu_count(),
+        "gpu": gpu,
+        "versions": versions,
+    }
+
+
+def best_time(fn, repeat=1, sync=None):
+    """Minimum wall time of ``repeat`` calls and the last result."""
+    best, result = np.inf, None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        if sync is not None:
+            sync()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def write_result(name, figures, suffix=""):
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    record = {"benchmark": name, **environment(), "figures": figures}
+    path = RESULTS / f"{name}{suffix}.json"
+    path.write_text(json.dumps(record, indent=2, default=_jsonable) + "\n")
+    print(f"wrote {path}")
+    return path
+
+
+def _jsonable(obj):
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(type(obj))

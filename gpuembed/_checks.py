@@ -1,0 +1,75 @@
+"""Input validation shared by the public entry points.
+
+Every message names the parameter and the allowed range (DESIGN.md rule 4);
+nothing is silently clipped.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+
+def check_data(X, backend, *, name="X", dtype=None, min_samples=2):
+    """``X`` as a finite 2-D floating array on ``backend``'s device.
+
+    Integer input becomes float64 (float32 on the GPU unless ``dtype`` says
+    otherwise); float32/float64 input keeps its dtype unless ``dtype`` is given.
+    """
+    xp = backend.xp
+    if X is None:
+        raise ValueError(f"{name} is required")
+    shape = getattr(X, "shape", None)
+    if shape is None:
+        X = np.asarray(X)
+        shape = X.shape
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {tuple(shape)}")
+    if shape[0] < min_samples:
+        raise ValueError(f"{name} needs at least {min_samples} samples, got {shape[0]}")
+    if shape[1] < 1:
+        raise ValueError(f"{name} needs at least 1 feature, got shape {tuple(shape)}")
+    if dtype is None:
+        kind = np.dtype(getattr(X, "dtype", np.float64)).kind
+        if kind == "f" and np.dtype(X.dtype).itemsize in (4, 8):
+            dtype = X.dtype
+        elif kind in "biuf":
+            dtype = backend.default_float
+        else:
+            raise TypeError(f"{name} must be numeric, got dtype {X.dtype}")
+    X = backend.asarray(X, dtype=dtype)
+    if not bool(xp.isfinite(X).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return X
+
+
+def check_int(value, name, low=None, high=None):
+    """An integer in [low, high] (None means unbounded)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def check_float(value, name, low=None, high=None, *, low_open=False, high_open=False):
+    """A finite real number within the given bounds."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    value = float(value)
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        lo = "(" if low_open else "["
+        hi = ")" if high_open else "]"
+        raise ValueError(f"{name} must be in {lo}{low}, {high}{hi}, got {value}")
+    return value
+
+
+def check_choice(value, name, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value

@@ -1,0 +1,196 @@
+"""Compute backends: one object that carries the array module and its helpers.
+
+A public entry point resolves ``backend="auto" | "cpu" | "gpu"`` once with
+:func:`get_backend` and passes the :class:`Backend` down; nothing below it
+re-detects the device.  CuPy is imported here and only here, lazily, so the
+CPU path never needs it.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse
+import scipy.sparse.linalg
+
+__all__ = ["Backend", "BackendUnavailable", "get_backend", "kernel_path", "kernel_source"]
+
+BACKEND_NAMES = ("auto", "cpu", "gpu")
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested backend cannot run here (no CuPy, or no CUDA device)."""
+
+
+class Backend:
+    """Array module plus the few operations that differ between NumPy and CuPy.
+
+    Attributes
+    ----------
+    name : "cpu" or "gpu"
+    xp : the array module (numpy or cupy)
+    sparse : scipy.sparse or cupyx.scipy.sparse
+    sparse_linalg : scipy.sparse.linalg or cupyx.scipy.sparse.linalg
+    default_float : float64 on the CPU, float32 on the GPU (DESIGN.md rule 3)
+    device_name : human-readable device name
+    """
+
+    def __init__(self, name, xp, sparse, sparse_linalg, default_float, device_name):
+        self.name = name
+        self.xp = xp
+        self.sparse = sparse
+        self.sparse_linalg = sparse_linalg
+        self.default_float = np.dtype(default_float)
+        self.device_name = device_name
+
+    def __repr__(self):
+        return f"Backend(name={self.name!r}, device={self.device_name!r})"
+
+    @property
+    def is_gpu(self):
+        return self.name == "gpu"
+
+    def asarray(self, a, dtype=None):
+        """Move ``a`` (numpy, cupy or list) to this backend's device."""
+        if self.is_gpu:
+            return self.xp.asarray(a, dtype=dtype)
+        if hasattr(a, "get") and not isinstance(a, np.ndarray):  # a cupy array
+            a = a.get()
+        return np.asarray(a, dtype=dtype)
+
+    def to_host(self, a):
+        """Return ``a`` as a numpy array (sparse matrices come back as scipy CSR)."""
+        if a is None or isinstance(a, np.ndarray) or np.isscalar(a):
+            return a
+        if scipy.sparse.issparse(a):
+            return a
+        if hasattr(a, "get"):
+            out = a.get()
+            return out.tocsr() if hasattr(out, "tocsr") else out
+        return np.asarray(a)
+
+    def scatter_add(self, target, indices, values):
+        """``target[indices] += values`` with repeated indices accumulated."""
+        if self.is_gpu:
+            import cupyx
+
+            cupyx.scatter_add(target, indices, values)
+        else:
+            np.add.at(target, indices, values)
+        return target
+
+    def kernel(self, filename, name, dtype, defines=None):
+        """Compiled CUDA function ``name<ctype>`` from ``kernels/filename``.
+
+        The module is compiled once per (device, file, defines) for both float
+        and double and memoized; see :func:`kernel_source`.
+        """
+        if not self.is_gpu:
+            raise BackendUnavailable("CUDA kernels need the 'gpu' backend")
+        ctype = _CTYPES[np.dtype(dtype)]
+        device = self.xp.cuda.Device().id
+        defines_key = tuple(sorted((defines or {}).items()))
+        module = _raw_module(device, filename, name, defines_key)
+        return module.get_function(f"{name}<{ctype}>")
+
+
+_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+
+def kernel_dirs():
+    """Where kernel sources are looked for: inside the installed package (wheel),
+    then the ``kernels/`` folder of a source checkout."""
+    here = Path(__file__).resolve().parent
+    return [here / "kernels", here.parent / "kernels"]
+
+
+def kernel_path(filename):
+    """Path of ``kernels/filename``, from the wheel or the source checkout."""
+    for folder in kernel_dirs():
+        candidate = folder / filename
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"CUDA kernel source {filename!r} not found in any of {[str(d) for d in kernel_dirs()]}"
+    )
+
+
+def kernel_source(filename, defines=None):
+    """Source text of ``kernels/filename`` with ``#define NAME VALUE`` lines prepended."""
+    header = "".join(f"#define {key} {value}\n" for key, value in sorted((defines or {}).items()))
+    return header + kernel_path(filename).read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_module(device, filename, name, defines_key):
+    # ``device`` is part of the cache key: a RawModule is bound to the device
+    # that was current when it was compiled.
+    import cupy
+
+    code = kernel_source(filename, dict(defines_key))
+    return cupy.RawModule(
+        code=code,
+        options=("-std=c++17",),
+        name_expressions=[f"{name}<float>", f"{name}<double>"],
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_backend():
+    import platform
+
+    return Backend("cpu", np, scipy.sparse, scipy.sparse.linalg, np.float64,
+                   platform.processor() or platform.machine())
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_backend():
+    try:
+        import cupy
+        import cupyx.scipy.sparse
+        import cupyx.scipy.sparse.linalg
+    except ImportError as exc:
+        raise BackendUnavailable(
+            "backend='gpu' needs CuPy, which is not installed "
+            "(pip install 'gpuembed[gpu]' for CUDA 12 or 'gpuembed[gpu-cuda13]' for CUDA 13)"
+        ) from exc
+    try:
+        n_devices = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDA driver missing or broken
+        raise BackendUnavailable(f"backend='gpu': CuPy is installed but CUDA failed: {exc}") from exc
+    if n_devices < 1:
+        raise BackendUnavailable("backend='gpu': CuPy is installed but no CUDA device is visible")
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    device_name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    return Backend("gpu", cupy, cupyx.scipy.sparse, cupyx.scipy.sparse.linalg, np.float32,
+                   device_name)
+
+
+def get_backend(backend="auto"):
+    """Resolve ``"auto" | "cpu" | "gpu"`` (or a :class:`Backend`) to a Backend.
+
+    "auto" is the GPU when CuPy and a CUDA device are present, else the CPU.
+    "gpu" without them raises :class:`BackendUnavailable` saying what is missing.
+    """
+    if isinstance(backend, Backend):
+        return backend
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"backend must be one of {BACKEND_NAMES} or a Backend, got {backend!r}")
+    if backend == "cpu":
+        return _cpu_backend()
+    if backend == "gpu":
+        return _gpu_backend()
+    try:
+        return _gpu_backend()
+    except BackendUnavailable:
+        return _cpu_backend()
+
+
+def gpu_available():
+    """True when the 'gpu' backend can be used here."""
+    try:
+        _gpu_backend()
+    except BackendUnavailable:
+        return False
+    return True

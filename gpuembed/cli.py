@@ -1,0 +1,188 @@
+"""The ``gpuembed`` command: info, demo, embed, bench."""
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, datasets
+from .backend import BackendUnavailable, get_backend, kernel_dirs
+from .metrics import knn_accuracy
+
+DEMO_DATASETS = ("digits", "rotating_objects", "swiss_roll")
+
+
+def _affinity_graph(X, backend, n_neighbors=15):
+    """Symmetric k-NN graph with Gaussian weights (bandwidth: each row's median distance)."""
+    from .neighbors import knn
+
+    be = get_backend(backend)
+    sqdist, idx = (be.to_host(a) for a in knn(X, n_neighbors, backend=be))
+    sigma2 = np.median(sqdist, axis=1, keepdims=True) + 1e-300
+    import scipy.sparse
+
+    n = sqdist.shape[0]
+    W = scipy.sparse.csr_matrix((np.exp(-sqdist / sigma2).ravel(),
+                                 (np.repeat(np.arange(n), n_neighbors), idx.ravel())), shape=(n, n))
+    return (W + W.T) / 2
+
+
+def _embed_spectral(X, n_components, backend, args):
+    from .spectral import spectral_embedding
+
+    be = get_backend(backend)
+    W = _affinity_graph(X, be)
+    return be.to_host(spectral_embedding(W, n_components, backend="cpu"))
+
+
+# Embedding methods the CLI offers: name -> function(X, n_components, backend, args).
+METHODS = {"spectral": _embed_spectral}
+
+
+def _load_demo(name):
+    if name == "digits":
+        try:
+            return datasets.digits()
+        except ImportError:
+            print("scikit-learn not installed: using rotating_objects instead of digits")
+            name = "rotating_objects"
+    if name == "rotating_objects":
+        return datasets.rotating_objects()
+    X, t = datasets.swiss_roll(2000, random_state=0)
+    return X, np.digitize(t, np.linspace(t.min(), t.max(), 6)[1:-1])
+
+
+def _save_plot(Y, labels, path, title):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed, so no plot was written to {path} "
+              "(pip install 'gpuembed[plot]')")
+        return
+    fig, ax = plt.subplots(figsize=(7, 7))
+    ax.scatter(Y[:, 0], Y[:, 1], c=labels, s=4, cmap="tab10")
+    ax.set_title(title)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def cmd_info(args):
+    import scipy
+
+    print(f"gpuembed {__version__}")
+    print(f"python   {platform.python_version()} ({platform.machine()})")
+    print(f"numpy    {np.__version__}")
+    print(f"scipy    {scipy.__version__}")
+    try:
+        import cupy
+
+        print(f"cupy     {cupy.__version__}")
+    except ImportError:
+        print("cupy     not installed")
+    try:
+        gpu = get_backend("gpu")
+        print(f"gpu      {gpu.device_name}")
+    except BackendUnavailable as exc:
+        print(f"gpu      unavailable: {exc}")
+    print(f"backend  auto -> {get_backend('auto').name}")
+    print(f"kernels  {', '.join(str(d) for d in kernel_dirs() if d.is_dir())}")
+    return 0
+
+
+def cmd_demo(args):
+    X, labels = _load_demo(args.dataset)
+    be = get_backend(args.backend)
+    print(f"dataset {args.dataset}: {X.shape[0]} points x {X.shape[1]} dims, backend {be.name} "
+          f"({be.device_name})")
+    start = time.perf_counter()
+    Y = METHODS[args.method](X, 2, be, args)
+    seconds = time.perf_counter() - start
+    acc = knn_accuracy(Y, labels, k=10)
+    print(f"{args.method}: {seconds:.2f} s, 10-NN accuracy {acc:.3f}")
+    _save_plot(Y, labels, args.output, f"{args.dataset}: {args.method} ({seconds:.1f} s, "
+                                       f"10-NN acc {acc:.3f})")
+    return 0
+
+
+def cmd_embed(args):
+    path = Path(args.input)
+    if path.suffix == ".npy":
+        X = np.load(path)
+    elif path.suffix == ".csv":
+        X = np.loadtxt(path, delimiter=",", ndmin=2)
+    else:
+        raise ValueError(f"INPUT must be a .npy or .csv file, got {path}")
+    be = get_backend(args.backend)
+    start = time.perf_counter()
+    Y = METHODS[args.method](X, args.n_components, be, args)
+    print(f"{args.method}: {X.shape[0]} points in {time.perf_counter() - start:.2f} s")
+    np.save(args.output, Y)
+    print(f"wrote {args.output}")
+    labels = np.load(args.labels) if args.labels else None
+    if labels is not None:
+        print(f"10-NN accuracy {knn_accuracy(Y, labels, k=10):.3f}")
+    if args.plot:
+        _save_plot(Y, labels if labels is not None else "k", args.plot, path.name)
+    return 0
+
+
+def cmd_bench(args):
+    runner = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+    if not runner.is_file():
+        raise FileNotFoundError("gpuembed bench runs benchmarks/run.py from a source checkout; "
+                                "none was found next to this installation")
+    return subprocess.call([sys.executable, str(runner), *args.names])
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="gpuembed", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gpuembed {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("info", help="versions, backend and GPU").set_defaults(func=cmd_info)
+
+    demo = sub.add_parser("demo", help="embed a bundled dataset and write a PNG")
+    demo.add_argument("--dataset", choices=DEMO_DATASETS, default="digits")
+    demo.add_argument("--method", choices=sorted(METHODS), default="spectral")
+    demo.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
+    demo.add_argument("-o", "--output", default="gpuembed-demo.png")
+    demo.set_defaults(func=cmd_demo)
+
+    embed = sub.add_parser("embed", help="embed a .npy or .csv file")
+    embed.add_argument("input")
+    embed.add_argument("-o", "--output", required=True)
+    embed.add_argument("--method", choices=sorted(METHODS), default="spectral")
+    embed.add_argument("--n-components", type=int, default=2)
+    embed.add_argument("--labels", help=".npy file of labels (for the accuracy and the plot)")
+    embed.add_argument("--plot", help="write a PNG scatter plot here")
+    embed.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
+    embed.set_defaults(func=cmd_embed)
+
+    bench = sub.add_parser("bench", help="run the benchmark suite (source checkout)")
+    bench.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, OSError, ImportError, BackendUnavailable) as exc:
+        parser.exit(1, f"gpuembed {args.command}: error: {exc}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

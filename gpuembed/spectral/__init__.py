@@ -1,0 +1,4 @@
+"""Spectral methods."""
+from .embedding import spectral_embedding
+
+__all__ = ["spectral_embedding"]

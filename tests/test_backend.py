@@ -1,0 +1,103 @@
+import subprocess
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+import gpuembed as ge
+from gpuembed import backend as backend_module
+from gpuembed.backend import kernel_path, kernel_source
+from conftest import HAS_GPU
+
+KERNEL_FILES = ["knn_select.cu"]
+
+
+def test_cpu_backend_attributes():
+    be = ge.get_backend("cpu")
+    assert be.name == "cpu" and be.xp is np
+    assert be.default_float == np.float64
+    assert ge.get_backend(be) is be
+    a = be.asarray([1.0, 2.0])
+    assert isinstance(a, np.ndarray) and be.to_host(a) is a
+
+
+def test_cpu_scatter_add_accumulates_repeats():
+    be = ge.get_backend("cpu")
+    out = be.scatter_add(np.zeros(3), np.array([0, 2, 0, 0]), np.array([1.0, 2.0, 3.0, 4.0]))
+    np.testing.assert_array_equal(out, [8.0, 0.0, 2.0])
+
+
+def test_unknown_backend_name():
+    with pytest.raises(ValueError, match="backend"):
+        ge.get_backend("tpu")
+
+
+def test_auto_falls_back_to_cpu_without_gpu():
+    assert ge.get_backend("auto").name == ("gpu" if HAS_GPU else "cpu")
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
+def test_gpu_unavailable_says_what_is_missing():
+    with pytest.raises(ge.BackendUnavailable, match="CuPy|CUDA|device"):
+        ge.get_backend("gpu")
+
+
+def test_cpu_backend_refuses_kernels():
+    with pytest.raises(ge.BackendUnavailable):
+        ge.get_backend("cpu").kernel("knn_select.cu", "knn_select", np.float32)
+
+
+@pytest.mark.parametrize("name", KERNEL_FILES)
+def test_kernel_sources_are_found(name):
+    path = kernel_path(name)
+    assert path.is_file() and path.suffix == ".cu"
+
+
+def test_every_kernel_file_is_listed():
+    # The repository's kernels/ must match what the tests know about.
+    shipped = sorted(p.name for d in backend_module.kernel_dirs() if d.is_dir() for p in d.glob("*.cu"))
+    assert sorted(set(shipped)) == sorted(KERNEL_FILES)
+
+
+def test_kernel_lookup_prefers_package_then_checkout(tmp_path, monkeypatch):
+    package_dir, checkout_dir = tmp_path / "pkg", tmp_path / "checkout"
+    package_dir.mkdir()
+    checkout_dir.mkdir()
+    (checkout_dir / "a.cu").write_text("// checkout a")
+    (checkout_dir / "b.cu").write_text("// checkout b")
+    (package_dir / "a.cu").write_text("// package a")
+    monkeypatch.setattr(backend_module, "kernel_dirs", lambda: [package_dir, checkout_dir])
+    assert kernel_path("a.cu") == package_dir / "a.cu"
+    assert kernel_path("b.cu") == checkout_dir / "b.cu"
+    with pytest.raises(FileNotFoundError, match="c.cu"):
+        kernel_path("c.cu")
+
+
+def test_kernel_source_prepends_defines():
+    src = kernel_source("knn_select.cu", {"KNN_MAX_K": 64, "A_FLAG": 1})
+    assert src.startswith("#define A_FLAG 1\n#define KNN_MAX_K 64\n")
+    assert src.endswith(kernel_path("knn_select.cu").read_text())
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("name", KERNEL_FILES)
+def test_kernel_compiles_with_nvcc(name, tmp_path):
+    src = tmp_path / name
+    src.write_text(kernel_source(name))
+    result = subprocess.run(
+        ["nvcc", "-std=c++17", "-arch=sm_90", "-ptx", "-o", str(tmp_path / "out.ptx"), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert ".entry" in (tmp_path / "out.ptx").read_text()
+
+
+@pytest.mark.gpu
+def test_gpu_backend_round_trip():
+    be = ge.get_backend("gpu")
+    a = be.asarray(np.arange(5.0))
+    assert type(a).__module__.startswith("cupy")
+    np.testing.assert_array_equal(be.to_host(a), np.arange(5.0))
+    out = be.scatter_add(be.xp.zeros(3), be.asarray(np.array([0, 2, 0])), be.asarray([1.0, 2.0, 3.0]))
+    np.testing.assert_array_equal(be.to_host(out), [4.0, 0.0, 2.0])

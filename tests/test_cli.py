@@ -1,0 +1,55 @@
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "gpuembed.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
+
+
+def test_info():
+    out = run_cli("info")
+    assert out.returncode == 0, out.stderr
+    assert "gpuembed" in out.stdout and "backend  auto ->" in out.stdout
+
+
+def test_demo_writes_png(tmp_path):
+    out = run_cli("demo", "--dataset", "rotating_objects", "--backend", "cpu",
+                  "-o", str(tmp_path / "demo.png"))
+    assert out.returncode == 0, out.stderr
+    assert "10-NN accuracy" in out.stdout
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in out.stdout
+    else:
+        assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_embed_file(tmp_path):
+    X = np.random.default_rng(0).standard_normal((120, 5))
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", np.arange(120) % 3)
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
+                  "--labels", str(tmp_path / "y.npy"), "--backend", "cpu")
+    assert out.returncode == 0, out.stderr
+    assert np.load(tmp_path / "y_out.npy").shape == (120, 2)
+
+
+@pytest.mark.parametrize("args", [[], ["nonsense"], ["demo", "--dataset", "nope"],
+                                  ["embed"], ["demo", "--backend", "tpu"]])
+def test_argument_errors_print_usage(args):
+    out = run_cli(*args)
+    assert out.returncode == 2
+    assert "usage: gpuembed" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_runtime_errors_have_no_traceback(tmp_path):
+    out = run_cli("embed", str(tmp_path / "missing.npy"), "-o", str(tmp_path / "o.npy"))
+    assert out.returncode == 1 and "error" in out.stderr and "Traceback" not in out.stderr
+    (tmp_path / "bad.txt").write_text("1,2")
+    out = run_cli("embed", str(tmp_path / "bad.txt"), "-o", str(tmp_path / "o.npy"))
+    assert out.returncode == 1 and ".npy or .csv" in out.stderr

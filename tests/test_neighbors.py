@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+
+import gpuembed as ge
+
+
+def brute_knn(X, k):
+    """Full N x N reference in float64, self excluded, ties ordered by index."""
+    X = np.asarray(X, dtype=np.float64)
+    D = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    np.fill_diagonal(D, np.inf)
+    order = np.lexsort((np.broadcast_to(np.arange(len(X)), D.shape), D), axis=1)[:, :k]
+    return np.take_along_axis(D, order, axis=1), order
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,d,k", [(50, 3, 5), (300, 20, 17), (257, 2, 1), (40, 5, 39)])
+def test_knn_matches_brute_force(backend, rng, dtype, n, d, k):
+    X = rng.standard_normal((n, d)).astype(dtype) * 3 + 10  # offset: cancellation matters
+    ref_d, ref_i = brute_knn(X, k)
+    sqdist, idx = ge.knn(be_x(backend, X), k, backend=backend)
+    sqdist, idx = backend.to_host(sqdist), backend.to_host(idx)
+    assert sqdist.dtype == dtype and idx.dtype == np.int64 and sqdist.shape == (n, k)
+    rtol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(sqdist, ref_d, rtol=rtol)
+    np.testing.assert_array_equal(idx, ref_i)
+
+
+def be_x(backend, X):
+    return backend.asarray(X)
+
+
+def test_small_blocks_give_the_same_answer(rng):
+    X = rng.standard_normal((200, 4))
+    full = ge.knn(X, 7, backend="cpu")
+    # 8 rows per block: many blocks, the last one partial.
+    blocked = ge.knn(X, 7, backend="cpu", block_bytes=200 * 8 * 8)
+    np.testing.assert_array_equal(full[1], blocked[1])
+    np.testing.assert_array_equal(full[0], blocked[0])
+
+
+def test_duplicates_are_neighbours_at_distance_zero(backend, rng):
+    base = rng.standard_normal((30, 6)) * 100 + 1000
+    X = np.concatenate([base, base[:10], base[:10]])  # points 0-9 appear three times
+    sqdist, idx = (backend.to_host(a) for a in ge.knn(backend.asarray(X), 3, backend=backend))
+    for i in range(10):
+        assert sqdist[i, 0] == 0.0 and sqdist[i, 1] == 0.0
+        assert list(idx[i, :2]) == [30 + i, 40 + i]   # ties ordered by index, self excluded
+        assert sqdist[i, 2] > 0
+    assert (idx != np.arange(len(X))[:, None]).all()
+
+
+def test_ties_on_a_grid(backend):
+    # Integer grid: many exactly equal distances; order must be (distance, index).
+    g = np.arange(6.0)
+    X = np.array([(a, b) for a in g for b in g])
+    ref_d, ref_i = brute_knn(X, 8)
+    sqdist, idx = (backend.to_host(a) for a in ge.knn(backend.asarray(X), 8, backend=backend))
+    np.testing.assert_array_equal(sqdist, ref_d)
+    np.testing.assert_array_equal(idx, ref_i)
+
+
+def test_integer_input_becomes_float64():
+    X = np.arange(20).reshape(10, 2)
+    sqdist, idx = ge.knn(X, 2, backend="cpu")
+    assert sqdist.dtype == np.float64
+    np.testing.assert_array_equal(sqdist[0], [8.0, 32.0])
+
+
+@pytest.mark.parametrize("k", [0, -1, 10, 11])
+def test_bad_k(k):
+    with pytest.raises(ValueError, match="n_neighbors"):
+        ge.knn(np.random.default_rng(0).random((10, 2)), k, backend="cpu")
+
+
+def test_k_not_integer():
+    with pytest.raises(TypeError, match="n_neighbors"):
+        ge.knn(np.zeros((10, 2)), 2.5, backend="cpu")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_input(bad):
+    X = np.random.default_rng(0).random((10, 2))
+    X[3, 1] = bad
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        ge.knn(X, 2, backend="cpu")
+
+
+@pytest.mark.parametrize("shape", [(10,), (2, 3, 4)])
+def test_not_2d(shape):
+    with pytest.raises(ValueError, match="2-D"):
+        ge.knn(np.zeros(shape), 2, backend="cpu")
+
+
+def test_one_point():
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        ge.knn(np.zeros((1, 3)), 1, backend="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_equals_cpu(rng, dtype):
+    X = rng.standard_normal((3000, 30)).astype(dtype)
+    cpu = ge.knn(X, 25, backend="cpu")
+    be = ge.get_backend("gpu")
+    gpu = [be.to_host(a) for a in ge.knn(be.asarray(X), 25, backend=be)]
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-4 if dtype == np.float32 else 1e-10)
+    assert (gpu[1] == cpu[1]).mean() > 0.999
