@@ -10,8 +10,8 @@ import argparse
 
 import numpy as np
 
-import gpuembed as ge
 from common import best_time, write_result
+import gpuembed as ge
 
 
 def run(n=None, k=90, repeat=2):

@@ -6,10 +6,14 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+# Benchmarks measure the checkout they live in, installed or not.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

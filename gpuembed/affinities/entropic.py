@@ -1,0 +1,226 @@
+"""Entropic (perplexity-calibrated) affinities.
+
+Source: ../shared/papers/003_e1371111a5435f8e.txt and chapter 2 of
+000_7551f45b306cd904.txt.  Each point n gets the precision beta_n for which the
+distribution p(m|n) proportional to exp(-beta_n |x_n - x_m|^2) over its k nearest
+neighbours has entropy log K (perplexity K).  Root finding: rootfinding.py;
+warm-start orders: orders.py.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._checks import check_choice, check_data, check_float, check_int
+from ..backend import get_backend
+from ..neighbors import knn
+from . import orders as _orders
+from . import rootfinding
+
+__all__ = ["EntropicAffinities", "entropic_affinities"]
+
+
+@dataclass
+class EntropicAffinities:
+    """Result of :func:`entropic_affinities` (arrays live on the backend's device).
+
+    P : sparse CSR (N, N): the symmetric joint (P + P^T) / (2N) summing to 1 if
+        ``symmetrize``, else the row-stochastic conditional p(m|n).
+    beta : (N,) precisions; 0 for rows whose distances are all equal, +inf for rows
+        whose tied nearest neighbours already outnumber the perplexity.
+    entropy : (N,) achieved entropy in nats.
+    n_iter : (N,) function evaluations of the root finding per point.
+    neighbors : (sqdist, indices) used.
+    """
+
+    P: Any
+    beta: Any
+    entropy: Any
+    n_iter: Any
+    neighbors: tuple
+
+
+def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=None,
+                        method="newton", order="dk", tol=1e-10, symmetrize=True,
+                        backend="auto"):
+    """Perplexity-calibrated Gaussian affinities over the k nearest neighbours.
+
+    Parameters
+    ----------
+    X : (N, D) data, or None when ``neighbors`` is given.
+    perplexity : float in (1, n_neighbors), or an (N,) array of per-point values.
+    n_neighbors : neighbours per point; default ``min(N - 1, ceil(3 * max perplexity))``,
+        the anchors' choice (scikit-learn, openTSNE), so results are comparable:
+        beyond 3K neighbours the Gaussian weights are negligible for the entropy.
+    neighbors : precomputed ``(sqdist, indices)``, each (N, k), self excluded.
+    method : "newton" | "halley" | "euler" | "bisection" (Algorithm 1).
+    order : "dk" | "mst" | "msp" | "bounds" | "none" warm-start order, solved in
+        parallel waves (see orders.py).
+    tol : tolerance on |H - log K| in nats (default 1e-10; computed in float64).
+    symmetrize : return the joint (P + P^T) / (2N) instead of the conditional.
+
+    Degenerate rows are not solved but set to the limit the equation tends to, with
+    a RuntimeWarning: if all k distances are equal the entropy is log k for every
+    beta (beta = 0, uniform row); if m >= K neighbours tie at the minimum distance
+    (duplicates) the entropy cannot fall below log m (beta = +inf, uniform over them).
+    """
+    be = get_backend(backend)
+    xp = be.xp
+    check_choice(method, "method", rootfinding.METHODS)
+    check_choice(order, "order", _orders.ORDERS)
+    tol = check_float(tol, "tol", 0.0, low_open=True)
+    sqdist, indices = _neighbors(X, neighbors, perplexity, n_neighbors, be)
+    n, k = sqdist.shape
+    K = _perplexities(perplexity, n, k)
+
+    sqdist = sqdist.astype(xp.float64)
+    shifted = sqdist - sqdist.min(axis=1, keepdims=True)
+    lo, hi = rootfinding.log_beta_bounds(xp, shifted, be.asarray(K))
+    n_tied = (shifted == 0).sum(axis=1)
+    flat = be.to_host(shifted.max(axis=1) == 0)
+    saturated = be.to_host(n_tied >= be.asarray(K)) & ~flat
+    solvable = ~(flat | saturated)
+    _warn_degenerate(flat, saturated)
+
+    alpha, entropy, n_iter = solve_rows(be, shifted, K, lo, hi, method, order, tol,
+                                        host_neighbors=(be.to_host(sqdist), be.to_host(indices)),
+                                        rows=np.flatnonzero(solvable))
+    beta = xp.exp(alpha)
+    # Degenerate rows: the limits described in the docstring.
+    beta[be.asarray(flat)] = 0.0
+    beta[be.asarray(saturated)] = xp.inf
+    entropy[be.asarray(flat)] = math.log(k)
+    entropy[be.asarray(saturated)] = xp.log(n_tied[be.asarray(saturated)].astype(xp.float64))
+    n_iter[be.asarray(~solvable)] = 0
+
+    W = _row_weights(xp, shifted, beta)
+    P = be.sparse.csr_matrix((W.ravel(), indices.ravel(), xp.arange(0, n * k + 1, k)),
+                             shape=(n, n))
+    if symmetrize:
+        P = ((P + P.T) / (2.0 * n)).tocsr()
+    return EntropicAffinities(P=P, beta=beta, entropy=entropy, n_iter=n_iter,
+                              neighbors=(sqdist, indices))
+
+
+def solve_rows(be, shifted, perplexity, lo, hi, method, order, tol, host_neighbors, rows=None,
+               parallel=True):
+    """log beta, entropy and evaluations per row, following ``order``'s waves.
+
+    Only ``rows`` (default all) are solved; the others come back as NaN / 0.
+    ``parallel=False`` runs the paper's sequential order (one point per wave),
+    for comparison only.
+    """
+    xp = be.xp
+    n = shifted.shape[0]
+    rows = np.arange(n) if rows is None else np.asarray(rows)
+    log_k = be.asarray(np.log(perplexity))
+    with np.errstate(divide="ignore"):
+        log_scale = xp.log(shifted.mean(axis=1))
+    alpha = xp.full(n, xp.nan)
+    entropy = xp.full(n, xp.nan)
+    n_iter = xp.zeros(n, dtype=xp.int64)
+    waves = _orders.schedule(order, host_neighbors[0], host_neighbors[1], perplexity, parallel)
+    keep = np.zeros(n, dtype=bool)
+    keep[rows] = True
+    for wave_rows, sources in waves:
+        mask = keep[wave_rows]
+        wave_rows, sources = wave_rows[mask], sources[mask]
+        if wave_rows.size == 0:
+            continue
+        r = be.asarray(wave_rows)
+        alpha0 = _start(xp, be.asarray(sources), alpha + log_scale, log_scale[r], lo[r], hi[r],
+                        order)
+        a, h, it = rootfinding.solve(xp, shifted[r], log_k[r], alpha0, lo[r].copy(), hi[r].copy(),
+                                     method, tol)
+        alpha[r], entropy[r], n_iter[r] = a, h, it
+    return alpha, entropy, n_iter
+
+
+def _start(xp, sources, scale_free, log_scale, lo, hi, order):
+    """Initial log beta of a wave's rows.
+
+    H depends on the distances only through their shape: scaling a row's
+    distances by c moves its root by -log c.  So what is carried over from the
+    solved sources is the scale-free part ``log beta + log(mean distance)``,
+    averaged over the sources; rows without a source start mid-bracket, and
+    order "none" starts every row at beta = 1 (the anchors' choice).
+    """
+    if order == "none":
+        return xp.zeros(lo.shape)
+    src = scale_free[xp.maximum(sources, 0)]
+    valid = (sources >= 0) & xp.isfinite(src)
+    count = valid.sum(axis=1)
+    mean = xp.where(valid, src, 0.0).sum(axis=1) / xp.maximum(count, 1)
+    return xp.where(count > 0, mean - log_scale, 0.5 * (lo + hi))
+
+
+def _row_weights(xp, shifted, beta):
+    """Rows of p(m|n); beta = +inf rows are uniform over their zero-distance neighbours."""
+    with np.errstate(invalid="ignore"):
+        w = xp.exp(-beta[:, None] * shifted)
+    w = xp.where(xp.isnan(w), 1.0, w)        # inf * 0: the tied neighbours of saturated rows
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def _neighbors(X, neighbors, perplexity, n_neighbors, be):
+    xp = be.xp
+    if neighbors is not None:
+        if X is not None and n_neighbors is not None:
+            raise ValueError("give either neighbors or n_neighbors, not both")
+        try:
+            sqdist, indices = neighbors
+        except (TypeError, ValueError):
+            raise ValueError("neighbors must be a pair (sqdist, indices)") from None
+        sqdist = check_data(sqdist, be, name="neighbors[0] (sqdist)", dtype=np.float64,
+                            min_samples=3)
+        indices = be.asarray(indices)
+        n, k = sqdist.shape
+        if X is not None and getattr(X, "shape", (n,))[0] != n:
+            raise ValueError(f"neighbors has {n} rows but X has {X.shape[0]}")
+        if indices.shape != (n, k):
+            raise ValueError(f"neighbors: indices shape {indices.shape} != sqdist shape {(n, k)}")
+        if indices.dtype.kind not in "iu":
+            raise TypeError("neighbors: indices must be integers")
+        if bool((sqdist < 0).any()):
+            raise ValueError("neighbors: squared distances must be >= 0")
+        if bool(((indices < 0) | (indices >= n)).any()):
+            raise ValueError(f"neighbors: indices must be in [0, {n - 1}]")
+        if bool((indices == xp.arange(n)[:, None]).any()):
+            raise ValueError("neighbors: a point must not be its own neighbour")
+        if k < 2:
+            raise ValueError("neighbors: need at least 2 neighbours per point")
+        return sqdist, indices.astype(xp.int64)
+    X = check_data(X, be, min_samples=3)
+    n = X.shape[0]
+    if n_neighbors is None:
+        k_max = float(np.max(perplexity)) if np.size(perplexity) else 0.0
+        n_neighbors = min(n - 1, math.ceil(3 * k_max)) if np.isfinite(k_max) else n - 1
+    n_neighbors = check_int(n_neighbors, "n_neighbors", 2, n - 1)
+    return knn(X, n_neighbors, backend=be)
+
+
+def _perplexities(perplexity, n, k):
+    """Per-point perplexities as a float64 array, each in (1, k)."""
+    K = np.asarray(perplexity, dtype=np.float64) if not isinstance(perplexity, bool) else None
+    if K is None or K.ndim > 1 or (K.ndim == 1 and K.shape[0] != n):
+        raise ValueError(f"perplexity must be a number or an array of {n} values")
+    if not np.all(np.isfinite(K)) or np.any(K <= 1) or np.any(K >= k):
+        raise ValueError(f"perplexity must be in (1, n_neighbors = {k}) for every point, got "
+                         f"values in [{K.min()}, {K.max()}]")
+    return np.broadcast_to(K, (n,)).copy()
+
+
+def _warn_degenerate(flat, saturated):
+    if flat.any():
+        warnings.warn(f"{int(flat.sum())} point(s) have all neighbour distances equal: entropy "
+                      "is log(n_neighbors) for every beta; set beta = 0 (uniform row)",
+                      RuntimeWarning, stacklevel=3)
+    if saturated.any():
+        warnings.warn(f"{int(saturated.sum())} point(s) have at least perplexity neighbours at "
+                      "their minimum distance (duplicates): entropy cannot reach log(perplexity); "
+                      "set beta = inf (uniform over the tied neighbours)",
+                      RuntimeWarning, stacklevel=3)

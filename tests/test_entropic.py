@@ -1,0 +1,291 @@
+"""Entropic affinities (../shared/papers/003_e1371111a5435f8e.txt; dissertation ch. 2)."""
+import warnings
+
+import numpy as np
+import pytest
+import scipy.optimize
+
+import gpuembed as ge
+from gpuembed.affinities import orders, rootfinding
+from gpuembed.affinities.entropic import solve_rows
+
+LOG = np.log
+
+
+def entropy_of_rows(sqdist, beta):
+    """Independent entropy: -sum p log p from scratch (no shift trick)."""
+    logits = -beta[:, None] * sqdist
+    logits -= logits.max(axis=1, keepdims=True)
+    p = np.exp(logits)
+    p /= p.sum(axis=1, keepdims=True)
+    return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=1)
+
+
+def dense_reference_beta(X, K):
+    """k = N-1: solve each row of the full distance matrix with brentq (xtol tiny)."""
+    D = ((X[:, None] - X[None]) ** 2).sum(-1)
+    out = []
+    for i in range(len(X)):
+        d = np.delete(D[i], i)
+        d = d - d.min()
+        f = lambda a: entropy_of_rows(d[None], np.array([np.exp(a)]))[0] - LOG(K)
+        out.append(np.exp(scipy.optimize.brentq(f, -30, 30, xtol=1e-14, rtol=1e-15)))
+    return np.array(out)
+
+
+@pytest.fixture(scope="module")
+def clusters():
+    X, _ = ge.datasets.gaussian_clusters(400, 4, 5, random_state=0)
+    return X
+
+
+def test_entropy_derivatives_match_finite_differences(rng):
+    shifted = rng.gamma(2.0, 3.0, (50, 40))
+    shifted -= shifted.min(axis=1, keepdims=True)
+    alpha = rng.uniform(-4, 1, 50)
+    H, dH, d2H = rootfinding.entropy_terms(np, shifted, alpha)
+    h = 1e-5
+    Hp, dHp, _ = rootfinding.entropy_terms(np, shifted, alpha + h)
+    Hm, dHm, _ = rootfinding.entropy_terms(np, shifted, alpha - h)
+    np.testing.assert_allclose(dH, (Hp - Hm) / (2 * h), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(d2H, (dHp - dHm) / (2 * h), rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(H, entropy_of_rows(shifted, np.exp(alpha)), rtol=1e-12)
+
+
+def test_entropy_is_shift_stable():
+    # Distances around 1e4 with beta ~ 1: exp(-beta d) underflows without the shift.
+    d = np.array([[1e4, 1e4 + 1.0, 1e4 + 2.0, 1e4 + 5.0]])
+    H, _, _ = rootfinding.entropy_terms(np, d - d.min(), np.array([0.0]))
+    assert np.isfinite(H).all() and 0 < H[0] < LOG(4)
+
+
+@pytest.mark.parametrize("n", [5, 30, 90, 1000, 10**6])
+def test_p1_solves_equation_9(n):
+    K = np.array([1.5, 3.0, 10.0, 29.0, 0.99 * n])
+    K = K[K < n]
+    p1 = rootfinding.perplexity_p1(n, K)
+    assert np.all((p1 >= 0.75) & (p1 < 1))
+    lhs = 2 * (1 - p1) * LOG(n / (2 * (1 - p1)))
+    np.testing.assert_allclose(lhs, LOG(np.minimum(np.sqrt(2 * n), K)), rtol=1e-10)
+
+
+def test_bounds_contain_the_root_property(rng):
+    """Theorem 1.1 (eqs 7-9): H(beta_L) >= log K >= H(beta_U) over many random rows."""
+    checked = 0
+    for trial in range(60):
+        k = int(rng.integers(3, 200))
+        kind = trial % 4
+        if kind == 0:
+            d = rng.random((200, k)) * 10 ** rng.uniform(-6, 6)
+        elif kind == 1:
+            d = rng.gamma(rng.uniform(0.1, 5), 1.0, (200, k)) ** 2
+        elif kind == 2:   # a few very close points, the rest far (two clusters)
+            d = np.where(rng.random((200, k)) < 0.1, rng.random((200, k)), 1e3 + rng.random((200, k)))
+        else:             # duplicates (exact zeros) and an offset
+            d = rng.random((200, k)) * 5 + 7
+            d[:, : max(1, k // 10)] = 7.0
+        K = rng.uniform(1.01, k - 0.01, 200)
+        ties = ((d - d.min(1, keepdims=True)) == 0).sum(1)
+        ok = (ties < K) & (np.ptp(d, axis=1) > 0)
+        d, K = d[ok], K[ok]
+        shifted = d - d.min(axis=1, keepdims=True)
+        lo, hi = rootfinding.log_beta_bounds(np, shifted, K)
+        H_lo = entropy_of_rows(shifted, np.exp(lo))
+        H_hi = entropy_of_rows(shifted, np.exp(hi))
+        assert np.all(lo < hi)
+        assert np.all(H_lo >= LOG(K) - 1e-12), trial
+        assert np.all(H_hi <= LOG(K) + 1e-12), trial
+        checked += len(K)
+    assert checked > 5000
+
+
+def test_bounds_scale_with_the_data(rng):
+    d = rng.random((10, 20))
+    d -= d.min(1, keepdims=True)
+    lo, hi = rootfinding.log_beta_bounds(np, d, np.full(10, 5.0))
+    lo2, hi2 = rootfinding.log_beta_bounds(np, 4.0 * d, np.full(10, 5.0))
+    np.testing.assert_allclose(lo2, lo - LOG(4.0))
+    np.testing.assert_allclose(hi2, hi - LOG(4.0))
+
+
+@pytest.mark.parametrize("method", rootfinding.METHODS)
+def test_entropy_recomputed_from_P(clusters, method):
+    A = ge.entropic_affinities(clusters, 10.0, method=method, symmetrize=False, backend="cpu")
+    P = A.P.toarray()
+    np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=1e-12)
+    H = -(P * np.log(np.where(P > 0, P, 1.0))).sum(axis=1)
+    assert np.abs(H - LOG(10.0)).max() <= 1e-9
+    assert np.abs(A.entropy - LOG(10.0)).max() <= 1e-10
+    # beta is the precision of the row: p(m|n) proportional to exp(-beta sqdist).
+    sqdist, idx = A.neighbors
+    row = np.exp(-A.beta[7] * (sqdist[7] - sqdist[7].min()))
+    np.testing.assert_allclose(P[7, idx[7]], row / row.sum(), rtol=1e-12)
+
+
+def test_k_equal_n_minus_1_matches_dense_brute_force(rng):
+    X = rng.standard_normal((60, 3))
+    A = ge.entropic_affinities(X, 12.0, n_neighbors=59, backend="cpu")
+    np.testing.assert_allclose(A.beta, dense_reference_beta(X, 12.0), rtol=1e-8)
+
+
+@pytest.mark.parametrize("order", orders.ORDERS)
+def test_all_methods_and_orders_agree_on_beta(clusters, order):
+    ref = ge.entropic_affinities(clusters, 15.0, method="bisection", order="bounds",
+                                 backend="cpu").beta
+    for method in ("newton", "halley", "euler"):
+        A = ge.entropic_affinities(clusters, 15.0, method=method, order=order, backend="cpu")
+        np.testing.assert_allclose(A.beta, ref, rtol=1e-8)
+
+
+def test_warm_starts_need_fewer_evaluations(clusters):
+    n_eval = {order: ge.entropic_affinities(clusters, 15.0, order=order, backend="cpu").n_iter.mean()
+              for order in orders.ORDERS}
+    for order in ("dk", "mst", "msp"):
+        assert n_eval[order] < n_eval["bounds"] - 0.5, n_eval
+    bisection = ge.entropic_affinities(clusters, 15.0, method="bisection", backend="cpu")
+    assert bisection.n_iter.mean() > 3 * n_eval["dk"]
+
+
+@pytest.mark.parametrize("order", ["dk", "mst", "msp"])
+def test_sequential_and_parallel_orders_give_the_same_solution(clusters, order):
+    be = ge.get_backend("cpu")
+    sqdist, idx = ge.knn(clusters, 30)
+    shifted = sqdist - sqdist.min(axis=1, keepdims=True)
+    K = np.full(len(clusters), 10.0)
+    results = []
+    for parallel in (True, False):
+        lo, hi = rootfinding.log_beta_bounds(np, shifted, K)
+        results.append(solve_rows(be, shifted, K, lo, hi, "euler", order, 1e-10, (sqdist, idx),
+                                  parallel=parallel))
+    np.testing.assert_allclose(results[0][0], results[1][0], atol=1e-8)
+    assert abs(results[0][2].mean() - results[1][2].mean()) < 0.5
+
+
+def test_schedules_cover_every_point_once_after_its_sources(clusters):
+    sqdist, idx = ge.knn(clusters, 30)
+    K = np.full(len(clusters), 10.0)
+    for order in orders.ORDERS:
+        for parallel in (True, False):
+            solved = np.zeros(len(clusters), dtype=bool)
+            for rows, sources in orders.schedule(order, sqdist, idx, K, parallel):
+                src = sources[sources >= 0]
+                assert solved[src].all(), order
+                assert not solved[rows].any()
+                solved[rows] = True
+            assert solved.all()
+
+
+def test_minimum_spanning_path_visits_all_once_greedily():
+    X = np.array([[0.0], [1.0], [3.0], [6.0], [10.0], [100.0]])
+    sqdist, idx = ge.knn(X, 2)
+    path = orders.minimum_spanning_path(orders._knn_graph(sqdist, idx), root=0)
+    assert sorted(path) == list(range(6))
+    assert list(path[:5]) == [0, 1, 2, 3, 4]      # always the closest unvisited neighbour
+
+
+def test_mst_depths():
+    parent = np.array([-1, 0, 1, 1, 3, -1, 5])
+    np.testing.assert_array_equal(orders._depths(parent), [0, 1, 2, 2, 3, 0, 1])
+
+
+def test_symmetric_P(clusters):
+    A = ge.entropic_affinities(clusters, 10.0, backend="cpu")
+    P = A.P
+    assert P.shape == (400, 400) and abs(P.sum() - 1.0) < 1e-12
+    assert abs(P - P.T).max() < 1e-15
+    C = ge.entropic_affinities(clusters, 10.0, symmetrize=False, backend="cpu").P
+    np.testing.assert_allclose(P.toarray(), (C + C.T).toarray() / 800, atol=1e-16)
+
+
+def test_precomputed_neighbors_and_default_k(clusters):
+    A = ge.entropic_affinities(clusters, 10.0, backend="cpu")
+    assert A.neighbors[0].shape == (400, 30)          # default k = 3 * perplexity
+    B = ge.entropic_affinities(None, 10.0, neighbors=A.neighbors, backend="cpu")
+    np.testing.assert_allclose(A.beta, B.beta, rtol=1e-12)
+
+
+def test_per_point_perplexity(clusters):
+    K = np.linspace(5, 20, 400)
+    A = ge.entropic_affinities(clusters, K, n_neighbors=60, backend="cpu")
+    np.testing.assert_allclose(A.entropy, LOG(K), atol=1e-10)
+
+
+def test_duplicates_are_solved(rng):
+    base = rng.standard_normal((100, 3))
+    X = np.concatenate([base, base[:20], base[:20]])     # 20 points appear 3 times
+    A = ge.entropic_affinities(X, 8.0, backend="cpu")
+    assert np.isfinite(A.beta).all()
+    np.testing.assert_allclose(A.entropy, LOG(8.0), atol=1e-10)
+
+
+def test_too_many_duplicates_saturate_with_a_warning(rng):
+    base = rng.standard_normal((50, 2))
+    X = np.concatenate([base, np.repeat(base[:1], 10, axis=0)])  # point 0 has 10 copies
+    with pytest.warns(RuntimeWarning, match="duplicates"):
+        A = ge.entropic_affinities(X, 5.0, n_neighbors=15, symmetrize=False, backend="cpu")
+    assert np.isinf(A.beta[0])
+    assert A.entropy[0] == pytest.approx(LOG(10.0))
+    row = A.P[[0]].toarray().ravel()
+    np.testing.assert_allclose(row[row > 0], 0.1)
+    ok = np.isfinite(A.beta)
+    np.testing.assert_allclose(A.entropy[ok], LOG(5.0), atol=1e-10)
+
+
+def test_equidistant_row_is_uniform_with_a_warning():
+    # Point 0 at the centre of a regular simplex: all its distances are equal.
+    X = np.vstack([np.zeros(6), np.eye(6), 5 + np.random.default_rng(0).random((20, 6))])
+    sqdist, idx = ge.knn(X, 6)
+    sqdist[0] = 1.0          # exact, as GEMM rounding may leave ~1e-16 differences
+    with pytest.warns(RuntimeWarning, match="all neighbour distances equal"):
+        A = ge.entropic_affinities(None, 3.0, neighbors=(sqdist, idx), symmetrize=False,
+                                   backend="cpu")
+    assert A.beta[0] == 0.0 and A.n_iter[0] == 0
+    assert A.entropy[0] == pytest.approx(LOG(6))
+    np.testing.assert_allclose(A.P[[0]].toarray()[0, 1:7], 1 / 6)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(perplexity=0.5), "perplexity"),
+    (dict(perplexity=1.0), "perplexity"),
+    (dict(perplexity=30.0, n_neighbors=30), "perplexity"),
+    (dict(perplexity=np.nan), "perplexity"),
+    (dict(perplexity=np.ones(7) * 5), "perplexity"),
+    (dict(perplexity=5.0, n_neighbors=50), "n_neighbors"),
+    (dict(perplexity=5.0, method="secant"), "method"),
+    (dict(perplexity=5.0, order="random"), "order"),
+    (dict(perplexity=5.0, tol=0.0), "tol"),
+])
+def test_bad_arguments(kwargs, match):
+    X = np.random.default_rng(0).random((50, 3))
+    with pytest.raises(ValueError, match=match):
+        ge.entropic_affinities(X, backend="cpu", **kwargs)
+
+
+def test_bad_data_and_neighbors():
+    X = np.random.default_rng(0).random((50, 3))
+    X[4, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        ge.entropic_affinities(X, 5.0, backend="cpu")
+    with pytest.raises(ValueError, match="required"):
+        ge.entropic_affinities(None, 5.0, backend="cpu")
+    sq, idx = ge.knn(np.random.default_rng(0).random((50, 3)), 20)
+    with pytest.raises(ValueError, match="indices shape"):
+        ge.entropic_affinities(None, 5.0, neighbors=(sq, idx[:, :10]), backend="cpu")
+    with pytest.raises(ValueError, match=">= 0"):
+        ge.entropic_affinities(None, 5.0, neighbors=(-sq, idx), backend="cpu")
+    with pytest.raises(ValueError, match="own neighbour"):
+        ge.entropic_affinities(None, 5.0, neighbors=(sq, np.tile(np.arange(50)[:, None], 20)),
+                               backend="cpu")
+    with pytest.raises(ValueError, match="pair"):
+        ge.entropic_affinities(None, 5.0, neighbors=sq, backend="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ["dk", "mst", "bounds"])
+def test_gpu_equals_cpu(clusters, order):
+    cpu = ge.entropic_affinities(clusters, 15.0, order=order, backend="cpu")
+    be = ge.get_backend("gpu")
+    gpu = ge.entropic_affinities(be.asarray(clusters), 15.0, order=order, backend=be)
+    np.testing.assert_allclose(be.to_host(gpu.beta), cpu.beta, rtol=1e-8)
+    np.testing.assert_allclose(be.to_host(gpu.entropy), LOG(15.0), atol=1e-10)
+    np.testing.assert_allclose(be.to_host(gpu.P).toarray(), cpu.P.toarray(), rtol=1e-7, atol=1e-15)
