@@ -17,27 +17,15 @@ from .metrics import knn_accuracy
 DEMO_DATASETS = ("digits", "rotating_objects", "swiss_roll")
 
 
-def _affinity_graph(X, backend, n_neighbors=15):
-    """Symmetric k-NN graph with Gaussian weights (bandwidth: each row's median distance)."""
-    from .neighbors import knn
-
-    be = get_backend(backend)
-    sqdist, idx = (be.to_host(a) for a in knn(X, n_neighbors, backend=be))
-    sigma2 = np.median(sqdist, axis=1, keepdims=True) + 1e-300
-    import scipy.sparse
-
-    n = sqdist.shape[0]
-    W = scipy.sparse.csr_matrix((np.exp(-sqdist / sigma2).ravel(),
-                                 (np.repeat(np.arange(n), n_neighbors), idx.ravel())), shape=(n, n))
-    return (W + W.T) / 2
-
-
 def _embed_spectral(X, n_components, backend, args):
+    """Laplacian eigenmaps of the entropic affinities (perplexity 30)."""
+    from .affinities import entropic_affinities
     from .spectral import spectral_embedding
 
     be = get_backend(backend)
-    W = _affinity_graph(X, be)
-    return be.to_host(spectral_embedding(W, n_components, backend="cpu"))
+    perplexity = min(30.0, (X.shape[0] - 2) / 3.0)
+    P = entropic_affinities(X, perplexity, backend=be).P
+    return be.to_host(spectral_embedding(P, n_components, backend=be))
 
 
 # Embedding methods the CLI offers: name -> function(X, n_components, backend, args).

@@ -107,12 +107,14 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
 
 
 def solve_rows(be, shifted, perplexity, lo, hi, method, order, tol, host_neighbors, rows=None,
-               parallel=True):
+               parallel=True, gpu_kernel=True):
     """log beta, entropy and evaluations per row, following ``order``'s waves.
 
     Only ``rows`` (default all) are solved; the others come back as NaN / 0.
     ``parallel=False`` runs the paper's sequential order (one point per wave),
-    for comparison only.
+    for comparison only.  On the GPU each wave is one launch of
+    kernels/entropic.cu (``gpu_kernel=False``: the array code of
+    rootfinding.solve on CuPy, its reference).
     """
     xp = be.xp
     n = shifted.shape[0]
@@ -134,8 +136,12 @@ def solve_rows(be, shifted, perplexity, lo, hi, method, order, tol, host_neighbo
         r = be.asarray(wave_rows)
         alpha0 = _start(xp, be.asarray(sources), alpha + log_scale, log_scale[r], lo[r], hi[r],
                         order)
-        a, h, it = rootfinding.solve(xp, shifted[r], log_k[r], alpha0, lo[r].copy(), hi[r].copy(),
-                                     method, tol)
+        if be.is_gpu and gpu_kernel and shifted.shape[1] <= rootfinding.KERNEL_MAX_K:
+            a, h, it = rootfinding.solve_kernel(be, shifted, r, log_k[r], alpha0, lo[r],
+                                                      hi[r], method, tol)
+        else:
+            a, h, it = rootfinding.solve(xp, shifted[r], log_k[r], alpha0, lo[r].copy(),
+                                         hi[r].copy(), method, tol)
         alpha[r], entropy[r], n_iter[r] = a, h, it
     return alpha, entropy, n_iter
 

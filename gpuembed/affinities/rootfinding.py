@@ -162,3 +162,30 @@ def _step(xp, method, f, g, h2):
         root = xp.sqrt(xp.maximum(disc, 0.0))
         euler = -2.0 * f / (g + xp.where(g >= 0, root, -root))
         return xp.where(disc >= 0, euler, newton)
+
+
+KERNEL_MAX_K = 1024     # beyond this the per-lane register arrays would spill
+
+
+def solve_kernel(be, shifted, rows, log_perplexity, alpha0, lo, hi, method="newton", tol=1e-10):
+    """GPU version of :func:`solve` for ``shifted[rows]`` (kernels/entropic.cu).
+
+    One warp per row with the row's distances in registers; the same steps,
+    safeguards and evaluation count as :func:`solve`, its reference.
+    Returns alpha, entropy and evaluations.
+    """
+    xp = be.xp
+    m, k = rows.size, shifted.shape[1]
+    kernel = be.kernel("entropic.cu", "entropic_solve", shifted.dtype,
+                       defines={"EA_PER_LANE": max(1, -(-k // 32))})
+    f64 = xp.float64
+    alpha, entropy = xp.empty(m, dtype=f64), xp.empty(m, dtype=f64)
+    n_eval = xp.empty(m, dtype=xp.int64)
+    threads = 128
+    blocks = (m * 32 + threads - 1) // threads
+    args = (xp.ascontiguousarray(shifted), np.int64(k), xp.ascontiguousarray(rows, dtype=xp.int64),
+            np.int64(m), *(xp.ascontiguousarray(v, dtype=f64) for v in (alpha0, lo, hi, log_perplexity)),
+            np.int32(METHODS.index(method)), np.float64(tol), np.int32(MAX_INNER),
+            np.int32(MAX_EVALUATIONS), alpha, entropy, n_eval)
+    kernel((blocks,), (threads,), args)
+    return alpha, entropy, n_eval
