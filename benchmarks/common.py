@@ -91,3 +91,23 @@ def _jsonable(obj):
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     raise TypeError(type(obj))
+
+
+CACHE = Path(__file__).resolve().parent / ".cache"
+
+
+def fashion_mnist_knn(k, n=None):
+    """Fashion-MNIST (first n points) and its exact k-NN, cached in benchmarks/.cache/."""
+    import gpuembed as ge
+
+    X, y = ge.datasets.fashion_mnist()
+    if n:
+        X, y = X[:n], y[:n]
+    path = CACHE / f"fmnist_n{X.shape[0]}_k{k}.npz"
+    if path.is_file():
+        data = np.load(path)
+        return X, y, data["sqdist"], data["indices"]
+    sqdist, indices = ge.knn(X, k, backend="cpu")
+    CACHE.mkdir(exist_ok=True)
+    np.savez(path, sqdist=sqdist, indices=indices)
+    return X, y, sqdist, indices

@@ -9,7 +9,9 @@ warm-start orders: orders.py.
 from __future__ import annotations
 
 import math
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,12 +140,33 @@ def solve_rows(be, shifted, perplexity, lo, hi, method, order, tol, host_neighbo
                         order)
         if be.is_gpu and gpu_kernel and shifted.shape[1] <= rootfinding.KERNEL_MAX_K:
             a, h, it = rootfinding.solve_kernel(be, shifted, r, log_k[r], alpha0, lo[r],
-                                                      hi[r], method, tol)
-        else:
+                                                hi[r], method, tol)
+        elif be.is_gpu:
             a, h, it = rootfinding.solve(xp, shifted[r], log_k[r], alpha0, lo[r].copy(),
                                          hi[r].copy(), method, tol)
+        else:
+            a, h, it = _solve_cpu(shifted, r, log_k, alpha0, lo, hi, method, tol)
         alpha[r], entropy[r], n_iter[r] = a, h, it
     return alpha, entropy, n_iter
+
+
+CPU_CHUNK = 4096    # rows per task: the solver's temporaries stay in cache
+
+
+def _solve_cpu(shifted, rows, log_k, alpha0, lo, hi, method, tol):
+    """rootfinding.solve on cache-sized chunks of rows, one thread per core
+    (NumPy releases the GIL inside its array loops)."""
+    def task(sl):
+        r = rows[sl]
+        return rootfinding.solve(np, shifted[r], log_k[r], alpha0[sl], lo[r].copy(), hi[r].copy(),
+                                 method, tol)
+
+    chunks = [slice(i, i + CPU_CHUNK) for i in range(0, rows.size, CPU_CHUNK)]
+    if len(chunks) == 1:
+        return task(chunks[0])
+    with ThreadPoolExecutor(max_workers=min(len(chunks), os.cpu_count() or 1)) as pool:
+        parts = list(pool.map(task, chunks))
+    return tuple(np.concatenate(p) for p in zip(*parts))
 
 
 def _start(xp, sources, scale_free, log_scale, lo, hi, order):

@@ -30,18 +30,19 @@ MAX_EVALUATIONS = 200   # hard cap; bisection alone needs ~60 from the theorem's
 def entropy_terms(xp, shifted, alpha, second=True):
     """H, dH/dalpha and (if ``second``) d2H/dalpha2 for rows of shifted distances."""
     beta = xp.exp(alpha)
-    w = xp.exp(-beta[:, None] * shifted)
+    w = shifted * (-beta)[:, None]
+    xp.exp(w, out=w)
     Z = w.sum(axis=1)
-    p = w / Z[:, None]
-    m1 = (p * shifted).sum(axis=1)
+    m1 = xp.einsum("ij,ij->i", w, shifted) / Z
     c = shifted - m1[:, None]
-    pc2 = p * c * c
-    var = pc2.sum(axis=1)
+    w *= c                                           # w c
+    var = xp.einsum("ij,ij->i", w, c) / Z
     H = beta * m1 + xp.log(Z)
     dH = -beta * beta * var
     if not second:
         return H, dH, None
-    mu3 = (pc2 * c).sum(axis=1)
+    w *= c                                           # w c^2
+    mu3 = xp.einsum("ij,ij->i", w, c) / Z
     return H, dH, 2.0 * dH + beta ** 3 * mu3
 
 
