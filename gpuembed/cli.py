@@ -12,24 +12,38 @@ import numpy as np
 
 from . import __version__, datasets
 from .backend import BackendUnavailable, get_backend, kernel_dirs
+from .embedding import EE, SNE, SSNE, TSNE
 from .metrics import knn_accuracy
+from .optim import OPTIMIZERS
 
 DEMO_DATASETS = ("digits", "rotating_objects", "swiss_roll")
 
 
+def _perplexity(args, n):
+    return min(args.perplexity, (n - 2) / 3.0)
+
+
 def _embed_spectral(X, n_components, backend, args):
-    """Laplacian eigenmaps of the entropic affinities (perplexity 30)."""
+    """Laplacian eigenmaps of the entropic affinities."""
     from .affinities import entropic_affinities
     from .spectral import spectral_embedding
 
     be = get_backend(backend)
-    perplexity = min(30.0, (X.shape[0] - 2) / 3.0)
-    P = entropic_affinities(X, perplexity, backend=be).P
+    P = entropic_affinities(X, _perplexity(args, X.shape[0]), backend=be).P
     return be.to_host(spectral_embedding(P, n_components, backend=be))
 
 
+def _estimator(cls):
+    def embed(X, n_components, backend, args):
+        model = cls(n_components, _perplexity(args, X.shape[0]), optimizer=args.optimizer,
+                    tol=args.tol, backend=backend, verbose=args.verbose)
+        return model.fit_transform(X)
+    return embed
+
+
 # Embedding methods the CLI offers: name -> function(X, n_components, backend, args).
-METHODS = {"spectral": _embed_spectral}
+METHODS = {"tsne": _estimator(TSNE), "ee": _estimator(EE), "ssne": _estimator(SSNE),
+           "sne": _estimator(SNE), "spectral": _embed_spectral}
 
 
 def _load_demo(name):
@@ -133,6 +147,16 @@ def cmd_bench(args):
     return subprocess.call([sys.executable, str(runner), *args.names])
 
 
+def _method_options(parser):
+    parser.add_argument("--method", choices=sorted(METHODS), default="tsne")
+    parser.add_argument("--perplexity", type=float, default=30.0)
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sd")
+    parser.add_argument("--tol", type=float, default=1e-4,
+                        help="stop when the relative objective decrease is below this")
+    parser.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
+    parser.add_argument("--verbose", action="store_true")
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="gpuembed", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gpuembed {__version__}")
@@ -142,19 +166,17 @@ def build_parser():
 
     demo = sub.add_parser("demo", help="embed a bundled dataset and write a PNG")
     demo.add_argument("--dataset", choices=DEMO_DATASETS, default="digits")
-    demo.add_argument("--method", choices=sorted(METHODS), default="spectral")
-    demo.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
     demo.add_argument("-o", "--output", default="gpuembed-demo.png")
+    _method_options(demo)
     demo.set_defaults(func=cmd_demo)
 
     embed = sub.add_parser("embed", help="embed a .npy or .csv file")
     embed.add_argument("input")
     embed.add_argument("-o", "--output", required=True)
-    embed.add_argument("--method", choices=sorted(METHODS), default="spectral")
     embed.add_argument("--n-components", type=int, default=2)
     embed.add_argument("--labels", help=".npy file of labels (for the accuracy and the plot)")
     embed.add_argument("--plot", help="write a PNG scatter plot here")
-    embed.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
+    _method_options(embed)
     embed.set_defaults(func=cmd_embed)
 
     bench = sub.add_parser("bench", help="run the benchmark suite (source checkout)")

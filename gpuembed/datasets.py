@@ -56,8 +56,9 @@ def gaussian_clusters(n, n_clusters, dim, random_state=None):
 def rotating_objects(n_objects=10, n_views=72, size=64):
     """A COIL-20-like set: grey-level objects, each seen at ``n_views`` angles.
 
-    Object ``o`` is a fixed, asymmetric arrangement of elliptical Gaussian
-    blobs and a bar inside the image's inscribed disc; view ``v`` renders it
+    Object ``o`` is a round body of its own size and brightness plus a fixed,
+    asymmetric arrangement of elliptical Gaussian blobs and a bar inside the
+    image's inscribed disc; view ``v`` renders it
     rotated in-plane by ``2 pi v / n_views`` (evaluated analytically, no
     interpolation).  Each object therefore traces a closed loop in pixel space,
     like a COIL object on its turntable.
@@ -86,7 +87,9 @@ def rotating_objects(n_objects=10, n_views=72, size=64):
 
 
 def _object_shapes(rng):
-    """Random blobs (centre, axes, orientation, intensity) and one bar."""
+    """A round body (radius, brightness), random blobs (centre, axes,
+    orientation, intensity) and one bar."""
+    body = np.array([0.35 + 0.5 * rng.random(), 0.15 + 0.45 * rng.random()])
     n_blobs = rng.integers(3, 7)
     radius = 0.65 * np.sqrt(rng.random(n_blobs))
     phi = 2.0 * np.pi * rng.random(n_blobs)
@@ -98,12 +101,15 @@ def _object_shapes(rng):
         0.4 + 0.6 * rng.random(n_blobs),                  # intensity
     ])
     bar = np.array([0.55 * rng.random(), 2.0 * np.pi * rng.random(), 0.3 + 0.5 * rng.random()])
-    return blobs, bar
+    return body, blobs, bar
 
 
 def _render(shapes, u, w):
-    blobs, bar = shapes
-    img = np.zeros_like(u)
+    body, blobs, bar = shapes
+    # The body is rotation invariant: it sets the object apart, like a COIL
+    # object's overall shape, while the blobs and the bar turn with the view.
+    radius, brightness = body
+    img = brightness * np.exp(-((u ** 2 + w ** 2) / radius ** 2) ** 2)
     for cx, cy, a1, a2, theta, intensity in blobs:
         c, s = np.cos(theta), np.sin(theta)
         du, dw = u - cx, w - cy

@@ -20,7 +20,7 @@ import numpy as np
 from ._checks import check_data, check_int
 from .backend import get_backend
 
-__all__ = ["knn"]
+__all__ = ["knn", "knn_query"]
 
 DEFAULT_BLOCK_BYTES = {"cpu": 256 * 2**20, "gpu": 2**30}
 # Extra candidates kept beyond k before the exact recomputation, so that GEMM
@@ -48,18 +48,34 @@ def knn(X, n_neighbors, *, backend="auto", block_bytes=None):
     Both live on the backend's device.
     """
     be = get_backend(backend)
-    xp = be.xp
     X = check_data(X, be)
+    k = check_int(n_neighbors, "n_neighbors", 1, X.shape[0] - 1)
+    return _knn(be, X, X, k, True, block_bytes)
+
+
+def knn_query(Q, X, n_neighbors, *, backend="auto", block_bytes=None):
+    """Exact k nearest neighbours in ``X`` of every row of ``Q`` (no self exclusion)."""
+    be = get_backend(backend)
+    X = check_data(X, be, min_samples=1)
+    Q = check_data(Q, be, name="Q", dtype=X.dtype, min_samples=1)
+    if Q.shape[1] != X.shape[1]:
+        raise ValueError(f"Q has {Q.shape[1]} features but X has {X.shape[1]}")
+    k = check_int(n_neighbors, "n_neighbors", 1, X.shape[0])
+    return _knn(be, Q, X, k, False, block_bytes)
+
+
+def _knn(be, Q, X, k, exclude_self, block_bytes):
+    xp = be.xp
     n = X.shape[0]
-    k = check_int(n_neighbors, "n_neighbors", 1, n - 1)
     if block_bytes is None:
         block_bytes = DEFAULT_BLOCK_BYTES[be.name]
     block_bytes = check_int(block_bytes, "block_bytes", 1)
 
-    n_cand = min(n - 1, k + CANDIDATE_MARGIN)
+    n_cand = min(n - 1 if exclude_self else n, k + CANDIDATE_MARGIN)
     # Centring leaves distances unchanged but shrinks the norms, which is what
     # GEMM-based distances lose precision to.
-    Xc = X - X.mean(axis=0)
+    mean = X.mean(axis=0)
+    Xc, Qc = X - mean, Q - mean
     # A fixed random column order makes the first columns of every block a
     # random sample, from which the CPU filter takes its threshold.
     perm = xp.asarray(np.random.default_rng(0).permutation(n))
@@ -67,24 +83,27 @@ def knn(X, n_neighbors, *, backend="auto", block_bytes=None):
     inv_perm[perm] = xp.arange(n)
     Yp = Xc[perm]
     sq = xp.einsum("ij,ij->i", Yp, Yp)
+    sq_q = xp.einsum("ij,ij->i", Qc, Qc)
     Yp_m2 = -2 * Yp
 
-    rows = max(1, min(n, block_bytes // (n * X.dtype.itemsize)))
-    sqdist = xp.empty((n, k), dtype=X.dtype)
-    indices = xp.empty((n, k), dtype=xp.int64)
-    for start in range(0, n, rows):
-        stop = min(n, start + rows)
+    m = Q.shape[0]
+    rows = max(1, min(m, block_bytes // (n * X.dtype.itemsize)))
+    sqdist = xp.empty((m, k), dtype=X.dtype)
+    indices = xp.empty((m, k), dtype=xp.int64)
+    for start in range(0, m, rows):
+        stop = min(m, start + rows)
         # D'[i, j] = |y_j|^2 - 2 x_i.y_j ranks j like the distance does.
-        D = Xc[start:stop] @ Yp_m2.T
+        D = Qc[start:stop] @ Yp_m2.T
         D += sq[None, :]
-        own = xp.arange(start, stop)
-        D[own - start, inv_perm[own]] = xp.inf
+        if exclude_self:
+            own = xp.arange(start, stop)
+            D[own - start, inv_perm[own]] = xp.inf
         if be.is_gpu:
             cand = _select_gpu(be, D, n_cand)
         else:
             cand = _select_cpu(D, n_cand)
         shifted = xp.take_along_axis(D, cand, axis=1)
-        d, i = _finish(xp, X, start, shifted, sq[inv_perm[own]], sq[cand], perm[cand], k)
+        d, i = _finish(xp, Q[start:stop], X, shifted, sq_q[start:stop], sq[cand], perm[cand], k)
         sqdist[start:stop] = d
         indices[start:stop] = i
     return sqdist, indices
@@ -133,14 +152,14 @@ def _pow2(m):
     return 1 << (int(m) - 1).bit_length()
 
 
-def _finish(xp, X, start, shifted, sq_rows, sq_cand, cand, k):
-    """Distances of the candidates (recomputed where rounding could dominate),
-    best k sorted by (distance, index)."""
+def _finish(xp, Q, X, shifted, sq_rows, sq_cand, cand, k):
+    """Distances of the candidates of queries Q (recomputed where rounding could
+    dominate), best k sorted by (distance, index)."""
     dist = shifted + sq_rows[:, None]
     rounding = np.sqrt(X.shape[1]) * np.finfo(X.dtype).eps / RTOL[X.dtype]
     r, c = xp.nonzero(dist <= rounding * (sq_rows[:, None] + sq_cand))
     if r.size:
-        diff = X[start + r] - X[cand[r, c]]
+        diff = Q[r] - X[cand[r, c]]
         dist[r, c] = xp.einsum("ij,ij->i", diff, diff)
     # Sort by index, then stably by distance: ties end up in index order.
     by_index = xp.argsort(cand, axis=1)

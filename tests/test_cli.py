@@ -33,14 +33,18 @@ def test_embed_file(tmp_path):
     X = np.random.default_rng(0).standard_normal((120, 5))
     np.save(tmp_path / "x.npy", X)
     np.save(tmp_path / "y.npy", np.arange(120) % 3)
-    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
-                  "--labels", str(tmp_path / "y.npy"), "--backend", "cpu")
-    assert out.returncode == 0, out.stderr
-    assert np.load(tmp_path / "y_out.npy").shape == (120, 2)
+    for method in ("tsne", "ee", "spectral"):
+        out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
+                      "--labels", str(tmp_path / "y.npy"), "--backend", "cpu", "--method", method,
+                      "--perplexity", "10")
+        assert out.returncode == 0, out.stderr
+        assert np.load(tmp_path / "y_out.npy").shape == (120, 2)
+        assert "10-NN accuracy" in out.stdout
 
 
 @pytest.mark.parametrize("args", [[], ["nonsense"], ["demo", "--dataset", "nope"],
-                                  ["embed"], ["demo", "--backend", "tpu"]])
+                                  ["embed"], ["demo", "--backend", "tpu"],
+                                  ["demo", "--perplexity", "abc"], ["demo", "--optimizer", "adam"]])
 def test_argument_errors_print_usage(args):
     out = run_cli(*args)
     assert out.returncode == 2
@@ -53,3 +57,7 @@ def test_runtime_errors_have_no_traceback(tmp_path):
     (tmp_path / "bad.txt").write_text("1,2")
     out = run_cli("embed", str(tmp_path / "bad.txt"), "-o", str(tmp_path / "o.npy"))
     assert out.returncode == 1 and ".npy or .csv" in out.stderr
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).random((50, 3)))
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy"),
+                  "--method", "ee", "--optimizer", "tsne", "--backend", "cpu")
+    assert out.returncode == 1 and "optimizer" in out.stderr and "Traceback" not in out.stderr

@@ -106,3 +106,20 @@ def test_gpu_equals_cpu(rng, dtype):
     gpu = [be.to_host(a) for a in ge.knn(be.asarray(X), 25, backend=be)]
     np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-4 if dtype == np.float32 else 1e-10)
     assert (gpu[1] == cpu[1]).mean() > 0.999
+
+
+def test_knn_query_matches_brute_force(backend, rng):
+    X = rng.standard_normal((300, 7))
+    Q = np.concatenate([rng.standard_normal((40, 7)), X[:5]])   # includes training points
+    sqdist, idx = (backend.to_host(a) for a in
+                   ge.neighbors.knn_query(backend.asarray(Q), backend.asarray(X), 6, backend=backend))
+    D = ((Q[:, None] - X[None]) ** 2).sum(-1)
+    order = np.lexsort((np.broadcast_to(np.arange(300), D.shape), D), axis=1)[:, :6]
+    np.testing.assert_array_equal(idx, order)
+    np.testing.assert_allclose(sqdist, np.take_along_axis(D, order, 1), rtol=1e-10, atol=1e-12)
+    assert (sqdist[-5:, 0] == 0).all() and list(idx[-5:, 0]) == [0, 1, 2, 3, 4]
+
+
+def test_knn_query_bad_input():
+    with pytest.raises(ValueError, match="features"):
+        ge.neighbors.knn_query(np.zeros((3, 2)), np.zeros((10, 3)), 2, backend="cpu")

@@ -80,6 +80,28 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
     K = _perplexities(perplexity, n, k)
 
     sqdist = sqdist.astype(xp.float64)
+    beta, entropy, n_iter, W = _calibrate(be, sqdist, indices, K, method, order, tol)
+    P = be.sparse.csr_matrix((W.ravel(), indices.ravel(), xp.arange(0, n * k + 1, k)),
+                             shape=(n, n))
+    if symmetrize:
+        P = ((P + P.T) / (2.0 * n)).tocsr()
+    return EntropicAffinities(P=P, beta=beta, entropy=entropy, n_iter=n_iter,
+                              neighbors=(sqdist, indices))
+
+
+def conditional_affinities(sqdist, perplexity, *, backend="auto"):
+    """Row-stochastic entropic weights (M, k) for given neighbour distances (M, k),
+    e.g. of new points to training points (used by out-of-sample mappings)."""
+    be = get_backend(backend)
+    sqdist = check_data(sqdist, be, name="sqdist", dtype=np.float64, min_samples=1)
+    K = _perplexities(perplexity, sqdist.shape[0], sqdist.shape[1])
+    return _calibrate(be, sqdist, None, K, "newton", "bounds", 1e-10)[3]
+
+
+def _calibrate(be, sqdist, indices, K, method, order, tol):
+    """beta, entropy, evaluations and row weights p(m|n) (N, k) for float64 sqdist."""
+    xp = be.xp
+    n, k = sqdist.shape
     shifted = sqdist - sqdist.min(axis=1, keepdims=True)
     lo, hi = rootfinding.log_beta_bounds(xp, shifted, be.asarray(K))
     n_tied = (shifted == 0).sum(axis=1)
@@ -87,25 +109,17 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
     saturated = be.to_host(n_tied >= be.asarray(K)) & ~flat
     solvable = ~(flat | saturated)
     _warn_degenerate(flat, saturated)
-
+    host = (be.to_host(sqdist), None if indices is None else be.to_host(indices))
     alpha, entropy, n_iter = solve_rows(be, shifted, K, lo, hi, method, order, tol,
-                                        host_neighbors=(be.to_host(sqdist), be.to_host(indices)),
-                                        rows=np.flatnonzero(solvable))
+                                        host_neighbors=host, rows=np.flatnonzero(solvable))
     beta = xp.exp(alpha)
-    # Degenerate rows: the limits described in the docstring.
+    # Degenerate rows: the limits described in entropic_affinities' docstring.
     beta[be.asarray(flat)] = 0.0
     beta[be.asarray(saturated)] = xp.inf
     entropy[be.asarray(flat)] = math.log(k)
     entropy[be.asarray(saturated)] = xp.log(n_tied[be.asarray(saturated)].astype(xp.float64))
     n_iter[be.asarray(~solvable)] = 0
-
-    W = _row_weights(xp, shifted, beta)
-    P = be.sparse.csr_matrix((W.ravel(), indices.ravel(), xp.arange(0, n * k + 1, k)),
-                             shape=(n, n))
-    if symmetrize:
-        P = ((P + P.T) / (2.0 * n)).tocsr()
-    return EntropicAffinities(P=P, beta=beta, entropy=entropy, n_iter=n_iter,
-                              neighbors=(sqdist, indices))
+    return beta, entropy, n_iter, _row_weights(xp, shifted, beta)
 
 
 def solve_rows(be, shifted, perplexity, lo, hi, method, order, tol, host_neighbors, rows=None,

@@ -1,0 +1,317 @@
+"""Estimators TSNE, SSNE, EE and SNE (scikit-learn style).
+
+``fit`` computes entropic affinities (unless given), an initial embedding, and
+minimizes the objective (objectives/) with the chosen optimizer (optim/).
+``transform`` maps new points with the training embedding fixed: each new point
+minimizes the objective restricted to its own terms (dissertation eq. 5.9 for
+EE; for the SNE family, KL between its affinities to the training points and
+the kernel distribution around it), all new points together.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.sparse
+import scipy.sparse.linalg
+
+from ._checks import check_choice, check_data, check_float, check_int
+from .affinities import EntropicAffinities, entropic_affinities
+from .affinities.entropic import conditional_affinities
+from .backend import get_backend
+from .nbody import exact_sums, resolve_method
+from .neighbors import knn_query
+from .objectives import default_lambda, make_objective
+from .optim import DIRECTIONS, Monitor, homotopy, homotopy_path, minimize, tsne_classic
+
+__all__ = ["TSNE", "SSNE", "EE", "SNE"]
+
+INITS = ("pca", "random", "spectral")
+# Standard deviation of the first initial coordinate: openTSNE's 1e-4 for the
+# classic optimizer (its huge learning rate expands it at once); 0.1 for the
+# line-search optimizers, which otherwise start next to the X = 0 saddle of the
+# normalized objectives.
+INIT_STD = {"tsne": 1e-4, "default": 0.1}
+# Parameters the optimizers and affinities accept through **method_params.
+METHOD_PARAMS = {"n_neighbors", "kappa", "sd_solver", "lbfgs_memory", "step_size",
+                 "learning_rate", "early_exaggeration", "exaggeration_iter",
+                 "transform_max_iter"}
+
+
+class _Embedding:
+    objective_name = None
+    optimizers = tuple(DIRECTIONS)
+
+    def __init__(self, n_components=2, perplexity=30.0, *, affinities=None, optimizer="sd",
+                 nbody="auto", max_iter=1000, tol=1e-5, init="pca", random_state=None,
+                 backend="auto", dtype=None, verbose=False, callbacks=None, **method_params):
+        unknown = set(method_params) - METHOD_PARAMS
+        if unknown:
+            raise TypeError(f"unknown parameter(s) {sorted(unknown)}; method parameters are "
+                            f"{sorted(METHOD_PARAMS)}")
+        self.n_components = n_components
+        self.perplexity = perplexity
+        self.affinities = affinities
+        self.optimizer = optimizer
+        self.nbody = nbody
+        self.max_iter = max_iter
+        self.tol = tol
+        self.init = init
+        self.random_state = random_state
+        self.backend = backend
+        self.dtype = dtype
+        self.verbose = verbose
+        self.callbacks = callbacks
+        self.method_params = method_params
+
+    # -- fitting -----------------------------------------------------------
+    def fit(self, X):
+        be = get_backend(self.backend)
+        X = check_data(X, be, min_samples=4)
+        n = X.shape[0]
+        d = check_int(self.n_components, "n_components", 1, n - 2)
+        max_iter = check_int(self.max_iter, "max_iter", 1)
+        tol = check_float(self.tol, "tol", 0.0)
+        check_choice(self.optimizer, "optimizer", self.optimizers)
+        dtype = np.dtype(self.dtype) if self.dtype is not None else be.default_float
+        if dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+        P = self._affinity_matrix(X, be)
+        nbody = resolve_method(self.nbody, n, d, None, be)
+        objective = make_objective(self.objective_name, P, be, dtype, nbody=nbody,
+                                   **self._objective_params(n))
+        X0 = self._initial(X, P, be, dtype, d)
+        monitor = Monitor(self.callbacks, self.verbose)
+        result = self._optimize(objective, X0, max_iter, tol, monitor)
+        self.embedding_ = be.to_host(result.X)
+        self.objective_ = float(result.objective)
+        self.n_iter_ = int(result.n_iter)
+        self.history_ = result.history
+        self._fitted = (be, X, result.X, objective, P.shape[0])
+        return self
+
+    def fit_transform(self, X):
+        return self.fit(X).embedding_
+
+    def _objective_params(self, n):
+        return {}
+
+    def _optimize(self, objective, X0, max_iter, tol, monitor):
+        p = self.method_params
+        if self.optimizer == "tsne":
+            return tsne_classic(objective, X0, max_iter=max_iter,
+                                learning_rate=p.get("learning_rate"),
+                                exaggeration=p.get("early_exaggeration", 12.0),
+                                exaggeration_iter=p.get("exaggeration_iter", 250), tol=tol,
+                                monitor=monitor)
+        return minimize(objective, X0, self.optimizer, max_iter=max_iter, tol=tol,
+                        step_size=p.get("step_size"), monitor=monitor,
+                        direction_params=self._direction_params())
+
+    def _direction_params(self):
+        p = self.method_params
+        if self.optimizer in ("sd", "sd-"):
+            params = {"kappa": p.get("kappa")}
+            if self.optimizer == "sd":
+                params["solver"] = p.get("sd_solver", "auto")
+            return params
+        if self.optimizer == "lbfgs":
+            return {"m": p.get("lbfgs_memory", 100)}
+        return {}
+
+    def _affinity_matrix(self, X, be):
+        n = X.shape[0]
+        A = self.affinities
+        if A is None:
+            A = entropic_affinities(X, self.perplexity, n_neighbors=self.method_params.get(
+                "n_neighbors"), symmetrize=self.objective_name != "sne", backend=be)
+        P = A.P if isinstance(A, EntropicAffinities) else A
+        if not (scipy.sparse.issparse(P) or hasattr(P, "tocsr") or hasattr(P, "shape")):
+            raise TypeError("affinities must be an EntropicAffinities result or an (N, N) matrix")
+        if len(P.shape) != 2 or P.shape[0] != P.shape[1]:
+            raise ValueError(f"affinities must be a square (N, N) matrix, got shape {P.shape}")
+        if P.shape[0] != n:
+            raise ValueError(f"affinities are {P.shape[0]} x {P.shape[0]} but X has {n} rows")
+        P = be.sparse.csr_matrix(P if hasattr(P, "tocsr") else be.asarray(P))
+        data = P.data
+        if not bool(be.xp.isfinite(data).all()) or bool((data < 0).any()):
+            raise ValueError("affinities must be finite and non-negative")
+        self._perplexity_used = self.perplexity
+        return P
+
+    def _initial(self, X, P, be, dtype, d):
+        xp = be.xp
+        n = X.shape[0]
+        init = self.init
+        if isinstance(init, str):
+            check_choice(init, "init", INITS)
+            if init == "pca":
+                Y = _pca(be.to_host(X), d)
+            elif init == "random":
+                Y = np.random.default_rng(self.random_state).standard_normal((n, d))
+            else:
+                from .spectral import spectral_embedding
+
+                W = P if self.objective_name != "sne" else (P + P.T) * 0.5
+                Y = be.to_host(spectral_embedding(W, d, backend=be))
+            std = INIT_STD["tsne" if self.optimizer == "tsne" else "default"]
+            Y = Y / max(float(np.std(Y[:, 0])), 1e-300) * std
+        else:
+            Y = be.to_host(init) if hasattr(init, "shape") else np.asarray(init)
+            if Y.shape != (n, d):
+                raise ValueError(f"init array must have shape {(n, d)}, got {Y.shape}")
+            if not np.all(np.isfinite(Y)):
+                raise ValueError("init array contains NaN or infinite values")
+        return xp.asarray(Y, dtype=dtype)
+
+    # -- out-of-sample -----------------------------------------------------
+    def transform(self, X_new):
+        """Embed new points with the training embedding fixed (all together)."""
+        if not hasattr(self, "_fitted"):
+            raise RuntimeError("call fit before transform")
+        be, X_train, Y_train, objective, n = self._fitted
+        xp = be.xp
+        X_new = check_data(X_new, be, name="X_new", dtype=X_train.dtype, min_samples=1)
+        if X_new.shape[1] != X_train.shape[1]:
+            raise ValueError(f"X_new has {X_new.shape[1]} features, the training data "
+                             f"{X_train.shape[1]}")
+        K = float(np.max(self._perplexity_used))
+        k = min(n, max(math.ceil(3 * K), math.floor(K) + 1))
+        sqdist, idx = knn_query(X_new, X_train, k, backend=be)
+        W = conditional_affinities(sqdist, min(K, k - 0.5), backend=be).astype(Y_train.dtype)
+        Y = (W[:, :, None] * Y_train[idx]).sum(axis=1)        # affinity-weighted mean
+        mapping = _OutOfSample(self.objective_name, Y_train, idx, W, objective, be)
+        return be.to_host(mapping.minimize(Y, self.method_params.get("transform_max_iter", 200)))
+
+
+class _OutOfSample:
+    """Per-point objective of new points x against the fixed training embedding:
+
+    EE:         sum_j (w_j / N) |x - y_j|^2 + lambda sum_n exp(-|x - y_n|^2)
+    SSNE, SNE:  sum_j w_j |x - y_j|^2 + log sum_n exp(-|x - y_n|^2)
+    t-SNE:      sum_j w_j log(1 + |x - y_j|^2) + log sum_n 1 / (1 + |x - y_n|^2)
+
+    w: the new point's entropic affinities to its training neighbours j.
+    """
+
+    def __init__(self, name, Y_train, idx, W, objective, be):
+        self.name, self.Y, self.idx, self.W, self.be = name, Y_train, idx, W, be
+        self.lambda_ = getattr(objective, "lambda_", None)
+        self.n = Y_train.shape[0]
+        self.student = name == "tsne"
+
+    def value_and_grad(self, X):
+        xp = self.be.xp
+        diff = X[:, None, :] - self.Y[self.idx]                # (M, k, d)
+        d2 = (diff * diff).sum(axis=2)
+        if self.student:
+            attract = (self.W * xp.log1p(d2)).sum(axis=1)
+            g_att = 2.0 * ((self.W / (1.0 + d2))[:, :, None] * diff).sum(axis=1)
+            (S1, _), (S2, SX2) = exact_sums(self.be, self.Y, ("student", "student2"), Y=X)
+            return attract + xp.log(S1), g_att - 2.0 * (S2[:, None] * X - SX2) / S1[:, None]
+        attract = (self.W * d2).sum(axis=1)
+        g_att = 2.0 * (self.W[:, :, None] * diff).sum(axis=1)
+        (S, SX), = exact_sums(self.be, self.Y, ("gaussian",), Y=X)
+        if self.name == "ee":
+            value = attract / self.n + self.lambda_ * S
+            return value, g_att / self.n - 2.0 * self.lambda_ * (S[:, None] * X - SX)
+        return attract + xp.log(S), g_att - 2.0 * (S[:, None] * X - SX) / S[:, None]
+
+    def curvature(self, X):
+        """Attractive curvature per point: the FP scaling of the gradient."""
+        if self.student:
+            xp = self.be.xp
+            diff = X[:, None, :] - self.Y[self.idx]
+            return 2.0 * (self.W / (1.0 + (diff * diff).sum(axis=2))).sum(axis=1)
+        return 2.0 * self.W.sum(axis=1) / (self.n if self.name == "ee" else 1.0)
+
+    def minimize(self, X, max_iter, tol=1e-10):
+        """Scaled gradient steps with a per-point Armijo backtracking line search."""
+        xp = self.be.xp
+        E, G = self.value_and_grad(X)
+        step = xp.ones(X.shape[0], dtype=X.dtype)
+        for _ in range(max_iter):
+            P = -G / self.curvature(X)[:, None]
+            slope = (G * P).sum(axis=1)
+            trial = xp.minimum(2.0 * step, 1.0)
+            accepted = xp.zeros(X.shape[0], dtype=bool)
+            X_new, E_new = X.copy(), E.copy()
+            for _ in range(30):
+                cand = X + trial[:, None] * P
+                E_c, _ = self.value_and_grad(cand)
+                ok = ~accepted & (E_c <= E + 1e-4 * trial * slope)
+                X_new[ok], E_new[ok], step[ok] = cand[ok], E_c[ok], trial[ok]
+                accepted |= ok
+                if bool(accepted.all()):
+                    break
+                trial = xp.where(accepted, trial, 0.5 * trial)
+            change = float(xp.max(xp.abs(E - E_new) / xp.maximum(xp.abs(E), 1e-300)))
+            X = X_new
+            E, G = self.value_and_grad(X)
+            if change < tol:
+                break
+        return X
+
+
+def _pca(X, d):
+    """Top-d principal component scores of host data X (signs fixed)."""
+    Xc = X - X.mean(axis=0)
+    if Xc.shape[1] <= 2000:
+        vals, vecs = np.linalg.eigh(Xc.T @ Xc)
+        V = vecs[:, ::-1][:, :d]
+    else:
+        v0 = np.random.default_rng(0).random(min(Xc.shape))
+        _, _, Vt = scipy.sparse.linalg.svds(Xc, k=d, v0=v0)
+        V = Vt[::-1].T
+    Y = Xc @ V
+    signs = np.sign(Y[np.argmax(np.abs(Y), axis=0), np.arange(d)])
+    return Y * signs
+
+
+class TSNE(_Embedding):
+    """t-SNE (Student-t kernel).  ``optimizer="tsne"`` is the classic optimizer
+    (momentum, gains, early exaggeration 12 for 250 iterations, learning rate N/12)."""
+
+    objective_name = "tsne"
+    optimizers = tuple(DIRECTIONS) + ("tsne",)
+
+
+class SSNE(_Embedding):
+    """Symmetric SNE (Gaussian kernel, joint distribution over all pairs)."""
+
+    objective_name = "ssne"
+
+
+class SNE(_Embedding):
+    """SNE (Hinton & Roweis) with per-point conditional distributions."""
+
+    objective_name = "sne"
+    optimizers = ("gd", "fp", "sd", "lbfgs", "cg")
+
+
+class EE(_Embedding):
+    """Elastic embedding.  ``lambda_`` (default 1 / N, see objectives/ee.py) weighs the
+    repulsion; ``homotopy=True`` follows the minimizer along ``homotopy_steps``
+    log-spaced lambdas from 1e-4 lambda_ up to lambda_ (each stage up to max_iter)."""
+
+    objective_name = "ee"
+
+    def __init__(self, n_components=2, perplexity=30.0, *, lambda_=None, homotopy=False,
+                 homotopy_steps=10, **kwargs):
+        super().__init__(n_components, perplexity, **kwargs)
+        self.lambda_ = lambda_
+        self.homotopy = homotopy
+        self.homotopy_steps = homotopy_steps
+
+    def _objective_params(self, n):
+        if self.lambda_ is None:
+            return {"lambda_": default_lambda(n)}
+        return {"lambda_": check_float(self.lambda_, "lambda_", 0.0)}
+
+    def _optimize(self, objective, X0, max_iter, tol, monitor):
+        if not self.homotopy:
+            return super()._optimize(objective, X0, max_iter, tol, monitor)
+        steps = check_int(self.homotopy_steps, "homotopy_steps", 1)
+        return homotopy(objective, X0, self.optimizer, lambdas=homotopy_path(objective.lambda_, steps),
+                        max_iter=max_iter, tol=tol, step_size=self.method_params.get("step_size"),
+                        monitor=monitor, direction_params=self._direction_params())

@@ -1,0 +1,135 @@
+"""Exact N-body kernel sums, blocked so memory stays bounded.
+
+For targets y_n and sources x_m (with optional source weights w_m)
+
+    S_n  = sum_m w_m K(|y_n - x_m|^2)        SX_n = sum_m w_m K(|y_n - x_m|^2) x_m
+
+excluding m = n when the targets are the sources.  Blocks of B targets hold a
+B x N matrix of kernel values (``block_bytes``: 1 MiB on the CPU, spread over
+threads, and 512 MiB on the GPU; at least 64 rows), so memory stays bounded.  Written once
+against ``xp``: the CPU path and the reference for GPU kernels.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+KERNELS = ("gaussian", "student", "student2")
+# Small CPU blocks stay in cache (4x faster than 4 MiB ones, measured at N = 1797)
+# and give each core work; the GPU wants big ones.  At least MIN_ROWS rows per
+# block bounds the Python overhead per block for large N.
+DEFAULT_BLOCK_BYTES = {"cpu": 2**20, "gpu": 512 * 2**20}
+MIN_ROWS = 64
+N_THREADS = os.cpu_count() or 1
+
+
+def kernel_values(xp, kernel, t):
+    """K(t) for t = squared distance (in place on t)."""
+    if kernel == "gaussian":
+        return xp.exp(xp.negative(t, out=t), out=t)
+    t += 1.0
+    if kernel == "student":
+        return xp.reciprocal(t, out=t)
+    if kernel == "student2":
+        xp.reciprocal(t, out=t)
+        return xp.multiply(t, t, out=t)
+    raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+
+
+def squared_distances(xp, Y, X, sq_y=None, sq_x=None):
+    """(len(Y), len(X)) squared Euclidean distances by GEMM.
+
+    Their absolute rounding error, ~eps (|y|^2 + |x|^2), is negligible against
+    the unit width of the embedding kernels, so no coordinate-wise pass is needed.
+    """
+    sq_y = (Y * Y).sum(axis=1) if sq_y is None else sq_y
+    sq_x = (X * X).sum(axis=1) if sq_x is None else sq_x
+    D = Y @ (-2.0 * X).T
+    D += sq_y[:, None]
+    D += sq_x[None, :]
+    return xp.maximum(D, 0.0, out=D)
+
+
+def _blocks(be, n_rows, n_cols, itemsize, block_bytes, fn):
+    """Run fn(start, stop) over row blocks: threads on the CPU (NumPy releases the
+    GIL in its loops), in order on the GPU."""
+    if block_bytes is None:
+        block_bytes = DEFAULT_BLOCK_BYTES[be.name]
+    rows = max(min(MIN_ROWS, n_rows), min(n_rows, block_bytes // max(1, n_cols * itemsize)))
+    spans = [(a, min(n_rows, a + rows)) for a in range(0, n_rows, rows)]
+    if be.is_gpu or len(spans) == 1 or N_THREADS == 1:
+        for a, b in spans:
+            fn(a, b)
+        return
+    with ThreadPoolExecutor(max_workers=min(N_THREADS, len(spans))) as pool:
+        list(pool.map(lambda span: fn(*span), spans))
+
+
+def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None):
+    """[(S, SX) for each kernel in ``kernels``] over all pairs, in one pass.
+
+    ``Y`` (targets) defaults to ``X`` with the self-pair excluded.  "student2"
+    is derived from "student" when both are asked for (t-SNE's fused Z and
+    forces).
+    """
+    xp = be.xp
+    targets = X if Y is None else Y
+    n_t, n_s = targets.shape[0], X.shape[0]
+    sq_x = (X * X).sum(axis=1)
+    sq_t = sq_x if Y is None else (targets * targets).sum(axis=1)
+    out = [(xp.empty(n_t, dtype=X.dtype), xp.empty_like(targets)) for _ in kernels]
+
+    def block(start, stop):
+        D = squared_distances(xp, targets[start:stop], X, sq_t[start:stop], sq_x)
+        if Y is None:
+            # Self pairs: an infinite distance gives K = 0 for every kernel.
+            own = xp.arange(start, stop)
+            D[own - start, own] = xp.inf
+        values = {}
+        for i, kernel in enumerate(kernels):
+            if kernel == "student2" and "student" in values:
+                K = values["student"] * values["student"]
+            else:
+                K = kernel_values(xp, kernel, D if i == len(kernels) - 1 else D.copy())
+            values[kernel] = K
+        for (S, SX), kernel in zip(out, kernels):
+            K = values[kernel]
+            if weights is not None:
+                K = K * weights[None, :]
+            S[start:stop] = K.sum(axis=1)
+            SX[start:stop] = K @ X
+
+    _blocks(be, n_t, n_s, X.dtype.itemsize, block_bytes, block)
+    return out
+
+
+def xx_terms(be, X, coef_fn, V=None, block_bytes=None):
+    """Products with the block-diagonal Laplacians L^xx_ii of seed 002 (SD-, DiagH).
+
+    With pair weights ``c_nm (x_in - x_im)^2``, ``c = coef_fn(D)`` computed from a
+    block of squared distances ``D`` (self pairs at D = inf), returns
+    ``out[n, i] = sum_m c_nm (x_in - x_im)^2 (V_in - V_im)``, or the diagonal
+    ``sum_m c_nm (x_in - x_im)^2`` when V is None.  Blocked like :func:`exact_sums`.
+    """
+    xp = be.xp
+    n, d = X.shape
+    sq = (X * X).sum(axis=1)
+    out = xp.empty_like(X)
+
+    def block(start, stop):
+        D = squared_distances(xp, X[start:stop], X, sq[start:stop], sq)
+        own = xp.arange(start, stop)
+        D[own - start, own] = xp.inf
+        C = coef_fn(D)
+        for i in range(d):
+            diff = X[start:stop, i, None] - X[None, :, i]
+            W = C * diff * diff
+            if V is None:
+                out[start:stop, i] = W.sum(axis=1)
+            else:
+                out[start:stop, i] = W.sum(axis=1) * V[start:stop, i] - W @ V[:, i]
+
+    _blocks(be, n, n, 2 * X.dtype.itemsize, block_bytes, block)
+    return out

@@ -1,0 +1,92 @@
+"""Shared machinery of the embedding objectives in Laplacian form (seed 002, section 1).
+
+An objective E(X) = E+(X) + lambda E-(X) is evaluated from
+
+- the attractive term over the sparse affinities P (O(nnz) per evaluation), with
+  gradients written as Laplacian products sum_m w_nm (x_n - x_m);
+- the repulsive term over all pairs through the N-body engine (nbody/).
+
+X is (N, d), one row per point (the papers' X is its transpose).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..nbody.exact import exact_sums, xx_terms
+
+
+class PairSet:
+    """The edges (n, m, p_nm) of a sparse matrix, fixed over the optimization."""
+
+    def __init__(self, be, P, dtype):
+        xp = be.xp
+        P = be.sparse.csr_matrix(P, dtype=dtype)
+        P.sum_duplicates()
+        self.be, self.P = be, P
+        self.n = P.shape[0]
+        self.rows = xp.repeat(xp.arange(self.n), xp.diff(P.indptr).astype(xp.int64))
+        self.cols = P.indices.astype(xp.int64)
+        self.p = P.data
+
+    def sqdist(self, X):
+        diff = X[self.rows] - X[self.cols]
+        return (diff * diff).sum(axis=1)
+
+    def laplacian_times(self, w, X):
+        """sum_m w_nm (x_n - x_m) for edge weights w on P's pattern."""
+        W = self.be.sparse.csr_matrix((w, self.P.indices, self.P.indptr), shape=self.P.shape)
+        degree = self.be.xp.asarray(W.sum(axis=1)).ravel()
+        return degree[:, None] * X - W @ X
+
+    def xx_diagonal(self, w, X):
+        """sum_m w_nm (x_in - x_im)^2 over the edges, for every n and dimension i."""
+        diff = X[self.rows] - X[self.cols]
+        out = self.be.xp.zeros_like(X)
+        self.be.scatter_add(out, self.rows, w[:, None] * diff * diff)
+        return out
+
+    def entropy_term(self):
+        """sum p log p (the constant part of KL(P || Q))."""
+        xp = self.be.xp
+        p = self.p[self.p > 0]
+        return float(xp.sum(p * xp.log(p)))
+
+
+class Objective:
+    """Base class: subclasses define value_and_grad, attractive_weights and the
+    Hessian pieces used by the directions (optim/directions.py)."""
+
+    name = None
+    kernel = None           # repulsive kernel of the N-body sums
+
+    def __init__(self, P, backend, dtype, nbody="exact"):
+        self.be = backend
+        self.dtype = np.dtype(dtype)
+        self.pairs = PairSet(backend, P, self.dtype)
+        self.n = self.pairs.n
+        self.nbody = nbody
+
+    def sums(self, X, kernels, Y=None, weights=None):
+        """N-body kernel sums (S, SX) for each kernel, by the configured engine."""
+        return exact_sums(self.be, X, kernels, Y=Y, weights=weights)
+
+    def value(self, X):
+        return self.value_and_grad(X)[0]
+
+    def attractive_weights(self):
+        """W+ whose Laplacian gives the attractive Hessian 4 L+ (at X = 0 for t-SNE)."""
+        return self.pairs.P
+
+    def xx_coefficients(self, X):
+        """D -> c(D): the psd repulsive part 8 L^xx_ii of the Hessian has pair
+        weights c_nm (x_in - x_im)^2 (SD- direction)."""
+        raise ValueError(f"optimizer 'sd-' is not available for {self.name}")
+
+    def xx_times(self, X, coef, V=None):
+        """8 L^xx_ii V for pair coefficients ``coef`` (see xx_coefficients); its
+        diagonal when V is None.  One blocked N-body pass."""
+        return 8.0 * xx_terms(self.be, X, coef, V)
+
+    def hessian_diagonal(self, X):
+        """Diagonal of the full Hessian, (N, d)."""
+        raise ValueError(f"optimizer 'diagh' is not available for {self.name}")

@@ -1,0 +1,35 @@
+"""SNE (Hinton & Roweis): per-point distributions P_n (row-stochastic conditional
+affinities p_{m|n}) and Q_n with q_{m|n} = exp(-|x_n - x_m|^2) / Z_n,
+Z_n = sum_{m != n} exp(-|x_n - x_m|^2):
+
+    E = sum_n KL(P_n || Q_n) = sum p log p + sum_nm p_{m|n} |x_n - x_m|^2 + sum_n log Z_n,
+    grad_n = 2 sum_m (p_{m|n} - q_{m|n} + p_{n|m} - q_{n|m}) (x_n - x_m).
+"""
+from __future__ import annotations
+
+from .base import Objective, PairSet
+
+
+class SNEObjective(Objective):
+    name = "sne"
+    kernel = "gaussian"
+
+    def __init__(self, P, backend, dtype, nbody="exact"):
+        super().__init__(P, backend, dtype, nbody)
+        self.constant = self.pairs.entropy_term()
+        P = self.pairs.P
+        self.sym = PairSet(backend, P + P.T, self.dtype)
+
+    def value_and_grad(self, X):
+        xp, pairs = self.be.xp, self.pairs
+        e_plus = float((pairs.p * pairs.sqdist(X)).sum())
+        grad = 2.0 * self.sym.laplacian_times(self.sym.p, X)
+        (S, SX), = self.sums(X, ("gaussian",))
+        # sum_m q_{n|m} (x_n - x_m): source weights 1 / Z_m.
+        (Sw, SXw), = self.sums(X, ("gaussian",), weights=1.0 / S)
+        grad -= 2.0 * ((S[:, None] * X - SX) / S[:, None] + Sw[:, None] * X - SXw)
+        return self.constant + e_plus + float(xp.log(S).sum()), grad
+
+    def attractive_weights(self):
+        # grad+ = 2 L(P + P^T) X = 4 L((P + P^T) / 2) X.
+        return self.sym.P * 0.5

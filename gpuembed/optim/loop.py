@@ -1,0 +1,158 @@
+"""Optimization loops: line-search descent, the classic t-SNE optimizer, homotopy.
+
+Source: seed 002 (backtracking line search whose first trial is the previously
+accepted step; homotopy for EE) and, for ``tsne_classic``, the optimizer of
+van der Maaten & Hinton as used by openTSNE and scikit-learn.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .directions import DIRECTIONS
+
+ARMIJO_C1 = 1e-4
+MAX_BACKTRACKS = 40
+
+
+@dataclass
+class Result:
+    X: object
+    objective: float
+    n_iter: int
+    history: list = field(default_factory=list)
+    converged: bool = False
+
+
+class Monitor:
+    """History, callbacks and verbose progress shared by the loops."""
+
+    def __init__(self, callbacks=None, verbose=False, report_every=10, extra=None):
+        self.callbacks = list(callbacks or [])
+        self.verbose = int(verbose)
+        self.report_every = report_every
+        self.extra = extra or {}
+        self.history = []
+        self.start = time.perf_counter()
+
+    def record(self, iteration, objective, step, X):
+        """Returns True when a callback asks to stop."""
+        elapsed = time.perf_counter() - self.start
+        self.history.append({"iter": iteration, "time": elapsed, "objective": objective,
+                             "step": step, **self.extra})
+        if self.verbose and (iteration % self.report_every == 0 or iteration == 0):
+            extra = "".join(f" {k}={v:.4g}" for k, v in self.extra.items())
+            print(f"iter {iteration:5d}  objective {objective:.8g}  step {step:.3g}  "
+                  f"{elapsed:8.2f} s{extra}", flush=True)
+        stop = False
+        for callback in self.callbacks:
+            stop |= bool(callback(iteration, elapsed, objective, X))
+        return stop
+
+
+def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_size=None,
+             monitor=None, direction_params=None):
+    """Descent with ``direction`` and an Armijo backtracking line search.
+
+    ``step_size`` switches to fixed steps (no line search), as needed with
+    approximate gradients.  Stops when the relative objective decrease falls
+    below ``tol``, when the line search finds no decrease, after ``max_iter``
+    iterations, or when a callback returns True.
+    """
+    xp = objective.be.xp
+    monitor = monitor or Monitor()
+    X = X0.copy()
+    E, G = objective.value_and_grad(X)
+    d = DIRECTIONS[direction](objective, X, **(direction_params or {}))
+    step = 1.0
+    if monitor.record(0, E, 0.0, X):
+        return Result(X, E, 0, monitor.history)
+    for it in range(1, max_iter + 1):
+        P = d(X, G)
+        slope = float(xp.vdot(G, P))
+        if not slope < 0:                      # not a descent direction: fall back to -G
+            P = -G
+            slope = -float(xp.vdot(G, G))
+        if step_size is not None:
+            alpha = step_size
+            X_new = X + alpha * P
+            E_new, G_new = objective.value_and_grad(X_new)
+        else:
+            alpha = d.initial_step(step)
+            for _ in range(MAX_BACKTRACKS):
+                X_new = X + alpha * P
+                E_new, G_new = objective.value_and_grad(X_new)
+                if E_new <= E + ARMIJO_C1 * alpha * slope:
+                    break
+                alpha *= 0.5
+            else:
+                return Result(X, E, it - 1, monitor.history, converged=True)
+            step = alpha
+        d.update(X, X_new, G, G_new)
+        change = abs(E - E_new) / max(abs(E), 1e-300)
+        X, E, G = X_new, E_new, G_new
+        if monitor.record(it, E, alpha, X):
+            return Result(X, E, it, monitor.history)
+        if change < tol:
+            return Result(X, E, it, monitor.history, converged=True)
+    return Result(X, E, max_iter, monitor.history)
+
+
+def tsne_classic(objective, X0, *, max_iter=1000, learning_rate=None, exaggeration=12.0,
+                 exaggeration_iter=250, momentum=(0.5, 0.8), tol=0.0, monitor=None):
+    """The classic t-SNE optimizer: gradient steps with momentum 0.5 -> 0.8 and
+    per-coordinate gains (+0.2 / x0.8, floor 0.01), early exaggeration 12 for the
+    first 250 iterations, learning rate N / 12 (openTSNE's and scikit-learn's).
+    Exaggeration multiplies the attractive term; P itself is never modified."""
+    xp = objective.be.xp
+    monitor = monitor or Monitor()
+    n = X0.shape[0]
+    lr = n / 12.0 if learning_rate is None else float(learning_rate)
+    X = X0.copy()
+    update = xp.zeros_like(X)
+    gains = xp.ones_like(X)
+    E = None
+    for it in range(max_iter):
+        early = it < exaggeration_iter
+        objective.exaggeration = exaggeration if early else 1.0
+        E_new, G = objective.value_and_grad(X)
+        same_sign = (G > 0) == (update > 0)
+        gains = xp.maximum(xp.where(same_sign, gains * 0.8, gains + 0.2), 0.01)
+        update = (momentum[0] if early else momentum[1]) * update - lr * gains * G
+        X = X + update
+        X -= X.mean(axis=0)
+        if monitor.record(it, E_new, lr, X):
+            break
+        if not early and E is not None and tol > 0 and abs(E - E_new) < tol * abs(E):
+            break
+        E = E_new
+    objective.exaggeration = 1.0
+    E, _ = objective.value_and_grad(X)
+    return Result(X, E, it + 1, monitor.history, converged=True)
+
+
+def homotopy(objective, X0, direction="sd", *, lambdas, max_iter=1000, tol=1e-7,
+             step_size=None, monitor=None, direction_params=None):
+    """Follow the minimizer along ``lambdas`` (increasing), each stage started from
+    the last one's solution (seed 002 section 3.1, homotopy training of EE).
+    The iteration budget ``max_iter`` applies to each stage."""
+    monitor = monitor or Monitor()
+    X = X0
+    total = 0
+    result = None
+    for lam in lambdas:
+        objective.lambda_ = float(lam)
+        monitor.extra = {"lambda": float(lam)}
+        result = minimize(objective, X, direction, max_iter=max_iter, tol=tol,
+                          step_size=step_size, monitor=monitor,
+                          direction_params=direction_params)
+        X = result.X
+        total += result.n_iter
+    return Result(X, result.objective, total, monitor.history, converged=result.converged)
+
+
+def homotopy_path(lambda_, n_steps=10, start_ratio=1e-4):
+    """Log-spaced lambdas from ``start_ratio * lambda_`` up to ``lambda_``."""
+    return np.geomspace(start_ratio * lambda_, lambda_, n_steps)

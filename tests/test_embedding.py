@@ -1,0 +1,202 @@
+"""Estimators and optimizers (seed 002 sections 2-3; dissertation 5.3 for transform)."""
+import numpy as np
+import pytest
+
+import gpuembed as ge
+from gpuembed import objectives
+from gpuembed.optim import DIRECTIONS, homotopy_path
+
+
+@pytest.fixture(scope="module")
+def loops():
+    return ge.datasets.rotating_objects()
+
+
+@pytest.fixture(scope="module")
+def digits():
+    pytest.importorskip("sklearn")
+    return ge.datasets.digits()
+
+
+@pytest.fixture(scope="module")
+def small():
+    rng = np.random.default_rng(5)
+    X, y = ge.datasets.gaussian_clusters(120, 3, 6, random_state=5)
+    return X, y, ge.entropic_affinities(X, 10.0, backend="cpu")
+
+
+@pytest.mark.parametrize("name", ["ee", "ssne", "tsne", "sne"])
+@pytest.mark.parametrize("direction", sorted(DIRECTIONS))
+def test_every_direction_descends(small, name, direction):
+    X, _, A = small
+    be = ge.get_backend("cpu")
+    P = A.P if name != "sne" else ge.entropic_affinities(X, 10.0, symmetrize=False,
+                                                         backend="cpu").P
+    obj = objectives.make_objective(name, P, be, np.float64)
+    Y = np.random.default_rng(1).standard_normal((120, 2))
+    if name == "sne" and direction in ("sd-", "diagh"):
+        with pytest.raises(ValueError, match=direction):
+            DIRECTIONS[direction](obj, Y)(Y, obj.value_and_grad(Y)[1])
+        return
+    d = DIRECTIONS[direction](obj, Y)
+    for _ in range(2):          # second call: warm starts and memories in use
+        E, G = obj.value_and_grad(Y)
+        p = d(Y, G)
+        assert float(np.vdot(G, p)) < 0
+        Y_new = Y + 1e-3 * p / np.abs(p).max()
+        d.update(Y, Y_new, G, obj.value_and_grad(Y_new)[1])
+        Y = Y_new
+
+
+def test_sd_solvers_agree(small):
+    X, _, A = small
+    obj = objectives.make_objective("ee", A.P, ge.get_backend("cpu"), np.float64)
+    Y = np.random.default_rng(2).standard_normal((120, 2))
+    _, G = obj.value_and_grad(Y)
+    chol = DIRECTIONS["sd"](obj, Y, solver="cholesky")(Y, G)
+    cg = DIRECTIONS["sd"](obj, Y, solver="cg", cg_tol=1e-12, cg_maxiter=2000)(Y, G)
+    # B is singular up to mu along translations: compare without the mean.
+    np.testing.assert_allclose(cg - cg.mean(0), chol - chol.mean(0), rtol=1e-6,
+                               atol=1e-8 * np.abs(chol).max())
+
+
+def test_same_seed_same_result(small):
+    X, _, A = small
+    a = ge.TSNE(init="random", random_state=1, max_iter=15, affinities=A, backend="cpu").fit_transform(X)
+    b = ge.TSNE(init="random", random_state=1, max_iter=15, affinities=A, backend="cpu").fit_transform(X)
+    c = ge.TSNE(init="random", random_state=2, max_iter=15, affinities=A, backend="cpu").fit_transform(X)
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, c)
+
+
+def test_ee_and_ssne_with_sd_separate_the_loops(loops):
+    X, y = loops
+    ee = ge.EE(perplexity=20, optimizer="sd", init="spectral", backend="cpu").fit(X)
+    acc = ge.metrics.knn_accuracy(ee.embedding_, y)
+    print(f"EE sd: {ee.n_iter_} iterations, 10-NN accuracy {acc:.3f}")
+    assert acc >= 0.95
+    # s-SNE's Gaussian kernel crowds 10 loops in 2-D: at perplexity 20 two pairs of
+    # loops cross (accuracy ~0.83); at perplexity 5 they separate.
+    ssne = ge.SSNE(perplexity=5, optimizer="sd", init="spectral", max_iter=3000,
+                   backend="cpu").fit(X)
+    acc = ge.metrics.knn_accuracy(ssne.embedding_, y)
+    print(f"s-SNE sd: {ssne.n_iter_} iterations, 10-NN accuracy {acc:.3f}")
+    assert acc >= 0.95
+
+
+def test_tsne_on_digits(digits):
+    X, y = digits
+    model = ge.TSNE(optimizer="sd", tol=1e-4, backend="cpu").fit(X)
+    acc = ge.metrics.knn_accuracy(model.embedding_, y)
+    print(f"t-SNE sd on digits: {model.n_iter_} iterations, 10-NN accuracy {acc:.3f}")
+    assert acc >= 0.95
+    assert model.history_[0]["iter"] == 0 and model.history_[-1]["iter"] == model.n_iter_
+    assert model.objective_ == pytest.approx(model.history_[-1]["objective"])
+
+
+def test_transform_lands_near_its_class(digits):
+    X, y = digits
+    rng = np.random.default_rng(0)
+    test = rng.choice(len(X), 200, replace=False)
+    train = np.setdiff1d(np.arange(len(X)), test)
+    model = ge.TSNE(optimizer="sd", tol=1e-4, backend="cpu").fit(X[train])
+    Z = model.transform(X[test])
+    from sklearn.neighbors import KNeighborsClassifier
+
+    acc = KNeighborsClassifier(10).fit(model.embedding_, y[train]).score(Z, y[test])
+    print(f"out-of-sample 10-NN accuracy {acc:.3f}")
+    assert acc >= 0.9
+    # A training point maps next to where it was embedded.
+    again = model.transform(X[train[:20]])
+    spread = np.ptp(model.embedding_, axis=0).max()
+    assert np.median(np.linalg.norm(again - model.embedding_[:20], axis=1)) < 0.05 * spread
+
+
+@pytest.mark.parametrize("cls", [ge.EE, ge.SSNE, ge.SNE])
+def test_transform_other_objectives(small, cls):
+    X, y, _ = small
+    model = cls(perplexity=10, max_iter=200, backend="cpu").fit(X)
+    Z = model.transform(X[:30] + 0.01)
+    assert Z.shape == (30, 2) and np.all(np.isfinite(Z))
+    nearest = np.argmin(((Z[:, None] - model.embedding_[None]) ** 2).sum(-1), axis=1)
+    assert (y[nearest] == y[:30]).mean() >= 0.9
+
+
+def test_three_components_and_classic_optimizer(small):
+    X, y, A = small
+    model = ge.TSNE(n_components=3, optimizer="tsne", max_iter=300, affinities=A, backend="cpu")
+    Y = model.fit_transform(X)
+    assert Y.shape == (120, 3)
+    assert ge.metrics.knn_accuracy(Y, y) > 0.95
+
+
+@pytest.mark.parametrize("optimizer", ["gd", "fp", "lbfgs", "cg", "diagh", "sd-"])
+def test_other_optimizers_decrease_the_objective(small, optimizer):
+    X, y, A = small
+    model = ge.EE(optimizer=optimizer, affinities=A, max_iter=30, backend="cpu").fit(X)
+    values = [h["objective"] for h in model.history_]
+    assert values[-1] < values[0]
+    assert all(b <= a + 1e-12 * abs(a) for a, b in zip(values, values[1:]))   # Armijo
+
+
+def test_fixed_step_mode(small):
+    X, _, A = small
+    model = ge.SSNE(optimizer="fp", step_size=0.5, affinities=A, max_iter=40, backend="cpu").fit(X)
+    assert all(h["step"] == 0.5 for h in model.history_[1:])
+    assert model.history_[-1]["objective"] < model.history_[0]["objective"]
+
+
+def test_homotopy_follows_lambda_path(small):
+    X, _, A = small
+    model = ge.EE(homotopy=True, homotopy_steps=4, affinities=A, max_iter=50, backend="cpu").fit(X)
+    lambdas = [h["lambda"] for h in model.history_]
+    assert lambdas == sorted(lambdas)
+    np.testing.assert_allclose(sorted(set(lambdas)), homotopy_path(1 / 120, 4))
+
+
+def test_callbacks_and_verbose(small, capsys):
+    X, _, A = small
+    seen = []
+
+    def stop_at_5(iteration, elapsed, objective, embedding):
+        seen.append(iteration)
+        return iteration >= 5
+
+    model = ge.SSNE(affinities=A, callbacks=[stop_at_5], verbose=True, backend="cpu").fit(X)
+    assert seen == list(range(6)) and model.n_iter_ == 5
+    out = capsys.readouterr().out
+    assert "iter     0" in out and "objective" in out
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: ge.EE(lambda_=-1.0), "lambda_"),
+    (lambda: ge.TSNE(n_components=0), "n_components"),
+    (lambda: ge.TSNE(max_iter=0), "max_iter"),
+    (lambda: ge.SSNE(optimizer="tsne"), "optimizer"),
+    (lambda: ge.SNE(optimizer="sd-"), "optimizer"),
+    (lambda: ge.TSNE(init="umap"), "init"),
+    (lambda: ge.TSNE(init=np.zeros((5, 2))), "init"),
+    (lambda: ge.TSNE(affinities=np.ones((4, 5))), "square"),
+    (lambda: ge.TSNE(affinities=np.ones((7, 7))), "rows"),
+    (lambda: ge.TSNE(affinities=-np.ones((40, 40))), "non-negative"),
+    (lambda: ge.TSNE(nbody="fmm"), "nbody"),
+])
+def test_bad_arguments(small, make, match):
+    X, _, _ = small
+    with pytest.raises(ValueError, match=match):
+        make().fit(X[:40] if "40" in match or match == "non-negative" else X)
+
+
+def test_bad_data_and_unknown_parameters(small):
+    X, _, _ = small
+    Xn = X.copy()
+    Xn[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        ge.TSNE(backend="cpu").fit(Xn)
+    with pytest.raises(TypeError, match="unknown parameter"):
+        ge.TSNE(learnig_rate=10)
+    model = ge.TSNE(max_iter=5, backend="cpu").fit(X)
+    with pytest.raises(ValueError, match="features"):
+        model.transform(X[:, :3])
+    with pytest.raises(RuntimeError, match="fit"):
+        ge.TSNE().transform(X)

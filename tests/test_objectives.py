@@ -1,0 +1,133 @@
+"""Objectives of seed 002 section 1 against dense brute-force formulas and finite differences."""
+import numpy as np
+import pytest
+import scipy.sparse
+
+import gpuembed as ge
+from gpuembed import objectives
+from gpuembed.nbody.exact import exact_sums, xx_terms
+
+
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((60, 10))
+    P = ge.entropic_affinities(X, 8.0, backend="cpu").P
+    Pc = ge.entropic_affinities(X, 8.0, symmetrize=False, backend="cpu").P
+    Y = rng.standard_normal((60, 2)) * 1.5
+    return P, Pc, Y
+
+
+def dense_value(name, Y, P, lam=None):
+    """Each objective written out over the dense N x N matrices."""
+    P = P.toarray()
+    D = ((Y[:, None] - Y[None]) ** 2).sum(-1)
+    off = ~np.eye(len(Y), dtype=bool)
+    plogp = np.sum(P[P > 0] * np.log(P[P > 0]))
+    if name == "ee":
+        return np.sum(P * D) + lam * np.sum(np.exp(-D)[off])
+    if name == "ssne":
+        Q = np.where(off, np.exp(-D), 0)
+        Q /= Q.sum()
+        return plogp - np.sum(P[P > 0] * np.log(Q[P > 0]))
+    if name == "tsne":
+        Q = np.where(off, 1 / (1 + D), 0)
+        Q /= Q.sum()
+        return plogp - np.sum(P[P > 0] * np.log(Q[P > 0]))
+    Q = np.where(off, np.exp(-D), 0)           # sne: per-row normalization
+    Q /= Q.sum(axis=1, keepdims=True)
+    return plogp - np.sum(P[P > 0] * np.log(Q[P > 0]))
+
+
+@pytest.mark.parametrize("name", ["ee", "ssne", "tsne", "sne"])
+def test_value_matches_dense_formula(problem, name):
+    P, Pc, Y = problem
+    PP = Pc if name == "sne" else P
+    E, _ = objectives.value_and_grad(name, Y, PP, lambda_=0.3) if name == "ee" else \
+        objectives.value_and_grad(name, Y, PP)
+    assert E == pytest.approx(dense_value(name, Y, PP, 0.3), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["ee", "ssne", "tsne", "sne"])
+def test_gradient_matches_finite_differences(problem, name):
+    P, Pc, Y = problem
+    PP = Pc if name == "sne" else P
+    f = lambda Z: objectives.value_and_grad(name, Z, PP)
+    _, G = f(Y)
+    h = 1e-6
+    num = np.zeros_like(Y)
+    for i in range(Y.shape[0]):
+        for j in range(2):
+            Yp, Ym = Y.copy(), Y.copy()
+            Yp[i, j] += h
+            Ym[i, j] -= h
+            num[i, j] = (f(Yp)[0] - f(Ym)[0]) / (2 * h)
+    np.testing.assert_allclose(G, num, rtol=1e-5, atol=1e-7 * np.abs(G).max())
+    assert np.abs(G.sum(axis=0)).max() < 1e-10 * np.abs(G).max() * len(Y)   # shift invariance
+
+
+@pytest.mark.parametrize("name", ["ee", "ssne", "tsne"])
+def test_hessian_diagonal_matches_finite_differences(problem, name):
+    P, _, Y = problem
+    obj = objectives.make_objective(name, P, ge.get_backend("cpu"), np.float64)
+    H = obj.hessian_diagonal(Y)
+    h = 1e-5
+    num = np.zeros_like(Y)
+    for i in range(Y.shape[0]):
+        for j in range(2):
+            Yp, Ym = Y.copy(), Y.copy()
+            Yp[i, j] += h
+            Ym[i, j] -= h
+            num[i, j] = (obj.value_and_grad(Yp)[1][i, j] - obj.value_and_grad(Ym)[1][i, j]) / (2 * h)
+    np.testing.assert_allclose(H, num, rtol=1e-5, atol=1e-6 * np.abs(num).max())
+
+
+def test_exact_engine_against_brute_force(rng):
+    be = ge.get_backend("cpu")
+    for d in (1, 2, 3, 7):
+        X = rng.standard_normal((150, d)) * rng.choice([0.1, 1.0, 10.0])
+        D = ((X[:, None] - X[None]) ** 2).sum(-1)
+        np.fill_diagonal(D, np.inf)
+        w = rng.random(150)
+        kernels = {"gaussian": np.exp(-D), "student": 1 / (1 + D), "student2": 1 / (1 + D) ** 2}
+        out = exact_sums(be, X, tuple(kernels), weights=w, block_bytes=150 * 8 * 16)
+        for (S, SX), K in zip(out, kernels.values()):
+            np.testing.assert_allclose(S, (K * w).sum(1), rtol=1e-10, atol=1e-300)
+            np.testing.assert_allclose(SX, (K * w) @ X, rtol=1e-9, atol=1e-12 * np.abs(X).max())
+        S, SX = ge.nbody.kernel_sums(X, "student", backend="cpu")
+        np.testing.assert_allclose(S, kernels["student"].sum(1), rtol=1e-10)
+
+
+def test_exact_engine_with_separate_targets(rng):
+    be = ge.get_backend("cpu")
+    X, T = rng.standard_normal((80, 2)), rng.standard_normal((13, 2))
+    D = ((T[:, None] - X[None]) ** 2).sum(-1)
+    (S, SX), = exact_sums(be, X, ("gaussian",), Y=T)
+    np.testing.assert_allclose(S, np.exp(-D).sum(1), rtol=1e-12)
+    np.testing.assert_allclose(SX, np.exp(-D) @ X, rtol=1e-10, atol=1e-14)
+
+
+def test_xx_terms_matches_dense(rng):
+    be = ge.get_backend("cpu")
+    X, V = rng.standard_normal((50, 2)), rng.standard_normal((50, 2))
+    D = ((X[:, None] - X[None]) ** 2).sum(-1)
+    C = np.exp(-D)
+    np.fill_diagonal(C, 0)
+    out = xx_terms(be, X, lambda Db: np.exp(-Db), V)
+    diag = xx_terms(be, X, lambda Db: np.exp(-Db))
+    for i in range(2):
+        W = C * (X[:, i, None] - X[None, :, i]) ** 2
+        np.testing.assert_allclose(out[:, i], W.sum(1) * V[:, i] - W @ V[:, i], rtol=1e-10)
+        np.testing.assert_allclose(diag[:, i], W.sum(1), rtol=1e-10)
+
+
+def test_bad_arguments(problem):
+    P, _, Y = problem
+    with pytest.raises(ValueError, match="name"):
+        objectives.value_and_grad("umap", Y, P)
+    with pytest.raises(ValueError, match="P must be"):
+        objectives.value_and_grad("tsne", Y[:10], P)
+    with pytest.raises(ValueError, match="NaN"):
+        objectives.value_and_grad("tsne", np.full_like(Y, np.nan), P)
+    with pytest.raises(ValueError, match="kernel"):
+        ge.nbody.kernel_sums(Y, "cauchy", backend="cpu")
