@@ -40,7 +40,7 @@ def ours(be, sqdist, indices, method, order, parallel=True, sync=lambda: None, r
     seconds = np.inf
     for _ in range(repeat if parallel else 1):
         start = time.perf_counter()
-        lo, hi = rootfinding.log_beta_bounds(xp, shifted, be.asarray(Kn))
+        lo, hi = rootfinding.log_beta_bounds(xp, shifted, Kn)
         alpha, entropy, n_iter = solve_rows(be, shifted, Kn, lo, hi, method, order, 1e-10,
                                             (sqdist, indices), parallel=parallel)
         sync()

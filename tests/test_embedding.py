@@ -200,3 +200,19 @@ def test_bad_data_and_unknown_parameters(small):
         model.transform(X[:, :3])
     with pytest.raises(RuntimeError, match="fit"):
         ge.TSNE().transform(X)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls,optimizer", [(ge.TSNE, "sd"), (ge.TSNE, "tsne"), (ge.EE, "sd"),
+                                           (ge.SSNE, "lbfgs")])
+def test_gpu_matches_cpu(small, cls, optimizer):
+    """Same problem on both backends in float64: the first iterations agree closely."""
+    X, y, _ = small
+    kwargs = dict(optimizer=optimizer, max_iter=20, tol=0, dtype=np.float64, init="pca")
+    cpu = cls(backend="cpu", **kwargs).fit(X)
+    be = ge.get_backend("gpu")
+    gpu = cls(backend="gpu", **kwargs).fit(be.asarray(X))
+    np.testing.assert_allclose([h["objective"] for h in gpu.history_],
+                               [h["objective"] for h in cpu.history_], rtol=1e-6)
+    np.testing.assert_allclose(gpu.embedding_, cpu.embedding_, rtol=1e-4,
+                               atol=1e-6 * np.abs(cpu.embedding_).max())

@@ -81,8 +81,8 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
 
     sqdist = sqdist.astype(xp.float64)
     beta, entropy, n_iter, W = _calibrate(be, sqdist, indices, K, method, order, tol)
-    P = be.sparse.csr_matrix((W.ravel(), indices.ravel(), xp.arange(0, n * k + 1, k)),
-                             shape=(n, n))
+    P = be.sparse.csr_matrix((W.ravel(), indices.ravel().astype(xp.int32),
+                              xp.arange(0, n * k + 1, k, dtype=xp.int32)), shape=(n, n))
     if symmetrize:
         P = ((P + P.T) / (2.0 * n)).tocsr()
     return EntropicAffinities(P=P, beta=beta, entropy=entropy, n_iter=n_iter,
@@ -103,7 +103,7 @@ def _calibrate(be, sqdist, indices, K, method, order, tol):
     xp = be.xp
     n, k = sqdist.shape
     shifted = sqdist - sqdist.min(axis=1, keepdims=True)
-    lo, hi = rootfinding.log_beta_bounds(xp, shifted, be.asarray(K))
+    lo, hi = rootfinding.log_beta_bounds(xp, shifted, K)
     n_tied = (shifted == 0).sum(axis=1)
     flat = be.to_host(shifted.max(axis=1) == 0)
     saturated = be.to_host(n_tied >= be.asarray(K)) & ~flat

@@ -70,15 +70,17 @@ def perplexity_p1(n, perplexity):
 
 
 def log_beta_bounds(xp, shifted, perplexity):
-    """Bracket [log beta_L, log beta_U] of Theorem 1.1 (eqs 7-9) for each row.
+    """Bracket [log beta_L, log beta_U] of Theorem 1.1 (eqs 7-9) for each row
+    (``perplexity``: a number or a host array, one value per row).
 
     Uses the sparse form of the theorem (N = k neighbours, sorted or not) on the
     row-shifted distances, for which d_1 = 0; the root is shift-invariant.
     Rows with all distances equal have no finite bracket (returned as +-inf).
     """
     n = shifted.shape[1]
+    perplexity = np.asarray(perplexity, dtype=np.float64)      # host values
     K = xp.asarray(perplexity, dtype=shifted.dtype)
-    p1 = xp.asarray(perplexity_p1(n, perplexity if np.ndim(perplexity) else float(perplexity)))
+    p1 = xp.asarray(perplexity_p1(n, perplexity))
     spread = shifted.max(axis=1)                                   # Delta_N^2
     positive = xp.where(shifted > 0, shifted, xp.inf)
     gap = positive.min(axis=1)                                     # Delta_2^2 (first nonzero)

@@ -24,8 +24,9 @@ class PairSet:
         P.sum_duplicates()
         self.be, self.P = be, P
         self.n = P.shape[0]
-        self.rows = xp.repeat(xp.arange(self.n), xp.diff(P.indptr).astype(xp.int64))
-        self.cols = P.indices.astype(xp.int64)
+        coo = P.tocoo()                    # canonical CSR: COO entries in the same order
+        self.rows = coo.row.astype(xp.int64)
+        self.cols = coo.col.astype(xp.int64)
         self.p = P.data
 
     def sqdist(self, X):
