@@ -39,6 +39,18 @@ def dense_value(name, Y, P, lam=None):
     return plogp - np.sum(P[P > 0] * np.log(Q[P > 0]))
 
 
+def central_differences(f, Y, h):
+    """d f(Y)[...] / dY_ij by central differences, for every entry of Y."""
+    out = []
+    for i in range(Y.shape[0]):
+        for j in range(Y.shape[1]):
+            Yp, Ym = Y.copy(), Y.copy()
+            Yp[i, j] += h
+            Ym[i, j] -= h
+            out.append((f(Yp, i, j) - f(Ym, i, j)) / (2 * h))
+    return np.array(out).reshape(Y.shape)
+
+
 @pytest.mark.parametrize("name", ["ee", "ssne", "tsne", "sne"])
 def test_value_matches_dense_formula(problem, name):
     P, Pc, Y = problem
@@ -52,16 +64,8 @@ def test_value_matches_dense_formula(problem, name):
 def test_gradient_matches_finite_differences(problem, name):
     P, Pc, Y = problem
     PP = Pc if name == "sne" else P
-    f = lambda Z: objectives.value_and_grad(name, Z, PP)
-    _, G = f(Y)
-    h = 1e-6
-    num = np.zeros_like(Y)
-    for i in range(Y.shape[0]):
-        for j in range(2):
-            Yp, Ym = Y.copy(), Y.copy()
-            Yp[i, j] += h
-            Ym[i, j] -= h
-            num[i, j] = (f(Yp)[0] - f(Ym)[0]) / (2 * h)
+    _, G = objectives.value_and_grad(name, Y, PP)
+    num = central_differences(lambda Z, i, j: objectives.value_and_grad(name, Z, PP)[0], Y, 1e-6)
     np.testing.assert_allclose(G, num, rtol=1e-5, atol=1e-7 * np.abs(G).max())
     assert np.abs(G.sum(axis=0)).max() < 1e-10 * np.abs(G).max() * len(Y)   # shift invariance
 
@@ -71,14 +75,7 @@ def test_hessian_diagonal_matches_finite_differences(problem, name):
     P, _, Y = problem
     obj = objectives.make_objective(name, P, ge.get_backend("cpu"), np.float64)
     H = obj.hessian_diagonal(Y)
-    h = 1e-5
-    num = np.zeros_like(Y)
-    for i in range(Y.shape[0]):
-        for j in range(2):
-            Yp, Ym = Y.copy(), Y.copy()
-            Yp[i, j] += h
-            Ym[i, j] -= h
-            num[i, j] = (obj.value_and_grad(Yp)[1][i, j] - obj.value_and_grad(Ym)[1][i, j]) / (2 * h)
+    num = central_differences(lambda Z, i, j: obj.value_and_grad(Z)[1][i, j], Y, 1e-5)
     np.testing.assert_allclose(H, num, rtol=1e-5, atol=1e-6 * np.abs(num).max())
 
 
