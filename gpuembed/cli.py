@@ -13,7 +13,7 @@ import numpy as np
 from . import __version__, datasets
 from .backend import BackendUnavailable, get_backend, kernel_dirs
 from .embedding import EE, SNE, SSNE, TSNE
-from .metrics import knn_accuracy
+from .metrics import auc_rnx, knn_accuracy
 from .optim import OPTIMIZERS
 
 DEMO_DATASETS = ("digits", "rotating_objects", "swiss_roll")
@@ -79,6 +79,13 @@ def _save_plot(Y, labels, path, title):
     print(f"wrote {path}")
 
 
+def _print_auc(args, X, Y):
+    if args.auc:
+        start = time.perf_counter()
+        auc = auc_rnx(X, Y)
+        print(f"R_NX AUC (log K) {auc:.4f} ({time.perf_counter() - start:.1f} s)")
+
+
 def cmd_info(args):
     import scipy
 
@@ -112,6 +119,7 @@ def cmd_demo(args):
     seconds = time.perf_counter() - start
     acc = knn_accuracy(Y, labels, k=10)
     print(f"{args.method}: {seconds:.2f} s, 10-NN accuracy {acc:.3f}")
+    _print_auc(args, X, Y)
     _save_plot(Y, labels, args.output, f"{args.dataset}: {args.method} ({seconds:.1f} s, "
                                        f"10-NN acc {acc:.3f})")
     return 0
@@ -134,6 +142,7 @@ def cmd_embed(args):
     labels = np.load(args.labels) if args.labels else None
     if labels is not None:
         print(f"10-NN accuracy {knn_accuracy(Y, labels, k=10):.3f}")
+    _print_auc(args, X, Y)
     if args.plot:
         _save_plot(Y, labels if labels is not None else "k", args.plot, path.name)
     return 0
@@ -155,6 +164,8 @@ def _method_options(parser):
                         help="stop when the relative objective decrease is below this")
     parser.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--auc", action="store_true",
+                        help="also print the log-K AUC of R_NX (rank-based quality, O(N^2 log N))")
 
 
 def build_parser():

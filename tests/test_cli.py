@@ -17,10 +17,10 @@ def test_info():
 
 
 def test_demo_writes_png(tmp_path):
-    out = run_cli("demo", "--dataset", "rotating_objects", "--backend", "cpu",
+    out = run_cli("demo", "--dataset", "rotating_objects", "--backend", "cpu", "--auc",
                   "-o", str(tmp_path / "demo.png"))
     assert out.returncode == 0, out.stderr
-    assert "10-NN accuracy" in out.stdout
+    assert "10-NN accuracy" in out.stdout and "R_NX AUC" in out.stdout
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -33,3 +33,85 @@ def test_knn_accuracy_extremes(rng):
 def test_knn_accuracy_bad_labels():
     with pytest.raises(ValueError, match="labels"):
         knn_accuracy(np.zeros((10, 2)), np.zeros(9))
+
+
+from gpuembed.metrics import auc_rnx, coranking, procrustes_error, rnx  # noqa: E402
+
+
+def brute_coranking(Xh, Xl):
+    """Ranks by full sorting of the N x N distance matrices."""
+    n = len(Xh)
+    Q = np.zeros((n - 1, n - 1), dtype=int)
+    for i in range(n):
+        dh = ((Xh - Xh[i]) ** 2).sum(1)
+        dl = ((Xl - Xl[i]) ** 2).sum(1)
+        dh[i] = dl[i] = np.inf
+        rho = np.empty(n, int)
+        r = np.empty(n, int)
+        rho[np.argsort(dh, kind="stable")] = np.arange(1, n + 1)
+        r[np.argsort(dl, kind="stable")] = np.arange(1, n + 1)
+        for j in range(n):
+            if j != i:
+                Q[rho[j] - 1, r[j] - 1] += 1
+    return Q
+
+
+def rnx_from_coranking(Q):
+    n = Q.shape[0] + 1
+    K = np.arange(1, n - 1)
+    overlap = np.array([Q[:k, :k].sum() for k in K])
+    return ((n - 1) * overlap / (K * n) - K) / (n - 1 - K)
+
+
+def test_coranking_and_rnx_against_brute_force(rng):
+    Xh = rng.standard_normal((40, 5))
+    Xl = Xh[:, :2] + 0.3 * rng.standard_normal((40, 2))
+    Q = coranking(Xh, Xl)
+    np.testing.assert_array_equal(Q, brute_coranking(Xh, Xl))
+    assert (Q.sum(axis=0) == 40).all() and (Q.sum(axis=1) == 40).all()
+    np.testing.assert_allclose(rnx(Xh, Xl), rnx_from_coranking(Q), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(rnx(Xh, Xl, k_max=7), rnx_from_coranking(Q)[:7], rtol=1e-12)
+
+
+def test_identical_spaces_score_one(rng):
+    X = rng.standard_normal((200, 3))
+    np.testing.assert_allclose(rnx(X, X), 1.0)
+    assert auc_rnx(X, 10 * X + 3) == pytest.approx(1.0)
+
+
+def test_random_embedding_scores_near_zero(rng):
+    Xh = rng.standard_normal((600, 10))
+    Xl = rng.standard_normal((600, 2))
+    assert abs(auc_rnx(Xh, Xl)) < 0.03
+
+
+def test_auc_is_log_k_weighted(rng):
+    Xh = rng.standard_normal((100, 6))
+    Xl = Xh[:, :2]
+    R = rnx(Xh, Xl)
+    w = 1 / np.arange(1, 99)
+    assert auc_rnx(Xh, Xl) == pytest.approx((R * w).sum() / w.sum())
+    assert auc_rnx(Xh, Xl) != pytest.approx(R.mean())
+
+
+def test_procrustes_error(rng):
+    X = rng.standard_normal((50, 3))
+    c, s = np.cos(0.7), np.sin(0.7)
+    R = np.array([[c, -s, 0], [s, c, 0], [0, 0, -1.0]])       # rotation and reflection
+    assert procrustes_error(X, 2.5 * X @ R + 4.0) < 1e-12
+    noisy = X + 0.1 * rng.standard_normal(X.shape)
+    assert 0.02 < procrustes_error(X, noisy) < 0.2
+
+
+def test_metric_bad_input(rng):
+    X = rng.standard_normal((20, 3))
+    with pytest.raises(ValueError, match="rows"):
+        rnx(X, X[:10])
+    with pytest.raises(ValueError, match="k_max"):
+        rnx(X, X, k_max=19)
+    with pytest.raises(ValueError, match="NaN"):
+        auc_rnx(np.full_like(X, np.nan), X)
+    with pytest.raises(ValueError, match="max_n"):
+        coranking(X, X, max_n=10)
+    with pytest.raises(ValueError, match="shape"):
+        procrustes_error(X, X[:, :2])
