@@ -1,6 +1,6 @@
 """gpuembed: fast nonlinear embeddings and manifold learning on GPU and CPU."""
 from . import datasets, metrics, nbody, objectives, optim
-from .affinities import entropic_affinities
+from .affinities import entropic_affinities, multiscale_affinities
 from .backend import Backend, BackendUnavailable, get_backend
 from .embedding import EE, SNE, SSNE, TSNE
 from .neighbors import knn
@@ -8,5 +8,6 @@ from .neighbors import knn
 __version__ = "0.1.0"
 
 __all__ = ["Backend", "BackendUnavailable", "get_backend", "knn", "entropic_affinities",
+           "multiscale_affinities",
            "TSNE", "SSNE", "EE", "SNE", "datasets", "metrics", "nbody", "objectives", "optim",
            "__version__"]

@@ -1,4 +1,6 @@
-"""Affinities: entropic (perplexity-calibrated) Gaussian affinities."""
+"""Affinities: entropic (perplexity-calibrated) Gaussian affinities, single and multi-scale."""
 from .entropic import EntropicAffinities, entropic_affinities
+from .multiscale import MultiscaleAffinities, multiscale_affinities
 
-__all__ = ["EntropicAffinities", "entropic_affinities"]
+__all__ = ["EntropicAffinities", "entropic_affinities", "MultiscaleAffinities",
+           "multiscale_affinities"]

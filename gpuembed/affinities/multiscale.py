@@ -1,0 +1,81 @@
+"""Multi-scale entropic affinities (../shared/papers/004_13864de36f3612a6.txt,
+sections 2.9 and 2.11, eq. 2.11): the average of the conditional entropic
+affinities at perplexities K_h = 2^(h-1) K*, h = 1 .. floor(log2(N / K*)).
+
+All scales share one k-NN computation (k = N - 1 by default: the largest scale
+reaches about N / 2 neighbours), and each scale's root finding reuses the same
+shifted distances.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._checks import check_float, check_int
+from ..backend import get_backend
+from .entropic import _calibrate, _neighbors
+
+
+@dataclass
+class MultiscaleAffinities:
+    """P: sparse (N, N), the joint (P + P^T) / (2N) if symmetrized, else the
+    row-stochastic average of the scales' conditionals.  perplexities: (H,) the
+    scales.  beta, entropy, n_iter: (N, H), one column per scale."""
+
+    P: Any
+    perplexities: np.ndarray
+    beta: Any
+    entropy: Any
+    n_iter: Any
+    neighbors: tuple
+
+
+def scale_perplexities(n, perplexity=2.0, n_scales=None):
+    """K_h = 2^(h-1) K* for h = 1 .. floor(log2(N / K*)) (at most ``n_scales``)."""
+    K = check_float(perplexity, "perplexity", 1.0, low_open=True)
+    H = int(math.floor(math.log2(n / K)))
+    if H < 1:
+        raise ValueError(f"perplexity must be at most N / 2 = {n / 2}, got {K}")
+    if n_scales is not None:
+        H = min(H, check_int(n_scales, "n_scales", 1))
+    return K * 2.0 ** np.arange(H)
+
+
+def multiscale_affinities(X=None, perplexity=2.0, *, n_scales=None, n_neighbors=None,
+                          neighbors=None, symmetrize=True, tol=1e-10, backend="auto"):
+    """Average of entropic affinities over the perplexity scales of eq. 2.11.
+
+    ``perplexity`` is the smallest scale K* (> 1); scales whose perplexity is not
+    below the number of neighbours are an error (pass a larger n_neighbors or
+    fewer n_scales).
+    """
+    be = get_backend(backend)
+    xp = be.xp
+    n = (X if X is not None else neighbors[0]).shape[0]
+    scales = scale_perplexities(n, perplexity, n_scales)
+    if n_neighbors is None and neighbors is None:
+        n_neighbors = min(n - 1, math.ceil(3 * scales[-1]))
+    sqdist, indices = _neighbors(X, neighbors, scales[-1], n_neighbors, be)
+    k = sqdist.shape[1]
+    if scales[-1] >= k:
+        raise ValueError(f"the largest scale's perplexity {scales[-1]} needs more than the "
+                         f"{k} neighbours given; lower n_scales or raise n_neighbors")
+    sqdist = sqdist.astype(xp.float64)
+    W = xp.zeros(sqdist.shape, dtype=xp.float64)
+    columns = []
+    for K in scales:
+        beta, entropy, n_iter, W_h = _calibrate(be, sqdist, indices, np.full(n, K), "newton",
+                                                "dk", tol)
+        W += W_h
+        columns.append((beta, entropy, n_iter))
+    W /= len(scales)
+    P = be.sparse.csr_matrix((W.ravel(), indices.ravel().astype(xp.int32),
+                              xp.arange(0, n * k + 1, k, dtype=xp.int32)), shape=(n, n))
+    if symmetrize:
+        P = ((P + P.T) / (2.0 * n)).tocsr()
+    beta, entropy, n_iter = (xp.stack(c, axis=1) for c in zip(*columns))
+    return MultiscaleAffinities(P=P, perplexities=scales, beta=beta, entropy=entropy,
+                                n_iter=n_iter, neighbors=(sqdist, indices))
