@@ -4,10 +4,11 @@ from .affinities import entropic_affinities, multiscale_affinities
 from .backend import Backend, BackendUnavailable, get_backend
 from .embedding import EE, SNE, SSNE, TSNE
 from .neighbors import knn
+from .spectral import LaplacianEigenmaps, SpectralClustering
 
 __version__ = "0.1.0"
 
 __all__ = ["Backend", "BackendUnavailable", "get_backend", "knn", "entropic_affinities",
            "multiscale_affinities",
-           "TSNE", "SSNE", "EE", "SNE", "datasets", "metrics", "nbody", "objectives", "optim",
+           "TSNE", "SSNE", "EE", "SNE", "LaplacianEigenmaps", "SpectralClustering", "datasets", "metrics", "nbody", "objectives", "optim",
            "__version__"]

@@ -1,0 +1,160 @@
+"""Laplacian eigenmaps and spectral clustering, exact or with Locally Linear Landmarks
+(dissertation sections 4.6.1 and 4.7).
+
+Both solve min tr(X L X^T) s.t. X D X^T = I, X D 1 = 0 (eqs 4.9, 4.19) on a
+k-NN affinity graph W (Gaussian with a given sigma, or entropic affinities of
+perplexity n_neighbors / 3, symmetrized).  Exactly (n_landmarks=None) through a
+sparse eigensolver, or with LLL through the L x L reduced problem.  A graph
+with c connected components has c zero eigenvalues: the trailing
+eigenvectors then indicate components (constant on each) instead of spreading
+points within them, which is what spectral clustering wants and what a
+visualization of disconnected data shows as separate tight groups.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse
+
+from .._checks import check_choice, check_data, check_float, check_int
+from ..affinities import entropic_affinities
+from ..backend import get_backend
+from ..neighbors import knn, knn_query
+from .embedding import spectral_embedding
+from .kmeans import kmeans
+from .lll import (LANDMARK_METHODS, choose_landmarks, reconstruction_weights,
+                  reduced_problem, trailing_generalized)
+
+
+def affinity_graph(X, n_neighbors, sigma=None, perplexity=None):
+    """Symmetric sparse affinities on the k-NN graph (host scipy CSR)."""
+    n = X.shape[0]
+    k = check_int(n_neighbors, "n_neighbors", 2, n - 1)
+    if sigma is None:
+        K = k / 3.0 if perplexity is None else check_float(perplexity, "perplexity", 1.0,
+                                                            low_open=True)
+        W = entropic_affinities(X, max(K, 1.01), n_neighbors=k, symmetrize=False,
+                                backend="cpu").P
+    else:
+        sigma = check_float(sigma, "sigma", 0.0, low_open=True)
+        sqdist, idx = knn(X, k, backend="cpu")
+        W = scipy.sparse.csr_matrix((np.exp(-sqdist / (2 * sigma ** 2)).ravel(),
+                                     (np.repeat(np.arange(n), k), idx.ravel())), shape=(n, n))
+    return ((W + W.T) / 2).tocsr()
+
+
+class _SpectralBase:
+    def _embed(self, X, d, drop_first=True):
+        """Embedding (N, d) exactly or by LLL; records landmarks_, Z_, landmark_embedding_.
+        ``drop_first=False`` keeps the trivial solution (Ng-Jordan-Weiss clustering)."""
+        be = get_backend(self.backend)
+        X = be.to_host(check_data(X, be, min_samples=3))
+        n = X.shape[0]
+        W = affinity_graph(X, self.n_neighbors, self.sigma, self.perplexity)
+        self._X = X
+        if self.n_landmarks is None:
+            self.landmarks_ = self.Z_ = None
+            return be.to_host(spectral_embedding(W, d, backend=be, drop_first=drop_first,
+                                                 random_state=self.random_state or 0))
+        L = check_int(self.n_landmarks, "n_landmarks", d + 2, n)
+        kz = d + 1 if self.kz is None else check_int(self.kz, "kz", 1, L)
+        self._kz = kz
+        self.landmarks_ = choose_landmarks(X, L, self.landmarks, self.random_state)
+        self.Z_ = reconstruction_weights(X, X[self.landmarks_], kz)
+        degree = np.asarray(W.sum(axis=1)).ravel()
+        Lap = scipy.sparse.diags(degree) - W
+        A_r, B_r = reduced_problem(self.Z_, Lap, scipy.sparse.diags(degree))
+        _, U = trailing_generalized(A_r, B_r, d, skip=int(drop_first))   # the constant solution
+        self.landmark_embedding_ = U
+        return self.Z_ @ U
+
+    def _map(self, X_new, embedding):
+        """Out-of-sample: locally linear reconstruction from landmarks (LLL) or from
+        the nearest training points (exact), applied to their embedding."""
+        if not hasattr(self, "_X"):
+            raise RuntimeError("call fit before transform")
+        X_new = np.asarray(check_data(X_new, get_backend("cpu"), name="X_new", min_samples=1))
+        if X_new.shape[1] != self._X.shape[1]:
+            raise ValueError(f"X_new has {X_new.shape[1]} features, the training data "
+                             f"{self._X.shape[1]}")
+        if self.landmarks_ is None:
+            kz = embedding.shape[1] + 1
+            return reconstruction_weights(X_new, self._X, kz) @ embedding
+        return reconstruction_weights(X_new, self._X[self.landmarks_], self._kz) @ \
+            self.landmark_embedding_
+
+
+class LaplacianEigenmaps(_SpectralBase):
+    """Laplacian eigenmaps; ``n_landmarks`` switches to LLL with ``kz`` landmarks per
+    point (default n_components + 1, Algorithm 3) chosen by ``landmarks``."""
+
+    def __init__(self, n_components=2, *, n_neighbors, sigma=None, perplexity=None,
+                 n_landmarks=None, kz=None, landmarks="random", random_state=None,
+                 backend="auto"):
+        self.n_components = n_components
+        self.n_neighbors = n_neighbors
+        self.sigma = sigma
+        self.perplexity = perplexity
+        self.n_landmarks = n_landmarks
+        self.kz = kz
+        self.landmarks = landmarks
+        self.random_state = random_state
+        self.backend = backend
+
+    def fit(self, X):
+        check_choice(self.landmarks, "landmarks", LANDMARK_METHODS)
+        n = getattr(X, "shape", (0,))[0]
+        d = check_int(self.n_components, "n_components", 1, max(1, n - 2))
+        self.embedding_ = self._embed(X, d)
+        return self
+
+    def fit_transform(self, X):
+        return self.fit(X).embedding_
+
+    def transform(self, X_new):
+        return self._map(X_new, getattr(self, "embedding_", None))
+
+
+class SpectralClustering(_SpectralBase):
+    """Normalized spectral clustering (Ng-Jordan-Weiss: the K trailing generalized
+    eigenvectors of eq. 4.19, the trivial one included, then k-means on the
+    unit-normalized rows).  With LLL, k-means runs ``n_init`` restarts on the
+    landmarks and once on all points from the best landmark centroids (4.7.1)."""
+
+    def __init__(self, n_clusters, *, n_neighbors, sigma=None, perplexity=None,
+                 n_landmarks=None, kz=None, landmarks="random", n_init=20, random_state=None,
+                 backend="auto"):
+        self.n_clusters = n_clusters
+        self.n_neighbors = n_neighbors
+        self.sigma = sigma
+        self.perplexity = perplexity
+        self.n_landmarks = n_landmarks
+        self.kz = kz
+        self.landmarks = landmarks
+        self.n_init = n_init
+        self.random_state = random_state
+        self.backend = backend
+
+    def fit(self, X):
+        check_choice(self.landmarks, "landmarks", LANDMARK_METHODS)
+        n = getattr(X, "shape", (0,))[0]
+        K = check_int(self.n_clusters, "n_clusters", 1, max(1, n - 2))
+        n_init = check_int(self.n_init, "n_init", 1)
+        # K eigenvectors including the trivial one: with K separated clusters they
+        # span all K component indicators.
+        self.embedding_ = self._embed(X, K, drop_first=False)
+        rows = _unit_rows(self.embedding_)
+        if self.landmarks_ is None:
+            labels, centers, _ = kmeans(rows, K, n_init=n_init, random_state=self.random_state)
+        else:
+            landmark_rows = _unit_rows(self.landmark_embedding_)
+            _, warm, _ = kmeans(landmark_rows, K, n_init=n_init, random_state=self.random_state)
+            labels, centers, _ = kmeans(rows, K, init=warm)
+        self.labels_, self.cluster_centers_ = labels, centers
+        return self
+
+    def fit_predict(self, X):
+        return self.fit(X).labels_
+
+
+def _unit_rows(X):
+    return X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-300)

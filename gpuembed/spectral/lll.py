@@ -1,0 +1,98 @@
+"""Locally Linear Landmarks (dissertation chapter 4, Algorithm 3).
+
+The spectral problem min tr(X A X^T) s.t. X B X^T = I (eq. 4.1) is restricted
+to X = X_L Z^T: each point is the locally linear reconstruction of its K_Z
+nearest landmarks (eqs 4.6-4.8), so only the L x L problem Z^T A Z, Z^T B Z
+(eq. 4.5) is solved, and Z maps new points too.  Here Z is stored (N, L),
+one row per point (the dissertation's Z transposed).
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+import scipy.sparse
+
+from .._checks import check_choice, check_int
+from ..neighbors import knn_query
+from ..nbody.exact import squared_distances
+from .kmeans import kmeans
+
+LANDMARK_METHODS = ("random", "random-pruned", "kmeans")
+REFINE_CHUNK = 8192     # points per batch of local Gram systems
+REGULARIZATION = 1e-3   # ridge on the local Gram matrix, relative to its trace (as in LLE)
+
+
+def choose_landmarks(Y, n_landmarks, method="random", random_state=None):
+    """Indices of L landmarks among the rows of Y (section 4.4).
+
+    "random": uniform without replacement.  "random-pruned": draw L + M (M = L / 10),
+    then drop one point of each of the M closest pairs, which spreads them out.
+    "kmeans": the data points nearest to the centroids of a k-means with L clusters.
+    """
+    n = Y.shape[0]
+    L = check_int(n_landmarks, "n_landmarks", 1, n)
+    check_choice(method, "landmarks", LANDMARK_METHODS)
+    rng = np.random.default_rng(random_state)
+    if method == "random" or L == n:
+        return np.sort(rng.choice(n, L, replace=False))
+    if method == "random-pruned":
+        M = min(max(1, L // 10), n - L)
+        cand = rng.choice(n, L + M, replace=False)
+        D = squared_distances(np, Y[cand], Y[cand])
+        D[np.tril_indices(len(cand))] = np.inf
+        keep = np.ones(len(cand), dtype=bool)
+        dropped = 0
+        for flat in np.argsort(D, axis=None):
+            i, j = divmod(int(flat), len(cand))
+            if keep[i] and keep[j]:
+                keep[j] = False
+                dropped += 1
+                if dropped == M:
+                    break
+        return np.sort(cand[keep])
+    sample = Y if n <= 20 * L else Y[rng.choice(n, 20 * L, replace=False)]
+    _, centers, _ = kmeans(sample, L, n_init=1, max_iter=50, random_state=rng)
+    nearest = squared_distances(np, centers, Y).argmin(axis=1)
+    return np.unique(nearest)
+
+
+def reconstruction_weights(Y, Y_landmarks, kz):
+    """Sparse (N, L) Z: each row reconstructs y_n from its kz nearest landmarks with
+    weights summing to one (LLE-style local Gram system, eqs 4.7-4.8; ridge
+    1e-3 trace(G) / kz, needed when kz > D or landmarks are degenerate).  A point
+    equal to a landmark gets exactly that landmark."""
+    n, L = Y.shape[0], Y_landmarks.shape[0]
+    kz = check_int(kz, "kz", 1, L)
+    sqdist, idx = knn_query(Y, Y_landmarks, kz, backend="cpu")
+    W = np.empty((n, kz))
+    for start in range(0, n, REFINE_CHUNK):
+        stop = min(n, start + REFINE_CHUNK)
+        diff = Y[start:stop, None, :] - Y_landmarks[idx[start:stop]]      # (B, kz, D)
+        G = np.einsum("bid,bjd->bij", diff, diff)
+        ridge = REGULARIZATION * np.trace(G, axis1=1, axis2=2) / kz
+        G += (ridge + 1e-300)[:, None, None] * np.eye(kz)
+        w = np.linalg.solve(G, np.ones((stop - start, kz, 1)))[..., 0]
+        W[start:stop] = w / w.sum(axis=1, keepdims=True)
+    exact = sqdist[:, 0] == 0
+    W[exact] = 0.0
+    W[exact, 0] = 1.0
+    rows = np.repeat(np.arange(n), kz)
+    return scipy.sparse.csr_matrix((W.ravel(), (rows, idx.ravel())), shape=(n, L))
+
+
+def reduced_problem(Z, A, B):
+    """Z^T A Z and Z^T B Z (eq. 4.5) without forming any dense N x N product."""
+    ZT = Z.T.tocsr()
+    A_r = ZT @ (A @ Z)
+    B_r = ZT @ (B @ Z)
+    dense = lambda M: M.toarray() if scipy.sparse.issparse(M) else np.asarray(M)
+    return dense(A_r), dense(B_r)
+
+
+def trailing_generalized(A, B, d, skip=0):
+    """d trailing eigenvectors of A u = lambda B u (dense, small), after ``skip``."""
+    A = (A + A.T) / 2
+    B = (B + B.T) / 2
+    B = B + 1e-12 * np.trace(B) / len(B) * np.eye(len(B))       # landmarks far from all data
+    vals, vecs = scipy.linalg.eigh(A, B, subset_by_index=[0, skip + d - 1])
+    return vals[skip:], vecs[:, skip:]

@@ -1,0 +1,136 @@
+"""Laplacian eigenmaps, spectral clustering and Locally Linear Landmarks (dissertation ch. 4)."""
+import numpy as np
+import pytest
+
+import gpuembed as ge
+from gpuembed.metrics import procrustes_error
+from gpuembed.spectral import choose_landmarks, kmeans, reconstruction_weights
+
+
+@pytest.fixture(scope="module")
+def roll():
+    X, t = ge.datasets.swiss_roll(4000, random_state=0)
+    exact = ge.LaplacianEigenmaps(2, n_neighbors=20, backend="cpu").fit_transform(X)
+    return X, t, exact
+
+
+def test_exact_le_unrolls_the_roll(roll):
+    X, t, exact = roll
+    assert abs(np.corrcoef(exact[:, 0], t)[0, 1]) > 0.95
+
+
+def test_all_points_as_landmarks_reproduce_the_exact_solution(roll):
+    X, _, _ = roll
+    X = X[:800]
+    exact = ge.LaplacianEigenmaps(2, n_neighbors=20, backend="cpu").fit_transform(X)
+    lll = ge.LaplacianEigenmaps(2, n_neighbors=20, n_landmarks=800, kz=1, backend="cpu")
+    assert procrustes_error(exact, lll.fit_transform(X)) < 1e-8
+
+
+def test_lll_error_decreases_with_landmarks_and_is_small_at_300(roll):
+    X, _, exact = roll
+    errors = [procrustes_error(exact, ge.LaplacianEigenmaps(
+        2, n_neighbors=20, n_landmarks=L, random_state=0, backend="cpu").fit_transform(X))
+        for L in (100, 300, 1000)]
+    print("Procrustes error for L = 100, 300, 1000:", errors)
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[1] < 0.10
+
+
+def test_out_of_sample_of_training_points(roll):
+    X, _, _ = roll
+    model = ge.LaplacianEigenmaps(2, n_neighbors=20, n_landmarks=300, random_state=0,
+                                  backend="cpu").fit(X)
+    mapped = model.transform(X[:50])
+    np.testing.assert_allclose(mapped, model.embedding_[:50], rtol=1e-8, atol=1e-10)
+    lm = model.landmarks_[:5]
+    np.testing.assert_allclose(model.transform(X[lm]), model.landmark_embedding_[:5], atol=1e-12)
+    exact = ge.LaplacianEigenmaps(2, n_neighbors=20, backend="cpu").fit(X[:1000])
+    np.testing.assert_allclose(exact.transform(X[:10]), exact.embedding_[:10], atol=1e-12)
+    # A new point between training points lands between their embeddings.
+    new = exact.transform((X[:1] + X[1:2]) / 2)
+    assert np.linalg.norm(new - exact.embedding_[0]) < 2 * np.linalg.norm(
+        exact.embedding_[0] - exact.embedding_[1]) + 1e-12
+
+
+def test_reconstruction_weights_are_local_affine_and_reconstruct(rng):
+    landmarks = rng.standard_normal((200, 3))
+    Y = rng.standard_normal((100, 3)) * 0.8
+    Z = reconstruction_weights(Y, landmarks, 4)
+    np.testing.assert_allclose(np.asarray(Z.sum(axis=1)).ravel(), 1.0)          # eq. 4.6
+    assert (np.diff(Z.indptr) == 4).all()
+    D = ((Y[:, None] - landmarks[None]) ** 2).sum(-1)
+    nearest4 = np.sort(np.argsort(D, axis=1)[:, :4], axis=1)
+    np.testing.assert_array_equal(np.sort(Z.indices.reshape(100, 4), axis=1), nearest4)
+    # Locally linear reconstruction beats snapping to the nearest landmark by far.
+    err = np.linalg.norm(Z @ landmarks - Y, axis=1)
+    snap = np.sqrt(D.min(axis=1))
+    assert np.median(err) < 0.1 * np.median(snap)
+
+
+@pytest.mark.parametrize("method", ["random", "random-pruned", "kmeans"])
+def test_landmark_choices(rng, method):
+    Y = rng.standard_normal((500, 2))
+    idx = choose_landmarks(Y, 50, method, random_state=0)
+    assert len(np.unique(idx)) == len(idx) and 40 <= len(idx) <= 50
+    assert idx.min() >= 0 and idx.max() < 500
+
+
+def test_pruned_landmarks_are_more_spread_out(rng):
+    Y = rng.random((2000, 2))
+    def min_gap(idx):
+        D = ((Y[idx, None] - Y[None, idx]) ** 2).sum(-1)
+        np.fill_diagonal(D, np.inf)
+        return np.sqrt(D.min(axis=1)).mean()
+    gaps = [min_gap(choose_landmarks(Y, 100, m, random_state=s)) for m in ("random", "random-pruned")
+            for s in range(5)]
+    assert np.mean(gaps[5:]) > np.mean(gaps[:5])
+
+
+def test_spectral_clustering_with_lll_is_perfect_on_separated_clusters():
+    from sklearn.metrics import adjusted_rand_score
+
+    X, y = ge.datasets.gaussian_clusters(3000, 5, 10, random_state=2)
+    exact = ge.SpectralClustering(5, n_neighbors=15, random_state=0, backend="cpu").fit_predict(X)
+    lll = ge.SpectralClustering(5, n_neighbors=15, n_landmarks=200, random_state=0,
+                                backend="cpu").fit_predict(X)
+    assert adjusted_rand_score(y, exact) == 1.0
+    assert adjusted_rand_score(y, lll) == 1.0
+
+
+def test_kmeans_warm_start_matches_restarts(rng):
+    centres = rng.standard_normal((6, 4)) * 8
+    X = np.concatenate([c + rng.standard_normal((300, 4)) for c in centres])
+    _, _, cold = kmeans(X, 6, n_init=10, random_state=0)
+    sub = X[rng.choice(len(X), 200, replace=False)]
+    _, warm_centres, _ = kmeans(sub, 6, n_init=10, random_state=0)
+    _, _, warm = kmeans(X, 6, init=warm_centres)
+    assert warm == pytest.approx(cold, rel=1e-9)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=500), "n_landmarks"),
+    (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=50, kz=0), "kz"),
+    (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=50, kz=51), "kz"),
+    (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, landmarks="grid", n_landmarks=50), "landmarks"),
+    (lambda: ge.SpectralClustering(400, n_neighbors=10), "n_clusters"),
+    (lambda: ge.LaplacianEigenmaps(2, n_neighbors=0), "n_neighbors"),
+    (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, sigma=-1.0), "sigma"),
+])
+def test_bad_arguments(make, match):
+    X = np.random.default_rng(0).standard_normal((300, 3))
+    with pytest.raises(ValueError, match=match):
+        make().fit(X)
+
+
+def test_nan_and_transform_errors():
+    X = np.random.default_rng(0).standard_normal((100, 3))
+    Xn = X.copy()
+    Xn[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        ge.LaplacianEigenmaps(2, n_neighbors=10).fit(Xn)
+    model = ge.LaplacianEigenmaps(2, n_neighbors=10, backend="cpu").fit(X)
+    with pytest.raises(ValueError, match="features"):
+        model.transform(X[:, :2])
+    with pytest.raises(RuntimeError, match="fit"):
+        ge.LaplacianEigenmaps(2, n_neighbors=10).transform(X)
