@@ -134,3 +134,54 @@ def test_nan_and_transform_errors():
         model.transform(X[:, :2])
     with pytest.raises(RuntimeError, match="fit"):
         ge.LaplacianEigenmaps(2, n_neighbors=10).transform(X)
+
+
+def unit_columns(A):
+    return A / np.linalg.norm(A, axis=0)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    pytest.importorskip("sklearn")
+    return ge.datasets.digits()
+
+
+def test_pca_lda_kernel_pca_with_lll(digits):
+    """Section 4.6.2-4.6.4: every point a landmark gives the exact method; fewer
+    landmarks approximate it (compared column-normalized, up to rotation)."""
+    from sklearn.decomposition import PCA, KernelPCA
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+    from gpuembed.spectral import kernel_pca_lll, lda_lll, pca_lll
+
+    X, y = digits
+    n = len(X)
+    pca = unit_columns(PCA(2).fit_transform(X))
+    assert procrustes_error(pca, unit_columns(pca_lll(X, 2, n_landmarks=n, kz=1))) < 1e-10
+    assert procrustes_error(pca, unit_columns(pca_lll(X, 2, n_landmarks=300, kz=10,
+                                                      random_state=0))) < 0.2
+    lda = unit_columns(LinearDiscriminantAnalysis(n_components=2).fit(X, y).transform(X))
+    assert procrustes_error(lda, unit_columns(lda_lll(X, y, 2, n_landmarks=n, kz=1))) < 1e-3
+    assert procrustes_error(lda, unit_columns(lda_lll(X, y, 2, n_landmarks=300, kz=10,
+                                                      random_state=0))) < 0.02
+    kpca = unit_columns(KernelPCA(2, kernel="rbf", gamma=1 / (2 * 30.0 ** 2)).fit_transform(X))
+    exact = kernel_pca_lll(X, 2, sigma=30.0, n_landmarks=n, kz=1)
+    assert procrustes_error(kpca, unit_columns(exact)) < 1e-10
+    with pytest.raises(ValueError, match="n_components"):
+        lda_lll(X, y, 10, n_landmarks=100)
+
+
+def test_lll_beats_landmark_only_baselines(roll):
+    """Dissertation fig. 4.5: at equal L, LLL is far closer to exact LE than LE on the
+    landmarks alone projected with Z, or the Nystrom extension."""
+    from gpuembed.spectral import le_landmarks_only, nystrom_le
+
+    X, _, _ = roll
+    X = X[:2000]
+    exact = ge.LaplacianEigenmaps(2, n_neighbors=20, sigma=1.5, backend="cpu").fit_transform(X)
+    kw = dict(n_landmarks=200, random_state=0)
+    lll = ge.LaplacianEigenmaps(2, n_neighbors=20, sigma=1.5, backend="cpu", **kw).fit_transform(X)
+    lez = le_landmarks_only(X, 2, n_neighbors=20, sigma=1.5, **kw)
+    nys = nystrom_le(X, 2, n_neighbors=20, sigma=1.5, **kw)
+    errors = [procrustes_error(exact, Y) for Y in (lll, lez, nys)]
+    print("Procrustes error LLL, LE(Z), Nystrom:", errors)
+    assert errors[0] < 0.5 * min(errors[1:])

@@ -1,0 +1,132 @@
+"""LLL for linear and kernel spectral problems (dissertation 4.6.2-4.6.4): PCA, LDA and
+kernel PCA restricted to X = Z X_L, with reduced L x L matrices that never form an
+N x N product.  Also the landmark baselines of section 4.8: LE(Z) and Nystrom."""
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+import scipy.sparse
+
+from .._checks import check_data, check_float, check_int
+from ..backend import get_backend
+from ..nbody.exact import squared_distances
+from .embedding import spectral_embedding
+from .laplacian import affinity_graph
+from .lll import choose_landmarks, reconstruction_weights
+
+
+def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d):
+    Y = np.asarray(check_data(Y, get_backend("cpu"), name="Y", min_samples=3))
+    n = Y.shape[0]
+    L = check_int(n_landmarks, "n_landmarks", d + 1, n)
+    kz = d + 1 if kz is None else check_int(kz, "kz", 1, L)
+    idx = choose_landmarks(Y, L, landmarks, random_state)
+    return Y, idx, reconstruction_weights(Y, Y[idx], kz)
+
+
+def _leading_generalized(A, B, d):
+    """d leading eigenvectors of A u = lambda B u (dense, small), largest first."""
+    A, B = (A + A.T) / 2, (B + B.T) / 2
+    B = B + 1e-12 * np.trace(B) / len(B) * np.eye(len(B))
+    vals, vecs = scipy.linalg.eigh(A, B, subset_by_index=[len(A) - d, len(A) - 1])
+    return vals[::-1], vecs[:, ::-1]
+
+
+def pca_lll(Y, n_components, *, n_landmarks, kz=None, landmarks="random", random_state=None):
+    """PCA by LLL: A~ = (Z^T Yc)(Z^T Yc)^T, B~ = Z^T Z, maximized (cost O(N kz D + L^2 D)).
+    Returns the (N, d) projection, scaled like the unit-norm eigenvectors of Yc Yc^T."""
+    d = check_int(n_components, "n_components", 1)
+    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d)
+    M = Z.T @ (Y - Y.mean(axis=0))                      # (L, D)
+    _, U = _leading_generalized(M @ M.T, (Z.T @ Z).toarray(), d)
+    return Z @ U
+
+
+def lda_lll(Y, labels, n_components, *, n_landmarks, kz=None, landmarks="random",
+            random_state=None):
+    """LDA by LLL through the kernel form (eqs 4.16-4.17): with M = Z^T Yc,
+    A~ = M S_b M^T and B~ = M S_t M^T, S_b and S_t the between-class and total
+    scatter (D x D), maximized over the range of M.  Returns the (N, d) projection
+    Yc m of the data on the discriminant directions m = Yc^T Z p~."""
+    d = check_int(n_components, "n_components", 1)
+    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d)
+    labels = np.asarray(labels)
+    if labels.shape[0] != Y.shape[0]:
+        raise ValueError(f"labels must have one entry per row of Y, got {labels.shape[0]}")
+    classes, codes = np.unique(labels, return_inverse=True)
+    if d > len(classes) - 1:
+        raise ValueError(f"n_components must be at most n_classes - 1 = {len(classes) - 1}")
+    Yc = Y - Y.mean(axis=0)
+    counts = np.bincount(codes)
+    means = np.stack([Yc[codes == c].mean(axis=0) for c in range(len(classes))])
+    S_b = (means * counts[:, None]).T @ means
+    S_t = Yc.T @ Yc
+    M = Z.T @ Yc
+    # A~ and B~ share the null space of M^T (landmark combinations with no feature
+    # content, dimension L - rank(M) when L > D): solve in the range of M, where B~ > 0.
+    Us, S, _ = np.linalg.svd(M, full_matrices=False)
+    V = Us[:, S > 1e-10 * S.max()]
+    MV = V.T @ M
+    _, U = _leading_generalized(MV @ S_b @ MV.T, MV @ S_t @ MV.T, d)
+    # The variable is the kernel coefficient vector p = Z p~; the projection is the
+    # linear map m = Yc^T p applied to the data: X = Yc m = Yc M^T p~.
+    return Yc @ (M.T @ (V @ U))
+
+
+def kernel_pca_lll(Y, n_components, *, sigma, n_landmarks, kz=None, landmarks="random",
+                   random_state=None, block=2048):
+    """Gaussian kernel PCA by LLL: A~ = Z^T Kc Z with Kc the centred kernel matrix,
+    B~ = Z^T Z; K Z is accumulated in row blocks, so no N x N matrix is stored."""
+    d = check_int(n_components, "n_components", 1)
+    sigma = check_float(sigma, "sigma", 0.0, low_open=True)
+    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d)
+    n = Y.shape[0]
+    Zd = Z.toarray()
+    KZ = np.empty_like(Zd)
+    for start in range(0, n, block):
+        K = np.exp(-squared_distances(np, Y[start:start + block], Y) / (2 * sigma ** 2))
+        KZ[start:start + block] = K @ Zd
+    # Kc = K - 1K - K1 + 1K1 with 1 = ones / N:  Z^T Kc Z from K Z and column sums.
+    col = KZ.sum(axis=0) / n                            # 1^T K Z / N
+    z = Zd.sum(axis=0)                                  # Z^T 1
+    total = col.sum() / n                               # 1^T K 1 / N^2
+    A = Zd.T @ KZ - np.outer(z, col) - np.outer(col, z) + total * np.outer(z, z)
+    _, U = _leading_generalized(A, Zd.T @ Zd, d)
+    return Z @ U
+
+
+def le_landmarks_only(Y, n_components, *, n_neighbors, n_landmarks, kz=None, sigma=None,
+                      landmarks="random", random_state=None):
+    """Baseline "LE(Z)": Laplacian eigenmaps of the landmarks alone (their own k-NN
+    graph), then every point projected with Z."""
+    d = check_int(n_components, "n_components", 1)
+    Y, idx, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d)
+    W = affinity_graph(Y[idx], min(n_neighbors, len(idx) - 1), sigma)
+    return Z @ spectral_embedding(W, d, backend="cpu")
+
+
+def nystrom_le(Y, n_components, *, n_neighbors, n_landmarks, sigma, landmarks="random",
+               random_state=None):
+    """Baseline: Nystrom extension of Laplacian eigenmaps from landmarks.
+
+    The normalized Gaussian affinities M = D^-1/2 W D^-1/2 restricted to the
+    landmarks give eigenvectors U (leading, the trivial one dropped); every point
+    is extended by u(y) = M(y, landmarks) U / lambda, with the degrees estimated
+    from the N x L cross-affinities (Fowlkes et al.'s one-shot variant)."""
+    d = check_int(n_components, "n_components", 1)
+    sigma = check_float(sigma, "sigma", 0.0, low_open=True)
+    Y = np.asarray(check_data(Y, get_backend("cpu"), name="Y", min_samples=3))
+    n = Y.shape[0]
+    L = check_int(n_landmarks, "n_landmarks", d + 2, n)
+    idx = choose_landmarks(Y, L, landmarks, random_state)
+    C = np.exp(-squared_distances(np, Y, Y[idx]) / (2 * sigma ** 2))      # (N, L)
+    C[idx, np.arange(L)] = 0.0                                           # no self affinity
+    W_ll = C[idx]
+    # Degrees of all points, approximated through the landmarks (scaled to N points).
+    degree = C.sum(axis=1) * (n / L)
+    scale = 1.0 / np.sqrt(np.maximum(degree, 1e-300))
+    M_ll = scale[idx, None] * W_ll * scale[None, idx]
+    vals, U = np.linalg.eigh((M_ll + M_ll.T) / 2)
+    vals, U = vals[::-1][1:d + 1], U[:, ::-1][:, 1:d + 1]
+    extended = (scale[:, None] * C * scale[None, idx]) @ U / vals
+    return extended * scale[:, None]
