@@ -42,30 +42,37 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None):
     return ((W + W.T) / 2).tocsr()
 
 
+def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state=None,
+                 drop_first=True):
+    """Algorithm 3 for eq. 4.9 on affinities W: returns the embedding (N, d), the
+    landmark indices, Z (N, L), the landmarks' embedding (L, d) and kz used."""
+    n = X.shape[0]
+    L = check_int(n_landmarks, "n_landmarks", d + 2, n)
+    kz = d + 1 if kz is None else check_int(kz, "kz", 1, L)
+    idx = choose_landmarks(X, L, landmarks, random_state)
+    Z = reconstruction_weights(X, X[idx], kz)
+    degree = np.asarray(W.sum(axis=1)).ravel()
+    D = scipy.sparse.diags(degree)
+    A_r, B_r = reduced_problem(Z, D - W, D)
+    _, U = trailing_generalized(A_r, B_r, d, skip=int(drop_first))   # the constant solution
+    return Z @ U, idx, Z, U, kz
+
+
 class _SpectralBase:
     def _embed(self, X, d, drop_first=True):
         """Embedding (N, d) exactly or by LLL; records landmarks_, Z_, landmark_embedding_.
         ``drop_first=False`` keeps the trivial solution (Ng-Jordan-Weiss clustering)."""
         be = get_backend(self.backend)
         X = be.to_host(check_data(X, be, min_samples=3))
-        n = X.shape[0]
         W = affinity_graph(X, self.n_neighbors, self.sigma, self.perplexity)
         self._X = X
         if self.n_landmarks is None:
             self.landmarks_ = self.Z_ = None
             return be.to_host(spectral_embedding(W, d, backend=be, drop_first=drop_first,
                                                  random_state=self.random_state or 0))
-        L = check_int(self.n_landmarks, "n_landmarks", d + 2, n)
-        kz = d + 1 if self.kz is None else check_int(self.kz, "kz", 1, L)
-        self._kz = kz
-        self.landmarks_ = choose_landmarks(X, L, self.landmarks, self.random_state)
-        self.Z_ = reconstruction_weights(X, X[self.landmarks_], kz)
-        degree = np.asarray(W.sum(axis=1)).ravel()
-        Lap = scipy.sparse.diags(degree) - W
-        A_r, B_r = reduced_problem(self.Z_, Lap, scipy.sparse.diags(degree))
-        _, U = trailing_generalized(A_r, B_r, d, skip=int(drop_first))   # the constant solution
-        self.landmark_embedding_ = U
-        return self.Z_ @ U
+        Y, self.landmarks_, self.Z_, self.landmark_embedding_, self._kz = lll_spectral(
+            X, W, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, drop_first)
+        return Y
 
     def _map(self, X_new, embedding):
         """Out-of-sample: locally linear reconstruction from landmarks (LLL) or from

@@ -60,15 +60,21 @@ def reconstruction_weights(Y, Y_landmarks, kz):
     """Sparse (N, L) Z: each row reconstructs y_n from its kz nearest landmarks with
     weights summing to one (LLE-style local Gram system, eqs 4.7-4.8; ridge
     1e-3 trace(G) / kz, needed when kz > D or landmarks are degenerate).  A point
-    equal to a landmark gets exactly that landmark."""
+    equal to a landmark gets exactly that landmark.
+
+    G_ij = (y - l_i).(y - l_j) = (|y - l_i|^2 + |y - l_j|^2 - |l_i - l_j|^2) / 2 comes
+    from the k-NN distances and the landmarks' own distances, so no (N, kz, D)
+    array of differences is formed: O(N kz^2 + L^2 D) instead of O(N kz^2 D).
+    """
     n, L = Y.shape[0], Y_landmarks.shape[0]
     kz = check_int(kz, "kz", 1, L)
     sqdist, idx = knn_query(Y, Y_landmarks, kz, backend="cpu")
+    between = squared_distances(np, Y_landmarks, Y_landmarks)
     W = np.empty((n, kz))
     for start in range(0, n, REFINE_CHUNK):
         stop = min(n, start + REFINE_CHUNK)
-        diff = Y[start:stop, None, :] - Y_landmarks[idx[start:stop]]      # (B, kz, D)
-        G = np.einsum("bid,bjd->bij", diff, diff)
+        s, nb = sqdist[start:stop], idx[start:stop]
+        G = 0.5 * (s[:, :, None] + s[:, None, :] - between[nb[:, :, None], nb[:, None, :]])
         ridge = REGULARIZATION * np.trace(G, axis1=1, axis2=2) / kz
         G += (ridge + 1e-300)[:, None, None] * np.eye(kz)
         w = np.linalg.solve(G, np.ones((stop - start, kz, 1)))[..., 0]

@@ -1,0 +1,119 @@
+"""Locally Linear Landmarks on Fashion-MNIST (dissertation figs 4.5 and 4.12):
+runtime and Procrustes error against exact Laplacian eigenmaps as the number of
+landmarks grows, for LLL, LE(Z) (landmarks alone, projected with Z) and the
+Nystrom extension (LLL and exact LE share the k-NN affinity graph, timed
+separately; LE(Z) and Nystrom build their own); and spectral clustering's k-means step with the landmark warm
+start against 20 full restarts (time and final objective).  One run, one machine.
+
+Writes results/lll[_n<N>].json and results/lll[_n<N>].png.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from common import RESULTS, write_result
+import gpuembed as ge
+from gpuembed.metrics import procrustes_error
+from gpuembed.spectral import (affinity_graph, kmeans, le_landmarks_only, nystrom_le,
+                               spectral_embedding)
+from gpuembed.spectral.laplacian import lll_spectral
+
+N_NEIGHBORS = 20
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def run(n=None, d=10, landmarks=(250, 500, 1000, 2000)):
+    X, y = ge.datasets.fashion_mnist()
+    if n:
+        X, y = X[:n], y[:n]
+    X = X.astype(np.float64)
+    sqdist, _ = ge.knn(X[:2000], 10, backend="cpu")
+    sigma = float(np.sqrt(np.median(sqdist)))           # Gaussian width for all methods
+    # The affinity graph is shared by exact LE and LLL; times below exclude it.
+    t_graph, W = timed(lambda: affinity_graph(X, N_NEIGHBORS, sigma))
+    t_exact, exact = timed(lambda: spectral_embedding(W, d, backend="cpu"))
+    print(f"graph {t_graph:.1f} s, exact LE eigensolve: {t_exact:.1f} s", flush=True)
+    rows = []
+    for L in landmarks:
+        kw = dict(n_landmarks=L, random_state=0)
+        for name, fn in (
+            ("LLL", lambda: lll_spectral(X, W, d, L, random_state=0)[0]),
+            ("LE(Z)", lambda: le_landmarks_only(X, d, n_neighbors=N_NEIGHBORS, sigma=sigma, **kw)),
+            ("Nystrom", lambda: nystrom_le(X, d, n_neighbors=N_NEIGHBORS, sigma=sigma, **kw)),
+        ):
+            seconds, Y = timed(fn)
+            rows.append({"method": name, "landmarks": L, "seconds": seconds,
+                         "procrustes_error": procrustes_error(exact, Y)})
+            print(rows[-1], flush=True)
+    lll10 = [r for r in rows if r["method"] == "LLL" and r["procrustes_error"] < 0.10]
+    figures = {"n": X.shape[0], "d": d, "n_neighbors": N_NEIGHBORS, "sigma": sigma,
+               "graph_seconds": t_graph, "exact_seconds": t_exact, "runs": rows,
+               "lll_10pct_speedup": (t_exact / min(r["seconds"] for r in lll10)) if lll10 else None,
+               "kmeans": kmeans_warm_start(X, y, d, sigma)}
+    plot(rows, t_exact, n or X.shape[0])
+    return figures
+
+
+def kmeans_warm_start(X, y, K, sigma):
+    """k-means step of spectral clustering: 20 restarts on all points against 20 on
+    the landmarks plus one warm-started run on all points (section 4.7.1)."""
+    model = ge.SpectralClustering(K, n_neighbors=N_NEIGHBORS, sigma=sigma, n_landmarks=1000,
+                                  random_state=0, backend="cpu").fit(X)
+    rows = model.embedding_ / np.linalg.norm(model.embedding_, axis=1, keepdims=True)
+    lm = model.landmark_embedding_
+    lm = lm / np.linalg.norm(lm, axis=1, keepdims=True)
+    t_full, (_, _, obj_full) = timed(lambda: kmeans(rows, K, n_init=20, random_state=0))
+    t_warm, (_, _, obj_warm) = timed(lambda: kmeans(
+        rows, K, init=kmeans(lm, K, n_init=20, random_state=0)[1]))
+    out = {"restarts": 20, "full_seconds": t_full, "full_objective": obj_full,
+           "warm_seconds": t_warm, "warm_objective": obj_warm, "speedup": t_full / t_warm}
+    print(out, flush=True)
+    return out
+
+
+def plot(rows, t_exact, n):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for method in ("LLL", "LE(Z)", "Nystrom"):
+        r = [x for x in rows if x["method"] == method]
+        axes[0].plot([x["landmarks"] for x in r], [x["procrustes_error"] for x in r], "o-",
+                     label=method)
+        axes[1].plot([x["seconds"] for x in r], [x["procrustes_error"] for x in r], "o-",
+                     label=method)
+    axes[1].axvline(t_exact, color="k", ls="--", label="exact LE")
+    for ax, xlabel in zip(axes, ("landmarks L", "seconds")):
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("Procrustes error vs exact LE")
+    axes[0].legend()
+    axes[1].legend()
+    fig.suptitle(f"Fashion-MNIST {n}: Laplacian eigenmaps with landmarks")
+    fig.savefig(RESULTS / (f"lll_n{n}.png" if n != 70000 else "lll.png"), dpi=80,
+                bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=None)
+    parser.add_argument("--d", type=int, default=10)
+    args = parser.parse_args(argv)
+    write_result("lll", run(args.n, args.d), suffix="" if args.n is None else f"_n{args.n}")
+
+
+if __name__ == "__main__":
+    main()
