@@ -2,7 +2,7 @@
 from . import datasets, metrics, nbody, objectives, optim
 from .affinities import entropic_affinities, multiscale_affinities
 from .backend import Backend, BackendUnavailable, get_backend
-from .embedding import EE, SNE, SSNE, TSNE
+from .embedding import EE, SNE, SSNE, TSNE, MultiscaleSNE
 from .neighbors import knn
 from .spectral import LaplacianEigenmaps, SpectralClustering
 
@@ -10,5 +10,5 @@ __version__ = "0.1.0"
 
 __all__ = ["Backend", "BackendUnavailable", "get_backend", "knn", "entropic_affinities",
            "multiscale_affinities",
-           "TSNE", "SSNE", "EE", "SNE", "LaplacianEigenmaps", "SpectralClustering", "datasets", "metrics", "nbody", "objectives", "optim",
+           "TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE", "LaplacianEigenmaps", "SpectralClustering", "datasets", "metrics", "nbody", "objectives", "optim",
            "__version__"]

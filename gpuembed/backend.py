@@ -76,8 +76,15 @@ class Backend:
             import cupyx
 
             cupyx.scatter_add(target, indices, values)
+            return target
+        # bincount is ~10x faster than np.add.at for 1-D integer indices.
+        n = target.shape[0]
+        if target.ndim == 1:
+            target += np.bincount(indices, weights=values, minlength=n)
         else:
-            np.add.at(target, indices, values)
+            values = np.broadcast_to(values, (len(indices),) + target.shape[1:])
+            for j in range(target.shape[1]):
+                target[:, j] += np.bincount(indices, weights=values[:, j], minlength=n)
         return target
 
     def kernel(self, filename, name, dtype, defines=None):

@@ -24,7 +24,7 @@ from .neighbors import knn_query
 from .objectives import default_lambda, make_objective
 from .optim import DIRECTIONS, Monitor, homotopy, homotopy_path, minimize, tsne_classic
 
-__all__ = ["TSNE", "SSNE", "EE", "SNE"]
+__all__ = ["TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE"]
 
 INITS = ("pca", "random", "spectral")
 # Standard deviation of the first initial coordinate: openTSNE's 1e-4 for the
@@ -315,3 +315,90 @@ class EE(_Embedding):
         return homotopy(objective, X0, self.optimizer, lambdas=homotopy_path(objective.lambda_, steps),
                         max_iter=max_iter, tol=tol, step_size=self.method_params.get("step_size"),
                         monitor=monitor, direction_params=self._direction_params())
+
+
+class MultiscaleSNE:
+    """Multi-scale SNE (thesis 004, sections 2.9-2.11): HD similarities averaged over
+    perplexities K_h = 2^(h-1) K*, LD similarities averaged over per-scale
+    precisions p_h, cost "kl" (eq. 2.3) or "js" (eq. 2.7, mixture ``kappa``).
+
+    Optimized from the largest scale alone, then adding the next smaller scale at
+    each stage down to K* (``perplexity``), each stage warm-started and run for up
+    to ``max_iter`` iterations of ``optimizer``; the LD precisions are recomputed
+    from the embedding's spread at every stage.  ``fit_exponent`` estimates
+    Lee et al.'s exponent U from the HD precisions (else U = 1).  The repulsive
+    sums go through the N-body engine (exact so far: O(N^2 H) per iteration).
+    """
+
+    optimizers = ("lbfgs", "cg", "gd")
+
+    def __init__(self, n_components=2, *, perplexity=2.0, cost="kl", kappa=0.5,
+                 fit_exponent=True, optimizer="lbfgs", max_iter=30, tol=1e-7, init="pca",
+                 n_neighbors=None, nbody="auto", random_state=None, backend="auto", dtype=None,
+                 verbose=False, callbacks=None):
+        self.n_components = n_components
+        self.perplexity = perplexity
+        self.cost = cost
+        self.kappa = kappa
+        self.fit_exponent = fit_exponent
+        self.optimizer = optimizer
+        self.max_iter = max_iter
+        self.tol = tol
+        self.init = init
+        self.n_neighbors = n_neighbors
+        self.nbody = nbody
+        self.random_state = random_state
+        self.backend = backend
+        self.dtype = dtype
+        self.verbose = verbose
+        self.callbacks = callbacks
+
+    def fit(self, X):
+        from .affinities import multiscale_affinities
+        from .objectives.msne import COSTS, MultiscaleObjective, intrinsic_exponent, ld_precisions
+
+        be = get_backend(self.backend)
+        X = check_data(X, be, min_samples=5)
+        n = X.shape[0]
+        d = check_int(self.n_components, "n_components", 1, n - 2)
+        max_iter = check_int(self.max_iter, "max_iter", 1)
+        tol = check_float(self.tol, "tol", 0.0)
+        check_choice(self.optimizer, "optimizer", self.optimizers)
+        check_choice(self.cost, "cost", COSTS)
+        kappa = check_float(self.kappa, "kappa", 0.0, 1.0, low_open=True, high_open=True)
+        dtype = np.dtype(self.dtype) if self.dtype is not None else be.default_float
+        nbody = resolve_method(self.nbody, n, d, "gaussian", be)
+        M = multiscale_affinities(X, self.perplexity, n_neighbors=self.n_neighbors,
+                                  symmetrize=False, backend=be)
+        U = intrinsic_exponent(be.to_host(M.beta), d) if self.fit_exponent else 1.0
+        if isinstance(self.init, str):
+            check_choice(self.init, "init", ("pca", "random"))
+            Y = (_pca(be.to_host(X), d) if self.init == "pca" else
+                 np.random.default_rng(self.random_state).standard_normal((n, d)))
+        else:
+            Y = np.asarray(be.to_host(self.init), dtype=np.float64)
+            if Y.shape != (n, d):
+                raise ValueError(f"init array must have shape {(n, d)}, got {Y.shape}")
+        Y = be.asarray(Y / max(float(np.std(Y[:, 0])), 1e-300), dtype=dtype)
+        monitor = Monitor(self.callbacks, self.verbose)
+        H = len(M.perplexities)
+        total = 0
+        for h in range(H - 1, -1, -1):               # largest scale first, then add smaller
+            scales = M.perplexities[h:]
+            monitor.extra = {"smallest_perplexity": float(scales[0])}
+            p = ld_precisions(scales, be.to_host(Y), U)
+            objective = MultiscaleObjective(M.conditionals[h:], be, dtype, p, cost=self.cost,
+                                            kappa=kappa, nbody=nbody)
+            result = minimize(objective, Y, self.optimizer, max_iter=max_iter, tol=tol,
+                              monitor=monitor)
+            Y, total = result.X, total + result.n_iter
+        self.embedding_ = be.to_host(Y)
+        self.objective_ = float(result.objective)
+        self.n_iter_ = total
+        self.history_ = monitor.history
+        self.perplexities_ = M.perplexities
+        self.exponent_ = U
+        return self
+
+    def fit_transform(self, X):
+        return self.fit(X).embedding_

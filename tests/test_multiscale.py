@@ -34,3 +34,89 @@ def test_too_few_neighbours(rng):
         ge.multiscale_affinities(X, 2.0, n_neighbors=20, backend="cpu")
     M = ge.multiscale_affinities(X, 2.0, n_neighbors=20, n_scales=3, backend="cpu")
     assert M.beta.shape == (100, 3)
+
+
+from gpuembed.objectives.msne import MultiscaleObjective, intrinsic_exponent, ld_precisions  # noqa
+
+
+def dense_multiscale_cost(Y, sigmas, p, cost, kappa):
+    """Eqs 2.3 / 2.7 with 2.10-2.11 over the dense N x N matrices."""
+    n = len(Y)
+    D = ((Y[:, None] - Y[None]) ** 2).sum(-1)
+    S = sum(s.toarray() for s in sigmas) / len(sigmas)
+    s = 0
+    for ph in p:
+        e = np.exp(-ph * D / 2)
+        np.fill_diagonal(e, 0)
+        s = s + e / e.sum(1, keepdims=True)
+    s /= len(p)
+    off = ~np.eye(n, dtype=bool)
+    m = S > 0
+    if cost == "kl":
+        return np.sum(S[m] * np.log(S[m] / s[m]))
+    z = kappa * S + (1 - kappa) * s
+    return (kappa * np.sum(S[m] * np.log(S[m] / z[m]))
+            + (1 - kappa) * np.sum(s[off] * np.log(s[off] / z[off]))) / (kappa * (1 - kappa))
+
+
+@pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
+def test_multiscale_cost_and_gradient(rng, cost, kappa):
+    X = rng.standard_normal((50, 6))
+    Y = rng.standard_normal((50, 2))
+    M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")
+    p = np.geomspace(0.5, 8.0, len(M.perplexities))
+    obj = MultiscaleObjective(M.conditionals, ge.get_backend("cpu"), np.float64, p, cost, kappa)
+    E, G = obj.value_and_grad(Y)
+    assert E == pytest.approx(dense_multiscale_cost(Y, M.conditionals, p, cost, kappa), rel=1e-10)
+    h = 1e-6
+    num = np.zeros_like(Y)
+    for i in range(len(Y)):
+        for j in range(2):
+            a, b = Y.copy(), Y.copy()
+            a[i, j] += h
+            b[i, j] -= h
+            num[i, j] = (obj.value_and_grad(a)[0] - obj.value_and_grad(b)[0]) / (2 * h)
+    np.testing.assert_allclose(G, num, rtol=1e-5, atol=1e-7 * np.abs(G).max())
+
+
+def test_ld_precisions_and_exponent(rng):
+    Y = rng.standard_normal((100, 2)) * 3
+    K = np.array([2.0, 4.0, 8.0, 16.0])
+    p = ld_precisions(K, Y)
+    assert np.all(np.diff(p) < 0)                      # larger scale, wider kernel
+    assert p[-1] == pytest.approx(2.0 ** 2 / np.mean(np.var(Y, axis=0, ddof=1)))
+    np.testing.assert_allclose(p[:-1] / p[1:], 2.0)    # K^(-2U/P) with U = 1, P = 2
+    beta = np.exp(-np.outer(np.ones(30), np.arange(4.0)))   # tau doubling per scale: D = 2
+    assert intrinsic_exponent(beta, 2) == pytest.approx(1.0)
+    assert intrinsic_exponent(beta ** 2, 2) == pytest.approx(1.0)
+
+
+def test_multiscale_sne_beats_single_scale_on_digits():
+    """Thesis 004 ch. 5: multi-scale similarities preserve neighbourhoods at all
+    scales better (log-K AUC of R_NX) than single-scale SNE (perplexity 30) and t-SNE.
+    A 600-point subset of scikit-learn's digits keeps the test short."""
+    pytest.importorskip("sklearn")
+    X, y = ge.datasets.digits()
+    X = X[:600]
+    ms = ge.MultiscaleSNE(backend="cpu").fit(X)
+    auc_ms = ge.metrics.auc_rnx(X, ms.embedding_)
+    sne = ge.SNE(perplexity=30, optimizer="lbfgs", backend="cpu").fit(X)
+    auc_sne = ge.metrics.auc_rnx(X, sne.embedding_)
+    tsne = ge.TSNE(perplexity=30, optimizer="tsne", backend="cpu").fit(X)
+    auc_tsne = ge.metrics.auc_rnx(X, tsne.embedding_)
+    print(f"AUC of R_NX on digits[:600]: multiscale SNE {auc_ms:.4f}, SNE(30) {auc_sne:.4f}, "
+          f"t-SNE(30) {auc_tsne:.4f}")
+    assert auc_ms >= auc_sne and auc_ms >= auc_tsne
+    assert len(ms.history_) > 1 and ms.history_[-1]["smallest_perplexity"] == 2.0
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(perplexity=0.5), "perplexity"),
+    (dict(cost="hellinger"), "cost"),
+    (dict(kappa=1.0), "kappa"),
+    (dict(optimizer="sd"), "optimizer"),
+])
+def test_multiscale_sne_bad_arguments(kwargs, match):
+    X = np.random.default_rng(0).standard_normal((60, 4))
+    with pytest.raises(ValueError, match=match):
+        ge.MultiscaleSNE(backend="cpu", **kwargs).fit(X)

@@ -22,10 +22,12 @@ from .entropic import _calibrate, _neighbors
 @dataclass
 class MultiscaleAffinities:
     """P: sparse (N, N), the joint (P + P^T) / (2N) if symmetrized, else the
-    row-stochastic average of the scales' conditionals.  perplexities: (H,) the
-    scales.  beta, entropy, n_iter: (N, H), one column per scale."""
+    row-stochastic average of the scales' conditionals.  conditionals: the H
+    per-scale conditional matrices (sparse, one pattern).  perplexities: (H,)
+    the scales.  beta, entropy, n_iter: (N, H), one column per scale."""
 
     P: Any
+    conditionals: list
     perplexities: np.ndarray
     beta: Any
     entropy: Any
@@ -64,18 +66,20 @@ def multiscale_affinities(X=None, perplexity=2.0, *, n_scales=None, n_neighbors=
         raise ValueError(f"the largest scale's perplexity {scales[-1]} needs more than the "
                          f"{k} neighbours given; lower n_scales or raise n_neighbors")
     sqdist = sqdist.astype(xp.float64)
-    W = xp.zeros(sqdist.shape, dtype=xp.float64)
-    columns = []
+    cols = indices.ravel().astype(xp.int32)
+    indptr = xp.arange(0, n * k + 1, k, dtype=xp.int32)
+    conditionals, columns = [], []
     for K in scales:
         beta, entropy, n_iter, W_h = _calibrate(be, sqdist, indices, np.full(n, K), "newton",
                                                 "dk", tol)
-        W += W_h
+        conditionals.append(be.sparse.csr_matrix((W_h.ravel(), cols, indptr), shape=(n, n)))
         columns.append((beta, entropy, n_iter))
-    W /= len(scales)
-    P = be.sparse.csr_matrix((W.ravel(), indices.ravel().astype(xp.int32),
-                              xp.arange(0, n * k + 1, k, dtype=xp.int32)), shape=(n, n))
+    P = conditionals[0]
+    for C in conditionals[1:]:
+        P = P + C
+    P = P / len(scales)
     if symmetrize:
         P = ((P + P.T) / (2.0 * n)).tocsr()
     beta, entropy, n_iter = (xp.stack(c, axis=1) for c in zip(*columns))
-    return MultiscaleAffinities(P=P, perplexities=scales, beta=beta, entropy=entropy,
-                                n_iter=n_iter, neighbors=(sqdist, indices))
+    return MultiscaleAffinities(P=P, conditionals=conditionals, perplexities=scales, beta=beta,
+                                entropy=entropy, n_iter=n_iter, neighbors=(sqdist, indices))

@@ -67,12 +67,15 @@ def _blocks(be, n_rows, n_cols, itemsize, block_bytes, fn):
         list(pool.map(lambda span: fn(*span), spans))
 
 
-def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None):
+def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_shift=None,
+               source_shift=None):
     """[(S, SX) for each kernel in ``kernels``] over all pairs, in one pass.
 
     ``Y`` (targets) defaults to ``X`` with the self-pair excluded.  "student2"
     is derived from "student" when both are asked for (t-SNE's fused Z and
-    forces).
+    forces).  ``target_shift`` / ``source_shift`` are subtracted from the squared
+    distances first (per target row / per source column): exp(-(t - shift)) keeps
+    Gaussian sums from underflowing when the shift is a nearest-neighbour distance.
     """
     xp = be.xp
     targets = X if Y is None else Y
@@ -83,6 +86,10 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None):
 
     def block(start, stop):
         D = squared_distances(xp, targets[start:stop], X, sq_t[start:stop], sq_x)
+        if target_shift is not None:
+            D -= target_shift[start:stop, None]
+        if source_shift is not None:
+            D -= source_shift[None, :]
         if Y is None:
             # Self pairs: an infinite distance gives K = 0 for every kernel.
             own = xp.arange(start, stop)

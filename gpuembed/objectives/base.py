@@ -33,9 +33,20 @@ class PairSet:
         diff = X[self.rows] - X[self.cols]
         return (diff * diff).sum(axis=1)
 
-    def laplacian_times(self, w, X):
-        """sum_m w_nm (x_n - x_m) for edge weights w on P's pattern."""
-        W = self.be.sparse.csr_matrix((w, self.P.indices, self.P.indptr), shape=self.P.shape)
+    def weights(self, w):
+        """Sparse matrix with edge values w on P's pattern."""
+        return self.be.sparse.csr_matrix((w, self.P.indices, self.P.indptr), shape=self.P.shape)
+
+    def row_sums(self, w):
+        """sum_m w_nm for every n."""
+        return self.be.xp.asarray(self.weights(w).sum(axis=1)).ravel()
+
+    def laplacian_times(self, w, X, transpose=False):
+        """sum_m w_nm (x_n - x_m) for edge weights w on P's pattern, or with W^T
+        (sum_m w_mn (x_n - x_m)) if ``transpose``."""
+        W = self.weights(w)
+        if transpose:
+            W = W.T
         degree = self.be.xp.asarray(W.sum(axis=1)).ravel()
         return degree[:, None] * X - W @ X
 
@@ -67,9 +78,9 @@ class Objective:
         self.n = self.pairs.n
         self.nbody = nbody
 
-    def sums(self, X, kernels, Y=None, weights=None):
+    def sums(self, X, kernels, Y=None, weights=None, **shifts):
         """N-body kernel sums (S, SX) for each kernel, by the configured engine."""
-        return exact_sums(self.be, X, kernels, Y=Y, weights=weights)
+        return exact_sums(self.be, X, kernels, Y=Y, weights=weights, **shifts)
 
     def value(self, X):
         return self.value_and_grad(X)[0]

@@ -1,0 +1,123 @@
+"""Multi-scale SNE objective (../shared/papers/004_13864de36f3612a6.txt, sections 2.3,
+2.9-2.11, eqs 2.3-2.7 and 2.10-2.11).
+
+High-dimensional similarities sigma_ij are the average over the active scales of
+the conditional entropic affinities (sparse, on the k-NN pattern); the
+low-dimensional ones are s_ij = mean_h s_hij with
+s_hij = exp(-p_h d_ij / 2) / Z_hi, Z_hi = sum_{k != i} exp(-p_h d_ik / 2), one
+precision p_h per scale.  Costs: "kl" = sum_i KL(sigma_i || s_i) (eq. 2.3) and
+"js" = the type-2 mixture of eq. 2.7, 1/(kappa (1 - kappa)) sum_i
+[kappa KL(sigma_i || z_i) + (1 - kappa) KL(s_i || z_i)], z = kappa sigma + (1 - kappa) s.
+
+With a_ij = dE/ds_ij, dE/dd_ik = (1/H) sum_h (-p_h / 2) s_hik (a_ik - sum_j a_ij s_hij).
+For both costs a_ij is a constant off the sparse pattern (0 for KL, log(1/(1-kappa))
+/ kappa for JS), so the gradient splits into a sparse attractive part and, per
+scale, Gaussian N-body sums at width p_h: O(nnz H) plus 2 H engine passes.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..neighbors import knn
+from .base import Objective
+
+COSTS = ("kl", "js")
+
+
+def ld_precisions(perplexities, X, U=1.0):
+    """LD precisions p_h (Lee et al. 2015, as summarized by the thesis' section 2.9):
+    proportional to K_h^(-2U/P), the largest scale at 2^(1 + 2/P) / mean variance
+    of the current embedding's coordinates."""
+    K = np.asarray(perplexities, dtype=np.float64)
+    P = X.shape[1]
+    variance = float(np.mean(np.var(np.asarray(X, dtype=np.float64), axis=0, ddof=1)))
+    growth = K ** (2.0 * U / P)
+    return 2.0 ** (1.0 + 2.0 / P) * growth.max() / (growth * max(variance, 1e-300))
+
+
+def intrinsic_exponent(beta, n_components):
+    """U in [1, 2] of Lee et al. 2015 from the HD precisions beta (N, H), scales
+    increasing: D_h = (2 / N) sum_i 1 / (log2 tau_{h+1,i} - log2 tau_{h,i}) with
+    tau = 1 / beta, an intrinsic-dimension estimate per pair of scales."""
+    log_tau = -np.log2(np.asarray(beta, dtype=np.float64))
+    diff = np.diff(log_tau, axis=1)
+    safe = np.where(diff != 0, diff, np.inf)
+    D = 2.0 * (1.0 / safe).sum(axis=0) / beta.shape[0]
+    return float(min(2.0, max(1.0, D.max() / n_components))) if D.size else 1.0
+
+
+class MultiscaleObjective(Objective):
+    name = "msne"
+    kernel = "gaussian"
+
+    def __init__(self, sigmas, backend, dtype, precisions, cost="kl", kappa=0.5,
+                 nbody="exact"):
+        """sigmas: per-scale conditional HD affinities (sparse, one pattern);
+        precisions: the LD p_h of the same scales."""
+        if cost not in COSTS:
+            raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+        if not 0.0 < kappa < 1.0:
+            raise ValueError(f"kappa must be in (0, 1), got {kappa}")
+        mean = sigmas[0]
+        for s in sigmas[1:]:
+            mean = mean + s
+        super().__init__(mean / len(sigmas), backend, dtype, nbody)
+        self.p = np.asarray(precisions, dtype=np.float64)
+        self.cost, self.kappa = cost, float(kappa)
+        self.constant = self.pairs.entropy_term()
+
+    def _scales(self, X):
+        """Per scale: (p_h, Z_h, SX_h, s_h on the edges, shift m_h).
+
+        Kernels are shifted by each row's nearest-neighbour distance m_i (as the
+        entropic affinities shift by the row minimum): Z_hi >= 1, so nothing
+        underflows at the small scales' large precisions.  s_hij is unchanged."""
+        xp, pairs = self.be.xp, self.pairs
+        d_edge = pairs.sqdist(X)
+        nearest = knn(X, 1, backend=self.be)[0][:, 0]
+        out = []
+        for p in self.p:
+            c = math.sqrt(p / 2.0)
+            m = 0.5 * p * nearest
+            (Z, SXs), = self.sums(X * c, ("gaussian",), target_shift=m)
+            s_h = xp.exp(-0.5 * p * d_edge + m[pairs.rows]) / Z[pairs.rows]
+            out.append((p, Z, SXs / c, s_h, m))
+        return out
+
+    def value_and_grad(self, X):
+        xp, pairs = self.be.xp, self.pairs
+        H = len(self.p)
+        scales = self._scales(X)
+        # Floored: an HD neighbour that every LD scale has pushed out of reach
+        # (exp underflow) costs ~700 nats instead of an infinite objective.
+        s = xp.maximum(sum(sc[3] for sc in scales) / H, np.finfo(np.float64).tiny)
+        sigma = pairs.p
+        if self.cost == "kl":
+            value = self.constant - float(xp.sum(sigma * xp.log(s)))
+            r = sigma / s
+        else:
+            k = self.kappa
+            z = k * sigma + (1.0 - k) * s
+            off = math.log(1.0 / (1.0 - k))
+            rest = 1.0 - pairs.row_sums(s)                # mass of s off the pattern
+            value = (k * float(xp.sum(sigma * xp.log(xp.where(sigma > 0, sigma, 1.0) / z)))
+                     + (1.0 - k) * (float(xp.sum(s * xp.log(s / z)))
+                                    + off * float(rest.sum()))) / (k * (1.0 - k))
+            r = -(xp.log(s / z) - off) / k
+        grad = xp.zeros_like(X)
+        g_edge = xp.zeros_like(s)
+        for p, Z, SX, s_h, m in scales:
+            g_edge += (0.5 * p / H) * s_h * r
+            w = (0.5 * p / H) * pairs.row_sums(r * s_h) / Z
+            # Dense part of g_ik + g_ki = e_ik (w_i + w_k), e the kernel at width p,
+            # with Z and w in row i's shifted units: the column term takes each
+            # source's own shift (d_ik >= m_k, so it cannot overflow).
+            cs = math.sqrt(p / 2.0)
+            (Sw, SXw), = self.sums(X * cs, ("gaussian",), weights=w, source_shift=m)
+            grad -= 2.0 * (w[:, None] * (Z[:, None] * X - SX) + Sw[:, None] * X - SXw / cs)
+        # Sparse part: sum_k 2 (g_ik + g_ki)(x_i - x_k) over the pattern, both ways.
+        grad += 2.0 * (pairs.laplacian_times(g_edge, X)
+                       + pairs.laplacian_times(g_edge, X, transpose=True))
+        return value, grad
