@@ -26,7 +26,6 @@ from .optim import DIRECTIONS, Monitor, homotopy, homotopy_path, minimize, tsne_
 
 __all__ = ["TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE"]
 
-INITS = ("pca", "random", "spectral")
 # Standard deviation of the first initial coordinate: openTSNE's 1e-4 for the
 # classic optimizer (its huge learning rate expands it at once); 0.1 for the
 # line-search optimizers, which otherwise start next to the X = 0 saddle of the
@@ -140,29 +139,15 @@ class _Embedding:
         return P
 
     def _initial(self, X, P, be, dtype, d):
-        xp = be.xp
-        n = X.shape[0]
-        init = self.init
-        if isinstance(init, str):
-            check_choice(init, "init", INITS)
-            if init == "pca":
-                Y = _pca(be.to_host(X), d)
-            elif init == "random":
-                Y = np.random.default_rng(self.random_state).standard_normal((n, d))
-            else:
-                from .spectral import spectral_embedding
+        def spectral():
+            from .spectral import spectral_embedding
 
-                W = P if self.objective_name != "sne" else (P + P.T) * 0.5
-                Y = be.to_host(spectral_embedding(W, d, backend=be))
-            std = INIT_STD["tsne" if self.optimizer == "tsne" else "default"]
-            Y = Y / max(float(np.std(Y[:, 0])), 1e-300) * std
-        else:
-            Y = be.to_host(init) if hasattr(init, "shape") else np.asarray(init)
-            if Y.shape != (n, d):
-                raise ValueError(f"init array must have shape {(n, d)}, got {Y.shape}")
-            if not np.all(np.isfinite(Y)):
-                raise ValueError("init array contains NaN or infinite values")
-        return xp.asarray(Y, dtype=dtype)
+            W = P if self.objective_name != "sne" else (P + P.T) * 0.5
+            return be.to_host(spectral_embedding(W, d, backend=be))
+
+        std = INIT_STD["tsne" if self.optimizer == "tsne" else "default"]
+        return initial_layout(self.init, X, d, be, dtype, std, self.random_state,
+                              {"spectral": spectral})
 
     # -- out-of-sample -----------------------------------------------------
     def transform(self, X_new):
@@ -251,6 +236,27 @@ class _OutOfSample:
             if change < tol:
                 break
         return X
+
+
+def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
+    """Initial embedding (N, d) on the device: "pca", "random", a name in ``extra``
+    (a function returning the layout) scaled so its first coordinate has standard
+    deviation ``std``, or a given array used as it is."""
+    n = X.shape[0]
+    if isinstance(init, str):
+        builders = {"pca": lambda: _pca(be.to_host(X), d),
+                    "random": lambda: np.random.default_rng(random_state).standard_normal((n, d)),
+                    **(extra or {})}
+        check_choice(init, "init", tuple(builders))
+        Y = builders[init]()
+        Y = Y / max(float(np.std(Y[:, 0])), 1e-300) * std
+    else:
+        Y = be.to_host(init) if hasattr(init, "shape") else np.asarray(init)
+        if Y.shape != (n, d):
+            raise ValueError(f"init array must have shape {(n, d)}, got {Y.shape}")
+        if not np.all(np.isfinite(Y)):
+            raise ValueError("init array contains NaN or infinite values")
+    return be.asarray(Y, dtype=dtype)
 
 
 def _pca(X, d):
@@ -371,15 +377,8 @@ class MultiscaleSNE:
         M = multiscale_affinities(X, self.perplexity, n_neighbors=self.n_neighbors,
                                   symmetrize=False, backend=be)
         U = intrinsic_exponent(be.to_host(M.beta), d) if self.fit_exponent else 1.0
-        if isinstance(self.init, str):
-            check_choice(self.init, "init", ("pca", "random"))
-            Y = (_pca(be.to_host(X), d) if self.init == "pca" else
-                 np.random.default_rng(self.random_state).standard_normal((n, d)))
-        else:
-            Y = np.asarray(be.to_host(self.init), dtype=np.float64)
-            if Y.shape != (n, d):
-                raise ValueError(f"init array must have shape {(n, d)}, got {Y.shape}")
-        Y = be.asarray(Y / max(float(np.std(Y[:, 0])), 1e-300), dtype=dtype)
+        # Any scale works: the LD precisions follow the embedding's spread.
+        Y = initial_layout(self.init, X, d, be, dtype, 1.0, self.random_state)
         monitor = Monitor(self.callbacks, self.verbose)
         H = len(M.perplexities)
         total = 0

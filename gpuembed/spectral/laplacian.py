@@ -59,6 +59,17 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
 
 
 class _SpectralBase:
+    def __init__(self, *, n_neighbors, sigma, perplexity, n_landmarks, kz, landmarks,
+                 random_state, backend):
+        self.n_neighbors = n_neighbors
+        self.sigma = sigma
+        self.perplexity = perplexity
+        self.n_landmarks = n_landmarks
+        self.kz = kz
+        self.landmarks = landmarks
+        self.random_state = random_state
+        self.backend = backend
+
     def _embed(self, X, d, drop_first=True):
         """Embedding (N, d) exactly or by LLL; records landmarks_, Z_, landmark_embedding_.
         ``drop_first=False`` keeps the trivial solution (Ng-Jordan-Weiss clustering)."""
@@ -97,15 +108,10 @@ class LaplacianEigenmaps(_SpectralBase):
     def __init__(self, n_components=2, *, n_neighbors, sigma=None, perplexity=None,
                  n_landmarks=None, kz=None, landmarks="random", random_state=None,
                  backend="auto"):
+        super().__init__(n_neighbors=n_neighbors, sigma=sigma, perplexity=perplexity,
+                         n_landmarks=n_landmarks, kz=kz, landmarks=landmarks,
+                         random_state=random_state, backend=backend)
         self.n_components = n_components
-        self.n_neighbors = n_neighbors
-        self.sigma = sigma
-        self.perplexity = perplexity
-        self.n_landmarks = n_landmarks
-        self.kz = kz
-        self.landmarks = landmarks
-        self.random_state = random_state
-        self.backend = backend
 
     def fit(self, X):
         check_choice(self.landmarks, "landmarks", LANDMARK_METHODS)
@@ -130,16 +136,11 @@ class SpectralClustering(_SpectralBase):
     def __init__(self, n_clusters, *, n_neighbors, sigma=None, perplexity=None,
                  n_landmarks=None, kz=None, landmarks="random", n_init=20, random_state=None,
                  backend="auto"):
+        super().__init__(n_neighbors=n_neighbors, sigma=sigma, perplexity=perplexity,
+                         n_landmarks=n_landmarks, kz=kz, landmarks=landmarks,
+                         random_state=random_state, backend=backend)
         self.n_clusters = n_clusters
-        self.n_neighbors = n_neighbors
-        self.sigma = sigma
-        self.perplexity = perplexity
-        self.n_landmarks = n_landmarks
-        self.kz = kz
-        self.landmarks = landmarks
         self.n_init = n_init
-        self.random_state = random_state
-        self.backend = backend
 
     def fit(self, X):
         check_choice(self.landmarks, "landmarks", LANDMARK_METHODS)
