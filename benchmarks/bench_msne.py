@@ -1,0 +1,91 @@
+"""Multi-scale SNE against single-scale methods (thesis 004, fig. 5.5): log-K AUC of
+R_NX and seconds on digits, rotating_objects and a Fashion-MNIST subset, for
+gpuembed's MultiscaleSNE, gpuembed's TSNE and openTSNE's t-SNE with its multiscale
+affinities, side by side in one run.  Writes results/msne.json and R_NX(K) curves
+to results/msne_<dataset>.png.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from common import RESULTS, write_result
+import gpuembed as ge
+
+
+def datasets(n_fmnist):
+    yield ("digits",) + ge.datasets.digits()
+    yield ("rotating_objects",) + ge.datasets.rotating_objects()
+    X, y = ge.datasets.fashion_mnist()
+    yield (f"fashion_mnist_{n_fmnist}", X[:n_fmnist].astype(np.float64), y[:n_fmnist])
+
+
+def methods():
+    yield "gpuembed MultiscaleSNE", lambda X: ge.MultiscaleSNE(backend="cpu").fit_transform(X)
+    yield "gpuembed TSNE", lambda X: ge.TSNE(perplexity=30, optimizer="tsne",
+                                             backend="cpu").fit_transform(X)
+    try:
+        import openTSNE
+        from openTSNE import affinity
+    except ImportError:
+        return
+
+    def opentsne(X):
+        A = affinity.Multiscale(X, perplexities=[5, 50], n_jobs=2, random_state=0)
+        init = openTSNE.initialization.pca(X, random_state=0)
+        return np.asarray(openTSNE.TSNEEmbedding(init, A, n_jobs=2, random_state=0)
+                          .optimize(250, exaggeration=12).optimize(500))
+    yield "openTSNE multiscale", opentsne
+
+
+def run(n_fmnist):
+    rows, curves = [], {}
+    for name, X, y in datasets(n_fmnist):
+        for method, fn in methods():
+            start = time.perf_counter()
+            Y = fn(X)
+            seconds = time.perf_counter() - start
+            R = ge.metrics.rnx(X, Y)
+            w = 1.0 / np.arange(1, R.size + 1)
+            rows.append({"dataset": name, "n": X.shape[0], "method": method, "seconds": seconds,
+                         "auc_rnx": float((R * w).sum() / w.sum()),
+                         "knn_accuracy": ge.metrics.knn_accuracy(Y, y)})
+            curves[(name, method)] = R
+            print(rows[-1], flush=True)
+    plot(curves)
+    return {"runs": rows}
+
+
+def plot(curves):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    for dataset in sorted({d for d, _ in curves}):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (d, method), R in curves.items():
+            if d == dataset:
+                ax.plot(np.arange(1, R.size + 1), R, label=method)
+        ax.set_xscale("log")
+        ax.set_xlabel("K")
+        ax.set_ylabel("R_NX(K)")
+        ax.set_title(dataset)
+        ax.legend()
+        fig.savefig(RESULTS / f"msne_{dataset}.png", dpi=80, bbox_inches="tight")
+        plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=2000, help="Fashion-MNIST subset size")
+    args = parser.parse_args(argv)
+    write_result("msne", run(args.n))
+
+
+if __name__ == "__main__":
+    main()
