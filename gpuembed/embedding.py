@@ -98,10 +98,14 @@ class _Embedding:
     def _optimize(self, objective, X0, max_iter, tol, monitor):
         p = self.method_params
         if self.optimizer == "tsne":
+            # Like openTSNE, the classic optimizer runs all max_iter iterations: its
+            # momentum phase has plateaus where a relative-change test stops it too
+            # early (rotating_objects, perplexity 30: stopped near iteration 260 with
+            # 10-NN accuracy 0.34 instead of 0.99).
             return tsne_classic(objective, X0, max_iter=max_iter,
                                 learning_rate=p.get("learning_rate"),
                                 exaggeration=p.get("early_exaggeration", 12.0),
-                                exaggeration_iter=p.get("exaggeration_iter", 250), tol=tol,
+                                exaggeration_iter=p.get("exaggeration_iter", 250),
                                 monitor=monitor)
         return minimize(objective, X0, self.optimizer, max_iter=max_iter, tol=tol,
                         step_size=p.get("step_size"), monitor=monitor,
