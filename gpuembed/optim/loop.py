@@ -101,11 +101,12 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
 
 
 def tsne_classic(objective, X0, *, max_iter=1000, learning_rate=None, exaggeration=12.0,
-                 exaggeration_iter=250, momentum=(0.5, 0.8), tol=0.0, monitor=None):
+                 exaggeration_iter=250, momentum=(0.5, 0.8), monitor=None):
     """The classic t-SNE optimizer: gradient steps with momentum 0.5 -> 0.8 and
     per-coordinate gains (+0.2 / x0.8, floor 0.01), early exaggeration 12 for the
     first 250 iterations, learning rate N / 12 (openTSNE's and scikit-learn's).
-    Exaggeration multiplies the attractive term; P itself is never modified."""
+    Exaggeration multiplies the attractive term; P itself is never modified.
+    Runs all ``max_iter`` iterations unless a callback stops it."""
     xp = objective.be.xp
     monitor = monitor or Monitor()
     n = X0.shape[0]
@@ -113,21 +114,17 @@ def tsne_classic(objective, X0, *, max_iter=1000, learning_rate=None, exaggerati
     X = X0.copy()
     update = xp.zeros_like(X)
     gains = xp.ones_like(X)
-    E = None
     for it in range(max_iter):
         early = it < exaggeration_iter
         objective.exaggeration = exaggeration if early else 1.0
-        E_new, G = objective.value_and_grad(X)
+        E, G = objective.value_and_grad(X)
         same_sign = (G > 0) == (update > 0)
         gains = xp.maximum(xp.where(same_sign, gains * 0.8, gains + 0.2), 0.01)
         update = (momentum[0] if early else momentum[1]) * update - lr * gains * G
         X = X + update
         X -= X.mean(axis=0)
-        if monitor.record(it, E_new, lr, X):
+        if monitor.record(it, E, lr, X):
             break
-        if not early and E is not None and tol > 0 and abs(E - E_new) < tol * abs(E):
-            break
-        E = E_new
     objective.exaggeration = 1.0
     E, _ = objective.value_and_grad(X)
     return Result(X, E, it + 1, monitor.history, converged=True)
