@@ -47,16 +47,17 @@ METHODS = {"tsne": _estimator(TSNE), "ee": _estimator(EE), "ssne": _estimator(SS
 
 
 def _load_demo(name):
+    """(name, X, labels) of a bundled dataset; digits fall back to rotating_objects."""
     if name == "digits":
         try:
-            return datasets.digits()
+            return (name,) + datasets.digits()
         except ImportError:
             print("scikit-learn not installed: using rotating_objects instead of digits")
             name = "rotating_objects"
     if name == "rotating_objects":
-        return datasets.rotating_objects()
+        return (name,) + datasets.rotating_objects()
     X, t = datasets.swiss_roll(2000, random_state=0)
-    return X, np.digitize(t, np.linspace(t.min(), t.max(), 6)[1:-1])
+    return name, X, np.digitize(t, np.linspace(t.min(), t.max(), 6)[1:-1])
 
 
 def _save_plot(Y, labels, path, title):
@@ -110,9 +111,9 @@ def cmd_info(args):
 
 
 def cmd_demo(args):
-    X, labels = _load_demo(args.dataset)
+    name, X, labels = _load_demo(args.dataset)
     be = get_backend(args.backend)
-    print(f"dataset {args.dataset}: {X.shape[0]} points x {X.shape[1]} dims, backend {be.name} "
+    print(f"dataset {name}: {X.shape[0]} points x {X.shape[1]} dims, backend {be.name} "
           f"({be.device_name})")
     start = time.perf_counter()
     Y = METHODS[args.method](X, 2, be, args)
@@ -120,7 +121,7 @@ def cmd_demo(args):
     acc = knn_accuracy(Y, labels, k=10)
     print(f"{args.method}: {seconds:.2f} s, 10-NN accuracy {acc:.3f}")
     _print_auc(args, X, Y)
-    _save_plot(Y, labels, args.output, f"{args.dataset}: {args.method} ({seconds:.1f} s, "
+    _save_plot(Y, labels, args.output, f"{name}: {args.method} ({seconds:.1f} s, "
                                        f"10-NN acc {acc:.3f})")
     return 0
 
