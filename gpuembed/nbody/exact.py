@@ -83,6 +83,8 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_sh
     sq_x = (X * X).sum(axis=1)
     sq_t = sq_x if Y is None else (targets * targets).sum(axis=1)
     out = [(xp.empty(n_t, dtype=X.dtype), xp.empty_like(targets)) for _ in kernels]
+    derived = [k == "student2" and "student" in kernels[:i] for i, k in enumerate(kernels)]
+    needs_raw = [any(not d for d in derived[i + 1:]) for i in range(len(kernels))]
 
     def block(start, stop):
         D = squared_distances(xp, targets[start:stop], X, sq_t[start:stop], sq_x)
@@ -96,10 +98,11 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_sh
             D[own - start, own] = xp.inf
         values = {}
         for i, kernel in enumerate(kernels):
-            if kernel == "student2" and "student" in values:
+            if derived[i]:
                 K = values["student"] * values["student"]
             else:
-                K = kernel_values(xp, kernel, D if i == len(kernels) - 1 else D.copy())
+                # Kernels work in place on D: copy it only while a later one needs it.
+                K = kernel_values(xp, kernel, D.copy() if needs_raw[i] else D)
             values[kernel] = K
         for (S, SX), kernel in zip(out, kernels):
             K = values[kernel]

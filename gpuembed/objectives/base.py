@@ -70,6 +70,7 @@ class Objective:
 
     name = None
     kernel = None           # repulsive kernel of the N-body sums
+    divergence = False      # KL-type objectives carry the constant sum p log p
 
     def __init__(self, P, backend, dtype, nbody="exact"):
         self.be = backend
@@ -77,6 +78,8 @@ class Objective:
         self.pairs = PairSet(backend, P, self.dtype)
         self.n = self.pairs.n
         self.nbody = nbody
+        if self.divergence:
+            self.constant = self.pairs.entropy_term()
 
     def sums(self, X, kernels, Y=None, weights=None, **shifts):
         """N-body kernel sums (S, SX) for each kernel, by the configured engine."""

@@ -51,6 +51,7 @@ def intrinsic_exponent(beta, n_components):
 class MultiscaleObjective(Objective):
     name = "msne"
     kernel = "gaussian"
+    divergence = True
 
     def __init__(self, sigmas, backend, dtype, precisions, cost="kl", kappa=0.5,
                  nbody="exact"):
@@ -66,7 +67,6 @@ class MultiscaleObjective(Objective):
         super().__init__(mean / len(sigmas), backend, dtype, nbody)
         self.p = np.asarray(precisions, dtype=np.float64)
         self.cost, self.kappa = cost, float(kappa)
-        self.constant = self.pairs.entropy_term()
 
     def _scales(self, X):
         """Per scale: (p_h, Z_h, SX_h, s_h on the edges, shift m_h).

@@ -13,10 +13,10 @@ from .base import Objective, PairSet
 class SNEObjective(Objective):
     name = "sne"
     kernel = "gaussian"
+    divergence = True
 
     def __init__(self, P, backend, dtype, nbody="exact"):
         super().__init__(P, backend, dtype, nbody)
-        self.constant = self.pairs.entropy_term()
         P = self.pairs.P
         self.sym = PairSet(backend, P + P.T, self.dtype)
 

@@ -12,10 +12,7 @@ from .base import Objective
 class SymmetricSNE(Objective):
     name = "ssne"
     kernel = "gaussian"
-
-    def __init__(self, P, backend, dtype, nbody="exact"):
-        super().__init__(P, backend, dtype, nbody)
-        self.constant = self.pairs.entropy_term()
+    divergence = True
 
     def value_and_grad(self, X):
         xp, pairs = self.be.xp, self.pairs

@@ -16,11 +16,8 @@ from .base import Objective
 class TSNEObjective(Objective):
     name = "tsne"
     kernel = "student"
-
-    def __init__(self, P, backend, dtype, nbody="exact"):
-        super().__init__(P, backend, dtype, nbody)
-        self.constant = self.pairs.entropy_term()
-        self.exaggeration = 1.0
+    divergence = True
+    exaggeration = 1.0      # set per iteration by the classic optimizer
 
     def value_and_grad(self, X):
         xp, pairs = self.be.xp, self.pairs
