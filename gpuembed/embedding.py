@@ -19,10 +19,11 @@ from ._checks import check_choice, check_data, check_float, check_int
 from .affinities import EntropicAffinities, entropic_affinities
 from .affinities.entropic import conditional_affinities
 from .backend import get_backend
-from .nbody import exact_sums, resolve_method
+from .nbody import check_accuracy, engine_sums, resolve_method
 from .neighbors import knn_query
-from .objectives import default_lambda, make_objective
-from .optim import DIRECTIONS, Monitor, homotopy, homotopy_path, minimize, tsne_classic
+from .objectives import OBJECTIVES, default_lambda, make_objective
+from .optim import (DIRECTIONS, Monitor, accuracy_schedule, homotopy, homotopy_path, minimize,
+                    tsne_classic)
 
 __all__ = ["TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE"]
 
@@ -34,7 +35,7 @@ INIT_STD = {"tsne": 1e-4, "default": 0.1}
 # Parameters the optimizers and affinities accept through **method_params.
 METHOD_PARAMS = {"n_neighbors", "kappa", "sd_solver", "lbfgs_memory", "step_size",
                  "learning_rate", "early_exaggeration", "exaggeration_iter",
-                 "transform_max_iter"}
+                 "transform_max_iter", "accuracy", "accuracy_schedule"}
 
 
 class _Embedding:
@@ -76,9 +77,10 @@ class _Embedding:
         if dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {dtype}")
         P = self._affinity_matrix(X, be)
-        nbody = resolve_method(self.nbody, n, d, None, be)
+        nbody = resolve_method(self.nbody, n, d, OBJECTIVES[self.objective_name].kernel, be)
         objective = make_objective(self.objective_name, P, be, dtype, nbody=nbody,
                                    **self._objective_params(n))
+        objective.accuracy = check_accuracy(nbody, self.method_params.get("accuracy"))
         X0 = self._initial(X, P, be, dtype, d)
         monitor = Monitor(self.callbacks, self.verbose)
         result = self._optimize(objective, X0, max_iter, tol, monitor)
@@ -106,10 +108,21 @@ class _Embedding:
                                 learning_rate=p.get("learning_rate"),
                                 exaggeration=p.get("early_exaggeration", 12.0),
                                 exaggeration_iter=p.get("exaggeration_iter", 250),
-                                monitor=monitor)
+                                monitor=monitor, schedule=self._schedule(objective))
         return minimize(objective, X0, self.optimizer, max_iter=max_iter, tol=tol,
                         step_size=p.get("step_size"), monitor=monitor,
-                        direction_params=self._direction_params())
+                        direction_params=self._direction_params(),
+                        schedule=self._schedule(objective))
+
+    def _schedule(self, objective):
+        """The accuracy ramp of method_params ``accuracy_schedule`` (its length in
+        iterations; None: hold ``accuracy`` fixed)."""
+        n_iter = self.method_params.get("accuracy_schedule")
+        if n_iter is None:
+            return None
+        if self.method_params.get("accuracy"):
+            raise TypeError("give either accuracy (fixed) or accuracy_schedule, not both")
+        return accuracy_schedule(objective.nbody, n_iter)
 
     def _direction_params(self):
         p = self.method_params
@@ -188,6 +201,11 @@ class _OutOfSample:
         self.lambda_ = getattr(objective, "lambda_", None)
         self.n = Y_train.shape[0]
         self.student = name == "tsne"
+        self.nbody, self.accuracy = objective.nbody, objective.accuracy
+
+    def sums(self, X, kernels):
+        """Sums over the training points at the new points X: O(M + N) with fgt / bh."""
+        return engine_sums(self.be, self.nbody, self.Y, kernels, Y=X, accuracy=self.accuracy)
 
     def value_and_grad(self, X):
         xp = self.be.xp
@@ -196,11 +214,11 @@ class _OutOfSample:
         if self.student:
             attract = (self.W * xp.log1p(d2)).sum(axis=1)
             g_att = 2.0 * ((self.W / (1.0 + d2))[:, :, None] * diff).sum(axis=1)
-            (S1, _), (S2, SX2) = exact_sums(self.be, self.Y, ("student", "student2"), Y=X)
+            (S1, _), (S2, SX2) = self.sums(X, ("student", "student2"))
             return attract + xp.log(S1), g_att - 2.0 * (S2[:, None] * X - SX2) / S1[:, None]
         attract = (self.W * d2).sum(axis=1)
         g_att = 2.0 * (self.W[:, :, None] * diff).sum(axis=1)
-        (S, SX), = exact_sums(self.be, self.Y, ("gaussian",), Y=X)
+        (S, SX), = self.sums(X, ("gaussian",))
         if self.name == "ee":
             value = attract / self.n + self.lambda_ * S
             return value, g_att / self.n - 2.0 * self.lambda_ * (S[:, None] * X - SX)
@@ -337,7 +355,7 @@ class MultiscaleSNE:
     to ``max_iter`` iterations of ``optimizer``; the LD precisions are recomputed
     from the embedding's spread at every stage.  ``fit_exponent`` estimates
     Lee et al.'s exponent U from the HD precisions (else U = 1).  The repulsive
-    sums go through the N-body engine (exact so far: O(N^2 H) per iteration).
+    sums go through the exact N-body engine (O(N^2 H) per iteration).
     """
 
     optimizers = ("lbfgs", "cg", "gd")
@@ -377,7 +395,9 @@ class MultiscaleSNE:
         check_choice(self.cost, "cost", COSTS)
         kappa = check_float(self.kappa, "kappa", 0.0, 1.0, low_open=True, high_open=True)
         dtype = np.dtype(self.dtype) if self.dtype is not None else be.default_float
-        nbody = resolve_method(self.nbody, n, d, "gaussian", be)
+        # The per-scale sums are shifted by each row's nearest-neighbour distance
+        # (objectives/msne.py), which only the exact engine does so far.
+        nbody = "exact" if self.nbody == "auto" else check_choice(self.nbody, "nbody", ("exact",))
         M = multiscale_affinities(X, self.perplexity, n_neighbors=self.n_neighbors,
                                   symmetrize=False, backend=be)
         U = intrinsic_exponent(be.to_host(M.beta), d) if self.fit_exponent else 1.0

@@ -1,32 +1,98 @@
-"""N-body kernel sums behind one interface (exact engine; FGT and Barnes-Hut follow)."""
+"""N-body kernel sums behind one interface: "exact" (tiled), "fgt" (fast Gauss
+transform, Gaussian kernel), "bh" (Barnes-Hut); the last two in d <= 3.
+
+Every engine returns [(S, SX) for each kernel] with S_n = sum_m w_m K(|y_n - x_m|^2)
+and SX_n = sum_m w_m K(...) x_m (self pair excluded when the targets are the
+sources), so the objectives and the out-of-sample mapping call them alike.
+"""
 from __future__ import annotations
 
-from .._checks import check_choice, check_data
+from .._checks import check_choice, check_data, check_float, check_int
 from ..backend import get_backend
+from .barneshut import DEFAULT_THETA, bh_sums
 from .exact import KERNELS, exact_sums
+from .fgt import DEFAULT_ORDER, MAX_ORDER, error_bound, fgt_sums, order_for_tolerance
 
-__all__ = ["kernel_sums", "exact_sums", "resolve_method", "KERNELS", "METHODS"]
+__all__ = ["kernel_sums", "engine_sums", "exact_sums", "fgt_sums", "bh_sums", "resolve_method",
+           "check_accuracy", "error_bound", "KERNELS", "METHODS"]
 
-METHODS = ("exact",)
+METHODS = ("exact", "fgt", "bh")
+ACCURACY_PARAMETERS = {"exact": (), "fgt": ("p", "tol"), "bh": ("theta",)}
+MAX_DIM = 3
+# nbody="auto" uses the exact engine below these sizes.  CPU: measured
+# crossovers of benchmarks/bench_nbody.py (2-core Xeon, 2-D).  GPU: the tiled
+# kernel's expected ~1e12 pairs/s against the FGT's launch-bound CuPy code;
+# not yet measured on a GPU.
+AUTO_EXACT_BELOW = {"cpu": 5_000, "gpu": 200_000}
 
 
 def resolve_method(method, n, dim, kernel, backend):
-    """The engine ``nbody="auto"`` picks; only the exact engine exists so far."""
+    """The engine for ``nbody=method`` ("auto" picks by N, kernel, dimension, device)."""
     if method == "auto":
-        return "exact"
-    return check_choice(method, "nbody", METHODS)
+        if dim > MAX_DIM or n < AUTO_EXACT_BELOW[backend.name]:
+            return "exact"
+        return "fgt" if kernel == "gaussian" else "bh"
+    check_choice(method, "nbody", METHODS)
+    if method != "exact" and dim > MAX_DIM:
+        raise ValueError(f"nbody={method!r} works in at most {MAX_DIM} dimensions "
+                         f"(n_components <= 3), got {dim}")
+    if method == "fgt" and kernel not in (None, "gaussian"):
+        raise ValueError(f"nbody='fgt' sums the Gaussian kernel only; the {kernel!r} kernel "
+                         "needs nbody='bh' or 'exact'")
+    return method
+
+
+def check_accuracy(method, accuracy):
+    """Validated accuracy parameters: fgt p (order, 1..16) or tol; bh theta >= 0."""
+    accuracy = dict(accuracy or {})
+    allowed = ACCURACY_PARAMETERS[method]
+    unknown = set(accuracy) - set(allowed)
+    if unknown:
+        raise TypeError(f"nbody={method!r} takes accuracy parameters {allowed}, "
+                        f"got {sorted(unknown)}")
+    if "p" in accuracy:
+        check_int(accuracy["p"], "p", 1, MAX_ORDER)
+    if "tol" in accuracy:
+        check_float(accuracy["tol"], "tol", 0.0, 1.0, low_open=True)
+    if "p" in accuracy and "tol" in accuracy:
+        raise TypeError("give the FGT either p or tol, not both")
+    if "theta" in accuracy:
+        check_float(accuracy["theta"], "theta", 0.0)
+    return accuracy
+
+
+def engine_sums(be, method, X, kernels, Y=None, weights=None, accuracy=None, **shifts):
+    """[(S, SX) for each kernel] by engine ``method`` (already resolved).
+
+    ``shifts`` (target_shift / source_shift) are an exact-engine feature.
+    """
+    if method == "exact":
+        return exact_sums(be, X, kernels, Y=Y, weights=weights, **shifts)
+    if any(v is not None for v in shifts.values()):
+        raise ValueError(f"nbody={method!r} does not take distance shifts; use 'exact'")
+    accuracy = accuracy or {}
+    if method == "fgt":
+        p = accuracy.get("p")
+        if p is None:
+            tol = accuracy.get("tol")
+            p = DEFAULT_ORDER if tol is None else order_for_tolerance(tol, X.shape[1])
+        return fgt_sums(be, X, kernels, Y=Y, weights=weights, p=p)
+    return bh_sums(be, X, kernels, Y=Y, weights=weights,
+                   theta=accuracy.get("theta", DEFAULT_THETA))
 
 
 def kernel_sums(X, kernel, method="exact", *, backend="auto", **accuracy):
     """S_n = sum_{m != n} K(|x_n - x_m|^2) and SX_n = sum_{m != n} K(...) x_m.
 
     kernel: "gaussian" exp(-t) | "student" 1/(1+t) | "student2" 1/(1+t)^2.
+    method: "exact" | "fgt" (Gaussian only) | "bh" | "auto"; fgt and bh need d <= 3.
+    accuracy: p (FGT order, default 8) or tol (FGT: smallest p whose error bound
+    (5.5)-(5.7), relative to N, is below tol); theta (Barnes-Hut opening angle, default 0.5).
     Returns (S (N,), SX (N, d)) on the backend's device.
     """
     be = get_backend(backend)
     X = check_data(X, be)
     check_choice(kernel, "kernel", KERNELS)
     method = resolve_method(method, X.shape[0], X.shape[1], kernel, be)
-    if accuracy:
-        raise TypeError(f"the exact engine takes no accuracy parameters, got {sorted(accuracy)}")
-    return exact_sums(be, X, (kernel,))[0]
+    accuracy = check_accuracy(method, accuracy)
+    return engine_sums(be, method, X, (kernel,), accuracy=accuracy)[0]

@@ -7,7 +7,9 @@ For targets y_n and sources x_m (with optional source weights w_m)
 excluding m = n when the targets are the sources.  Blocks of B targets hold a
 B x N matrix of kernel values (``block_bytes``: 1 MiB on the CPU, spread over
 threads, and 512 MiB on the GPU; at least 64 rows), so memory stays bounded.  Written once
-against ``xp``: the CPU path and the reference for GPU kernels.
+against ``xp``: the CPU path and the reference for the GPU kernel.  On the GPU
+the common kernel sets run in the tiled RawKernel of kernels/nbody_exact.cu
+(one thread per two targets, sources through shared memory, no N x B block).
 """
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ KERNELS = ("gaussian", "student", "student2")
 DEFAULT_BLOCK_BYTES = {"cpu": 2**20, "gpu": 512 * 2**20}
 MIN_ROWS = 64
 N_THREADS = os.cpu_count() or 1
+# Kernel sets the tiled CUDA kernel computes (NBODY_KERNEL codes in
+# kernels/nbody_exact.cu); "student2" alone comes from the fused pass.
+GPU_KERNEL_CODES = {("gaussian",): 0, ("student",): 1, ("student", "student2"): 2,
+                    ("student2",): 2}
+GPU_MAX_DIM = 16               # register arrays of NBODY_DIM floats per target
+GPU_THREADS = 128
+GPU_TARGETS_PER_THREAD = 2     # NBODY_TPT
 
 
 def kernel_values(xp, kernel, t):
@@ -78,6 +87,9 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_sh
     Gaussian sums from underflowing when the shift is a nearest-neighbour distance.
     """
     xp = be.xp
+    if (be.is_gpu and target_shift is None and source_shift is None
+            and tuple(kernels) in GPU_KERNEL_CODES and X.shape[1] <= GPU_MAX_DIM):
+        return _exact_gpu(be, X, tuple(kernels), Y, weights)
     targets = X if Y is None else Y
     n_t, n_s = targets.shape[0], X.shape[0]
     sq_x = (X * X).sum(axis=1)
@@ -113,6 +125,28 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_sh
 
     _blocks(be, n_t, n_s, X.dtype.itemsize, block_bytes, block)
     return out
+
+
+def _exact_gpu(be, X, kernels, Y, weights):
+    """exact_sums by the tiled RawKernel of kernels/nbody_exact.cu."""
+    xp = be.xp
+    code = GPU_KERNEL_CODES[kernels]
+    targets = xp.ascontiguousarray(X if Y is None else Y)
+    X = xp.ascontiguousarray(X)
+    (n_s, d), n_t = X.shape, targets.shape[0]
+    outs = 2 if code == 2 else 1
+    S = xp.empty((outs, n_t), dtype=X.dtype)
+    SX = xp.empty((outs, n_t, d), dtype=X.dtype)
+    w = xp.ones(n_s, dtype=X.dtype) if weights is None else xp.ascontiguousarray(
+        weights, dtype=X.dtype)
+    fn = be.kernel("nbody_exact.cu", "nbody_exact", X.dtype,
+                   defines={"NBODY_DIM": d, "NBODY_KERNEL": code})
+    per_block = GPU_THREADS * GPU_TARGETS_PER_THREAD
+    fn(((n_t + per_block - 1) // per_block,), (GPU_THREADS,),
+       (X, w, targets, np.int64(n_s), np.int64(n_t), np.int32(Y is None), S, SX),
+       shared_mem=GPU_THREADS * (d + 1) * X.dtype.itemsize)
+    results = [(S[o], SX[o]) for o in range(outs)]
+    return results[1:] if kernels == ("student2",) else results
 
 
 def xx_terms(be, X, coef_fn, V=None, block_bytes=None):

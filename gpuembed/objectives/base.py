@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..nbody.exact import exact_sums, xx_terms
+from ..nbody import engine_sums
+from ..nbody.exact import xx_terms
 
 
 class PairSet:
@@ -72,18 +73,20 @@ class Objective:
     kernel = None           # repulsive kernel of the N-body sums
     divergence = False      # KL-type objectives carry the constant sum p log p
 
-    def __init__(self, P, backend, dtype, nbody="exact"):
+    def __init__(self, P, backend, dtype, nbody="exact", accuracy=None):
         self.be = backend
         self.dtype = np.dtype(dtype)
         self.pairs = PairSet(backend, P, self.dtype)
         self.n = self.pairs.n
-        self.nbody = nbody
+        self.nbody = nbody              # a resolved engine name (nbody/)
+        self.accuracy = dict(accuracy or {})   # its accuracy; schedules change it
         if self.divergence:
             self.constant = self.pairs.entropy_term()
 
     def sums(self, X, kernels, Y=None, weights=None, **shifts):
         """N-body kernel sums (S, SX) for each kernel, by the configured engine."""
-        return exact_sums(self.be, X, kernels, Y=Y, weights=weights, **shifts)
+        return engine_sums(self.be, self.nbody, X, kernels, Y=Y, weights=weights,
+                           accuracy=self.accuracy, **shifts)
 
     def value(self, X):
         return self.value_and_grad(X)[0]

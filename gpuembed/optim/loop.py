@@ -52,24 +52,32 @@ class Monitor:
         return stop
 
 
+def _set_accuracy(objective, schedule, iteration):
+    if schedule is not None:
+        objective.accuracy = schedule(iteration)
+
+
 def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_size=None,
-             monitor=None, direction_params=None):
+             monitor=None, direction_params=None, schedule=None):
     """Descent with ``direction`` and an Armijo backtracking line search.
 
     ``step_size`` switches to fixed steps (no line search), as needed with
-    approximate gradients.  Stops when the relative objective decrease falls
+    approximate gradients; ``schedule(iteration)`` sets the N-body accuracy
+    of each iteration (optim/schedules.py).  Stops when the relative objective decrease falls
     below ``tol``, when the line search finds no decrease, after ``max_iter``
     iterations, or when a callback returns True.
     """
     xp = objective.be.xp
     monitor = monitor or Monitor()
     X = X0.copy()
+    _set_accuracy(objective, schedule, 0)
     E, G = objective.value_and_grad(X)
     d = DIRECTIONS[direction](objective, X, **(direction_params or {}))
     step = 1.0
     if monitor.record(0, E, 0.0, X):
         return Result(X, E, 0, monitor.history)
     for it in range(1, max_iter + 1):
+        _set_accuracy(objective, schedule, it)
         P = d(X, G)
         slope = float(xp.vdot(G, P))
         if not slope < 0:                      # not a descent direction: fall back to -G
@@ -101,7 +109,7 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
 
 
 def tsne_classic(objective, X0, *, max_iter=1000, learning_rate=None, exaggeration=12.0,
-                 exaggeration_iter=250, momentum=(0.5, 0.8), monitor=None):
+                 exaggeration_iter=250, momentum=(0.5, 0.8), monitor=None, schedule=None):
     """The classic t-SNE optimizer: gradient steps with momentum 0.5 -> 0.8 and
     per-coordinate gains (+0.2 / x0.8, floor 0.01), early exaggeration 12 for the
     first 250 iterations, learning rate N / 12 (openTSNE's and scikit-learn's).
@@ -117,6 +125,7 @@ def tsne_classic(objective, X0, *, max_iter=1000, learning_rate=None, exaggerati
     for it in range(max_iter):
         early = it < exaggeration_iter
         objective.exaggeration = exaggeration if early else 1.0
+        _set_accuracy(objective, schedule, it)
         E, G = objective.value_and_grad(X)
         same_sign = (G > 0) == (update > 0)
         gains = xp.maximum(xp.where(same_sign, gains * 0.8, gains + 0.2), 0.01)
@@ -131,7 +140,7 @@ def tsne_classic(objective, X0, *, max_iter=1000, learning_rate=None, exaggerati
 
 
 def homotopy(objective, X0, direction="sd", *, lambdas, max_iter=1000, tol=1e-7,
-             step_size=None, monitor=None, direction_params=None):
+             step_size=None, monitor=None, direction_params=None, schedule=None):
     """Follow the minimizer along ``lambdas`` (increasing), each stage started from
     the last one's solution (seed 002 section 3.1, homotopy training of EE).
     The iteration budget ``max_iter`` applies to each stage."""
@@ -144,7 +153,7 @@ def homotopy(objective, X0, direction="sd", *, lambdas, max_iter=1000, tol=1e-7,
         monitor.extra = {"lambda": float(lam)}
         result = minimize(objective, X, direction, max_iter=max_iter, tol=tol,
                           step_size=step_size, monitor=monitor,
-                          direction_params=direction_params)
+                          direction_params=direction_params, schedule=schedule)
         X = result.X
         total += result.n_iter
     return Result(X, result.objective, total, monitor.history, converged=result.converged)

@@ -1,0 +1,164 @@
+"""Barnes-Hut kernel sums (binary tree in 1-D, quadtree in 2-D, octree in 3-D).
+
+The tree is built without per-point Python loops: points are sorted by their
+Morton code on a 2^21 grid over the bounding cube, and the cells of level l
+are the runs of equal code prefixes (d l bits), so every cell is a contiguous
+range of sorted points and its children are the next level's cells inside that
+range.  A cell stores its point count, its mass sum_m w_m, centre of mass and
+side.  Descent is breadth-first over (target, cell) pairs for a chunk of
+targets at a time:
+
+- a leaf (one point, or the deepest level) is summed exactly over its points;
+- an inner cell that does not contain the target and satisfies
+  side < theta |y - centre of mass| contributes mass K(|y - c|^2) to S and
+  (sum_m w_m x_m) K(|y - c|^2) to SX (dissertation section 5.3);
+- any other cell is replaced by its children.
+
+theta = 0 opens every inner cell, so it equals the exact sums up to rounding.
+Any kernel of exact.py works; several kernels share one traversal.
+"""
+from __future__ import annotations
+
+from .exact import kernel_values
+
+MAX_DEPTH = 21                 # 3 x 21 bits of Morton code fit in an int64
+DEFAULT_THETA = 0.5
+BUDGET = 2**22                 # (target, cell) pairs per traversal chunk
+
+
+class Tree:
+    """Cells of all levels in one set of arrays (level by level, each level
+    sorted by its first point)."""
+
+    def __init__(self, be, X, weights=None):
+        xp = be.xp
+        n, d = X.shape
+        self.be, self.d = be, d
+        lo = X.min(axis=0)
+        size = float((X.max(axis=0) - lo).max())
+        size = size * (1.0 + 1e-12) if size > 0 else 1.0
+        cells = xp.minimum(((X - lo) / size * 2**MAX_DEPTH).astype(xp.int64), 2**MAX_DEPTH - 1)
+        code = xp.zeros(n, dtype=xp.int64)
+        for bit in range(MAX_DEPTH):
+            for i in range(d):
+                code |= ((cells[:, i] >> bit) & 1) << (bit * d + d - 1 - i)
+        self.order = xp.argsort(code, kind="stable")
+        code = code[self.order]
+        self.points = X[self.order].astype(xp.float64)
+        w = xp.ones(n) if weights is None else weights[self.order].astype(xp.float64)
+        self.weights = w
+        # Cell sums from prefix sums over the sorted points (float64).
+        cw = xp.concatenate([xp.zeros(1), xp.cumsum(w)])
+        cwx = xp.concatenate([xp.zeros((1, d)), xp.cumsum(w[:, None] * self.points, axis=0)])
+
+        starts, counts, levels = [], [], []
+        for level in range(MAX_DEPTH + 1):
+            prefix = code >> (d * (MAX_DEPTH - level))
+            new = xp.ones(n, dtype=bool)
+            new[1:] = prefix[1:] != prefix[:-1]
+            start = xp.flatnonzero(new)
+            count = xp.diff(xp.append(start, n))
+            starts.append(start)
+            counts.append(count)
+            levels.append(level)
+            if int(count.max()) == 1:
+                break
+        offsets = [0]
+        for s in starts:
+            offsets.append(offsets[-1] + len(s))
+        first, n_children = [], []
+        for i, (s, c) in enumerate(zip(starts, counts)):
+            if i + 1 < len(starts):
+                lo_child = xp.searchsorted(starts[i + 1], s)
+                hi_child = xp.searchsorted(starts[i + 1], s + c)
+                # Single-point cells are leaves: their one child is not visited.
+                n_child = xp.where(c > 1, hi_child - lo_child, 0)
+                first.append(lo_child + offsets[i + 1])
+            else:
+                n_child = xp.zeros(len(s), dtype=xp.int64)
+                first.append(xp.zeros(len(s), dtype=xp.int64))
+            n_children.append(n_child)
+        self.start = xp.concatenate(starts)
+        self.count = xp.concatenate(counts)
+        self.first_child = xp.concatenate(first)
+        self.n_children = xp.concatenate(n_children)
+        self.side = xp.concatenate([xp.full(len(s), size / 2.0**lv) for s, lv in zip(starts, levels)])
+        self.mass = cw[self.start + self.count] - cw[self.start]
+        self.wx = cwx[self.start + self.count] - cwx[self.start]
+        self.com = self.wx / xp.maximum(self.mass, 1e-300)[:, None]
+        self.depth = len(starts) - 1
+        # rank[i] = sorted position of original point i (self-pair tests).
+        self.rank = xp.empty(n, dtype=xp.int64)
+        self.rank[self.order] = xp.arange(n)
+
+
+def bh_sums(be, X, kernels, Y=None, weights=None, theta=DEFAULT_THETA):
+    """[(S, SX) for each kernel] by Barnes-Hut; the exact engine's contract."""
+    xp = be.xp
+    tree = Tree(be, X, weights)
+    targets = (X if Y is None else Y).astype(xp.float64)
+    n_t, d = targets.shape
+    out = [(xp.zeros(n_t), xp.zeros((n_t, d))) for _ in kernels]
+    per_target = min(X.shape[0], 16 * (1 + int((2.0 / max(theta, 1e-3)) ** d)) * (tree.depth + 1))
+    step = max(1, BUDGET // per_target)
+    for a in range(0, n_t, step):
+        _traverse(tree, targets, a, min(n_t, a + step), kernels, theta, Y is None, out)
+    return [(S.astype(X.dtype), SX.astype(X.dtype)) for S, SX in out]
+
+
+def _traverse(tree, targets, a, b, kernels, theta, self_pairs, out):
+    xp = tree.be.xp
+    n_local = b - a
+    tgt = xp.arange(a, b)
+    cell = xp.zeros(n_local, dtype=xp.int64)          # everyone starts at the root
+    theta2 = theta * theta
+    while len(tgt):
+        y = targets[tgt]
+        leaf = tree.n_children[cell] == 0
+        contains = xp.zeros(len(tgt), dtype=bool)
+        if self_pairs:
+            r = tree.rank[tgt]
+            contains = (r >= tree.start[cell]) & (r < tree.start[cell] + tree.count[cell])
+        diff = y - tree.com[cell]
+        d2 = (diff * diff).sum(axis=1)
+        far = ~leaf & ~contains & (tree.side[cell] ** 2 < theta2 * d2)
+        if bool(far.any()):
+            _accumulate(tree, kernels, tgt[far] - a, d2[far], tree.mass[cell[far]],
+                        tree.wx[cell[far]], out, a, b)
+        if bool(leaf.any()):
+            t_leaf, c_leaf = tgt[leaf], cell[leaf]
+            group = xp.repeat(xp.arange(len(c_leaf)), tree.count[c_leaf])
+            first = xp.cumsum(tree.count[c_leaf]) - tree.count[c_leaf]
+            s = tree.start[c_leaf][group] + xp.arange(len(group)) - first[group]
+            t = t_leaf[group]
+            if self_pairs:
+                keep = tree.rank[t] != s
+                s, t = s[keep], t[keep]
+            diff = targets[t] - tree.points[s]
+            w = tree.weights[s]
+            _accumulate(tree, kernels, t - a, (diff * diff).sum(axis=1), w,
+                        w[:, None] * tree.points[s], out, a, b)
+        opened = ~leaf & ~far
+        tgt, cell = tgt[opened], cell[opened]
+        n_child = tree.n_children[cell]
+        group = xp.repeat(xp.arange(len(cell)), n_child)
+        first = xp.cumsum(n_child) - n_child
+        cell = tree.first_child[cell][group] + xp.arange(len(group)) - first[group]
+        tgt = tgt[group]
+
+
+def _accumulate(tree, kernels, local, d2, mass, wx, out, a, b):
+    """Add mass K(d2) to S and wx K(d2) to SX of targets a + local."""
+    xp = tree.be.xp
+    n_local = b - a
+    values = {}
+    for kernel in kernels:
+        if kernel == "student2" and "student" in values:
+            values[kernel] = values["student"] * values["student"]
+        else:
+            values[kernel] = kernel_values(xp, kernel, d2.copy())
+    for (S, SX), kernel in zip(out, kernels):
+        K = values[kernel]
+        S[a:b] += xp.bincount(local, weights=mass * K, minlength=n_local)
+        for i in range(SX.shape[1]):
+            SX[a:b, i] += xp.bincount(local, weights=wx[:, i] * K, minlength=n_local)

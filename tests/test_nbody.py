@@ -1,0 +1,263 @@
+"""N-body engines against brute-force N x N sums.
+
+Relative errors stated per engine: exact ~ machine precision (1e-11 here,
+GEMM distances); FGT below its bound (5.5)-(5.7) relative to sum |q| and
+decreasing with p (about 1e-8 at p = 10); Barnes-Hut equal to exact at
+theta = 0, error growing with theta.
+"""
+import numpy as np
+import pytest
+
+import gpuembed as ge
+from gpuembed.backend import get_backend
+from gpuembed.nbody import (bh_sums, check_accuracy, engine_sums, error_bound, exact_sums,
+                            fgt_sums, resolve_method)
+from gpuembed.nbody.fgt import order_for_tolerance
+from gpuembed.objectives import make_objective
+from gpuembed.optim import accuracy_schedule, minimize
+
+CPU = get_backend("cpu")
+KERNEL_FUNCTIONS = {"gaussian": lambda t: np.exp(-t), "student": lambda t: 1 / (1 + t),
+                    "student2": lambda t: 1 / (1 + t) ** 2}
+
+
+def brute(X, kernel, Y=None, w=None):
+    targets = X if Y is None else Y
+    D = ((targets[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    K = KERNEL_FUNCTIONS[kernel](D)
+    if Y is None:
+        np.fill_diagonal(K, 0.0)
+    if w is not None:
+        K = K * w[None, :]
+    return K.sum(1), K @ X
+
+
+def rel(a, b):
+    return np.abs(a - b).max() / np.abs(b).max()
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 5])
+@pytest.mark.parametrize("spread", [0.3, 3.0, 30.0])
+def test_exact_engine_matches_brute_force(d, spread, rng):
+    X = rng.normal(size=(300, d)) * spread
+    w = rng.uniform(0.5, 2.0, 300)
+    kernels = ("gaussian", "student", "student2")
+    for (S, SX), kernel in zip(exact_sums(CPU, X, kernels, weights=w), kernels):
+        S0, SX0 = brute(X, kernel, w=w)
+        assert rel(S, S0) < 1e-11 and rel(SX, SX0) < 1e-11
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("spread", [0.5, 3.0, 20.0])
+def test_fgt_error_below_bound_and_decreasing_with_p(d, spread, rng):
+    n = 800
+    X = rng.normal(size=(n, d)) * spread
+    S0, SX0 = brute(X, "gaussian")
+    charge_total = [n] + list(np.abs(X).sum(0))
+    errors = []
+    for p in (2, 4, 6, 8, 10):
+        (S, SX), = fgt_sums(CPU, X, ("gaussian",), p=p)
+        err = max(np.abs(S - S0).max() / charge_total[0],
+                  max(np.abs(SX[:, i] - SX0[:, i]).max() / charge_total[i + 1] for i in range(d)))
+        assert err <= error_bound(p, d), (p, err)
+        errors.append(err)
+    assert errors[-1] < 1e-7
+    assert errors[-1] < errors[1] / 100
+    assert all(b <= a * 1.01 for a, b in zip(errors, errors[1:]))
+
+
+def test_fgt_order_from_tolerance():
+    for d in (1, 2, 3):
+        p = order_for_tolerance(1e-6, d)
+        assert error_bound(p, d) <= 1e-6 < error_bound(p - 1, d)
+    with pytest.raises(ValueError, match="tol"):
+        order_for_tolerance(1e-30, 2)
+    S, _ = ge.nbody.kernel_sums(np.random.default_rng(0).normal(size=(200, 2)), "gaussian",
+                                "fgt", tol=1e-8, backend="cpu")
+    S0, _ = brute(np.random.default_rng(0).normal(size=(200, 2)), "gaussian")
+    assert np.abs(S - S0).max() / 200 < 1e-8
+
+
+def test_fgt_boxes_are_sparse_over_a_huge_extent(rng):
+    # Two clusters 1e6 kernel widths apart in 3-D: a dense grid would need ~1e18 boxes.
+    X = np.concatenate([rng.normal(size=(200, 3)), rng.normal(size=(200, 3)) + 1e6])
+    (S, SX), = fgt_sums(CPU, X, ("gaussian",), p=10)
+    S0, SX0 = brute(X, "gaussian")
+    assert np.abs(S - S0).max() / len(X) < 1e-7
+    assert np.abs(SX - SX0).max() / np.abs(X).sum(0).max() < 1e-7
+
+
+def test_fgt_case_mix_dense_and_sparse_regions(rng):
+    # A dense core (Hermite / Taylor / Hermite->Taylor boxes) inside a sparse halo
+    # (direct boxes) exercises all four cases together.
+    X = np.concatenate([rng.normal(size=(1500, 2)) * 0.8, rng.uniform(-15, 15, (500, 2))])
+    (S, SX), = fgt_sums(CPU, X, ("gaussian",), p=10)
+    S0, SX0 = brute(X, "gaussian")
+    assert np.abs(S - S0).max() / len(X) < 1e-7
+    assert rel(S, S0) < 1e-6 and rel(SX, SX0) < 1e-6
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_barnes_hut_theta_zero_is_exact_and_error_grows_with_theta(d, rng):
+    X = rng.normal(size=(600, d)) * 4.0
+    w = rng.uniform(0.5, 2.0, 600)
+    kernels = ("gaussian", "student", "student2")
+    reference = [brute(X, k, w=w) for k in kernels]
+    for (S, SX), (S0, SX0) in zip(bh_sums(CPU, X, kernels, weights=w, theta=0.0), reference):
+        assert rel(S, S0) < 1e-11 and rel(SX, SX0) < 1e-11
+    errors = []
+    for theta in (0.2, 0.6, 1.5):
+        (S, _), = bh_sums(CPU, X, ("student",), weights=w, theta=theta)
+        errors.append(rel(S, reference[1][0]))
+    assert 0 < errors[0] < errors[1] < errors[2]
+    assert errors[0] < 5e-3
+
+
+def test_barnes_hut_with_duplicate_points(rng):
+    # Exact duplicates end in deepest-level leaves, summed exactly (self excluded).
+    X = np.repeat(rng.normal(size=(50, 2)), 3, axis=0)
+    for theta in (0.0, 0.5):
+        (S, SX), = bh_sums(CPU, X, ("student",), theta=theta)
+        S0, SX0 = brute(X, "student")
+        assert rel(S, S0) < (1e-11 if theta == 0 else 2e-2)
+
+
+@pytest.mark.parametrize("method,accuracy,tol", [("exact", {}, 1e-11), ("fgt", {"p": 10}, 1e-6),
+                                                 ("bh", {"theta": 0.0}, 1e-11)])
+def test_separate_targets(method, accuracy, tol, rng):
+    # Out-of-sample sums: M new targets against N sources, no self pair.
+    X = rng.normal(size=(400, 2)) * 3
+    Y = rng.normal(size=(150, 2)) * 3
+    (S, SX), = engine_sums(CPU, method, X, ("gaussian",), Y=Y, accuracy=accuracy)
+    S0, SX0 = brute(X, "gaussian", Y=Y)
+    assert rel(S, S0) < tol and rel(SX, SX0) < tol
+
+
+def test_engine_choice_and_bad_input():
+    assert resolve_method("auto", 1000, 2, "gaussian", CPU) == "exact"
+    assert resolve_method("auto", 10**6, 2, "gaussian", CPU) == "fgt"
+    assert resolve_method("auto", 10**6, 2, "student", CPU) == "bh"
+    assert resolve_method("auto", 10**6, 5, "gaussian", CPU) == "exact"
+    with pytest.raises(ValueError, match="n_components"):
+        resolve_method("fgt", 1000, 4, "gaussian", CPU)
+    with pytest.raises(ValueError, match="Gaussian"):
+        resolve_method("fgt", 1000, 2, "student", CPU)
+    with pytest.raises(ValueError, match="nbody"):
+        resolve_method("fmm", 1000, 2, "gaussian", CPU)
+    with pytest.raises(ValueError, match="p must be"):
+        check_accuracy("fgt", {"p": 0})
+    with pytest.raises(ValueError, match="theta"):
+        check_accuracy("bh", {"theta": -1.0})
+    with pytest.raises(TypeError, match="theta"):
+        check_accuracy("fgt", {"theta": 0.5})
+    X = np.random.default_rng(0).normal(size=(50, 2))
+    with pytest.raises(ValueError, match="kernel"):
+        ge.nbody.kernel_sums(X, "cauchy", backend="cpu")
+    with pytest.raises(ValueError, match="NaN"):
+        ge.nbody.kernel_sums(np.full((5, 2), np.nan), "gaussian", backend="cpu")
+    with pytest.raises(ValueError, match="shift"):
+        engine_sums(CPU, "fgt", X, ("gaussian",), target_shift=np.zeros(50))
+
+
+def test_accuracy_schedules_ramp_log_spaced():
+    fgt = accuracy_schedule("fgt", 100)
+    assert [fgt(i)["p"] for i in (0, 99, 500)] == [1, 10, 10]
+    ps = [fgt(i)["p"] for i in range(100)]
+    assert ps == sorted(ps) and ps[50] == round(10 ** 0.5050505)
+    bh = accuracy_schedule("bh", 100)
+    assert bh(0)["theta"] == pytest.approx(2.0) and bh(99)["theta"] == pytest.approx(0.1)
+    assert bh(50)["theta"] == pytest.approx(2.0 * (0.05 ** (50 / 99)))
+    assert accuracy_schedule("exact") is None
+    with pytest.raises(ValueError, match="accuracy_schedule"):
+        accuracy_schedule("fgt", 0)
+
+
+def _ee_final(P, X0, nbody, schedule=None, accuracy=None):
+    """Exact EE objective after 100 fixed-step GD iterations with engine ``nbody``."""
+    objective = make_objective("ee", P, CPU, np.float64, nbody=nbody)
+    objective.accuracy = accuracy or {}
+    result = minimize(objective, X0, "gd", max_iter=100, tol=0.0, step_size=0.5,
+                      schedule=schedule)
+    return make_objective("ee", P, CPU, np.float64).value(result.X)
+
+
+def test_ee_with_fgt_follows_the_exact_path():
+    # Dissertation fig. 5.7: fixed-step GD on EE with approximate gradients
+    # follows the exact run: objective (evaluated exactly) within 1% after 100
+    # iterations with the FGT at fixed p and with the p = 1 -> 10 ramp (measured:
+    # 0.0004% and 0.3%); Barnes-Hut at theta = 0.5 within 3% (measured 1.7%).
+    X, _ = ge.datasets.swiss_roll(2000, random_state=0)
+    P = ge.entropic_affinities(X, 20, backend="cpu").P
+    X0 = ge.embedding.initial_layout("pca", X, 2, CPU, np.float64, 1.0, 0)
+    exact = _ee_final(P, X0, "exact")
+    assert exact < 0.5 * make_objective("ee", P, CPU, np.float64).value(X0)   # it optimized
+    assert abs(_ee_final(P, X0, "fgt") - exact) <= 1e-4 * exact
+    assert abs(_ee_final(P, X0, "fgt", accuracy_schedule("fgt", 50)) - exact) <= 0.01 * exact
+    assert abs(_ee_final(P, X0, "bh", accuracy={"theta": 0.5}) - exact) <= 0.03 * exact
+
+
+def test_estimators_run_with_every_engine():
+    X, labels = ge.datasets.gaussian_clusters(600, 3, 5, random_state=0)
+    reference = ge.EE(nbody="exact", max_iter=60, random_state=0, backend="cpu").fit(X)
+    for nbody in ("fgt", "bh"):
+        est = ge.EE(nbody=nbody, max_iter=60, random_state=0, backend="cpu").fit(X)
+        assert abs(est.objective_ - reference.objective_) < 0.01 * abs(reference.objective_)
+        assert ge.metrics.knn_accuracy(est.embedding_, labels) > 0.95
+        new = est.transform(X[:20])
+        assert np.abs(new - est.embedding_[:20]).max() < 0.1 * np.ptp(est.embedding_)
+    est = ge.TSNE(nbody="bh", max_iter=60, random_state=0, backend="cpu",
+                  accuracy_schedule=30).fit(X)
+    assert ge.metrics.knn_accuracy(est.embedding_, labels) > 0.95
+    with pytest.raises(ValueError, match="Gaussian"):
+        ge.TSNE(nbody="fgt", backend="cpu").fit(X)
+    with pytest.raises(ValueError, match="n_components"):
+        ge.EE(n_components=4, nbody="bh", backend="cpu").fit(X)
+    with pytest.raises(TypeError, match="accuracy"):
+        ge.EE(nbody="fgt", accuracy={"theta": 1.0}, backend="cpu").fit(X)
+
+
+def test_out_of_sample_with_fgt_matches_exact():
+    X, _ = ge.datasets.swiss_roll(1200, random_state=1)
+    est = ge.EE(nbody="exact", max_iter=100, random_state=0, backend="cpu",
+                transform_max_iter=50).fit(X[:1000])
+    exact_map = est.transform(X[1000:])
+    objective = est._fitted[3]
+    objective.nbody, objective.accuracy = "fgt", {"p": 10}
+    fgt_map = est.transform(X[1000:])
+    assert np.abs(fgt_map - exact_map).max() < 1e-4 * np.ptp(est.embedding_)   # measured 3e-6
+
+
+# -- GPU kernels against the CPU references --------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [1, 2, 3, 5])
+@pytest.mark.parametrize("kernels", [("gaussian",), ("student",), ("student2",),
+                                     ("student", "student2")])
+def test_exact_gpu_kernel_matches_numpy(d, kernels, rng):
+    # float32 GPU (tile sums in float32, totals in float64) vs float64 CPU: 1e-5 relative.
+    gpu = get_backend("gpu")
+    X = rng.normal(size=(3001, d)) * 3
+    Y = rng.normal(size=(517, d)) * 3
+    w = rng.uniform(0.5, 2.0, 3001)
+    for targets in (None, Y):
+        ref = exact_sums(CPU, X, kernels, Y=targets, weights=w)
+        out = exact_sums(gpu, gpu.asarray(X, np.float32), kernels,
+                         Y=None if targets is None else gpu.asarray(targets, np.float32),
+                         weights=gpu.asarray(w, np.float32))
+        for (S, SX), (S0, SX0) in zip(out, ref):
+            assert rel(gpu.to_host(S), S0) < 1e-5 and rel(gpu.to_host(SX), SX0) < 1e-5
+        out64 = exact_sums(gpu, gpu.asarray(X), kernels, Y=None if targets is None else
+                           gpu.asarray(targets), weights=gpu.asarray(w))
+        for (S, SX), (S0, SX0) in zip(out64, ref):
+            assert rel(gpu.to_host(S), S0) < 1e-12 and rel(gpu.to_host(SX), SX0) < 1e-12
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method,accuracy", [("fgt", {"p": 8}), ("bh", {"theta": 0.5})])
+def test_fast_engines_gpu_match_cpu(method, accuracy, rng):
+    gpu = get_backend("gpu")
+    X = rng.normal(size=(2000, 2)) * 5
+    (S0, SX0), = engine_sums(CPU, method, X, ("gaussian",), accuracy=accuracy)
+    (S, SX), = engine_sums(gpu, method, gpu.asarray(X), ("gaussian",), accuracy=accuracy)
+    assert rel(gpu.to_host(S), S0) < 1e-10 and rel(gpu.to_host(SX), SX0) < 1e-10
