@@ -72,6 +72,7 @@ class Objective:
     name = None
     kernel = None           # repulsive kernel of the N-body sums
     divergence = False      # KL-type objectives carry the constant sum p log p
+    curvature_shift = 0.0   # c in the directions' B + c I (objectives/penalty.py)
 
     def __init__(self, P, backend, dtype, nbody="exact", accuracy=None):
         self.be = backend

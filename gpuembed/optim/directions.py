@@ -90,12 +90,14 @@ class GradientDescent(Direction):
 
 
 class FixedPoint(Direction):
-    """FP: B = 4 D+ (the degree of the attractive weights), diagonal."""
+    """FP: B = 4 D+ (the degree of the attractive weights) + c I, diagonal; c is
+    the objective's ``curvature_shift`` (mu of a MAC penalty (mu/2)|Z - T|^2)."""
 
     def __init__(self, objective, X):
         super().__init__(objective, X)
         W = objective.attractive_weights()
-        self.diag = 4.0 * self.be.xp.asarray(W.sum(axis=1)).ravel()
+        self.diag = (4.0 * self.be.xp.asarray(W.sum(axis=1)).ravel()
+                     + objective.curvature_shift)
 
     def __call__(self, X, G):
         return -G / self.diag[:, None]
@@ -112,8 +114,10 @@ class DiagonalHessian(FixedPoint):
 
 
 class Spectral(Direction):
-    """SD: B = 4 L+ + mu I, L+ the attractive Laplacian (at X = 0 for t-SNE),
-    sparsified to each point's kappa largest affinities; mu = 1e-10 min diag(4 L+).
+    """SD: B = 4 L+ + (c + mu) I, L+ the attractive Laplacian (at X = 0 for t-SNE),
+    sparsified to each point's kappa largest affinities; c the objective's
+    ``curvature_shift`` (MAC's Z step: L + (mu/2) I in the paper's scaling);
+    mu = 1e-10 min diag.
 
     ``solver="cholesky"``: one sparse factorization (SuperLU with a fill-reducing
     COLAMD ordering; SciPy has no sparse Cholesky) cached for all iterations, solves
@@ -134,6 +138,9 @@ class Spectral(Direction):
             kappa = check_int(kappa, "kappa", 1)
         W = sparsify(be, objective.attractive_weights(), kappa)
         L4 = 4.0 * laplacian(be, W)
+        if objective.curvature_shift:
+            L4 = L4 + objective.curvature_shift * be.sparse.identity(L4.shape[0], dtype=L4.dtype,
+                                                                      format="csr")
         self.diag = L4.diagonal()
         # Each connected component of the graph can translate without attractive
         # curvature; those modes get the FP (mean degree) curvature instead of mu.

@@ -1,0 +1,181 @@
+"""Parametric embeddings by the method of auxiliary coordinates (paper 001).
+
+A parametric embedding minimizes P(F) = E(F(Y)) over a family of mappings F.
+MAC introduces auxiliary coordinates Z = F(Y) as a constraint, relaxes it by
+a quadratic penalty and alternates
+
+    Z step: min_Z E(Z) + (mu/2) |Z - F(Y)|^2   the embedding's own optimizer
+            (spectral direction with curvature 4 L+ + mu I, N-body sums as
+            configured), warm-started from the previous Z;
+    F step: min_F |Z - F(Y)|^2                 a plain regression (mappings.py),
+
+while mu grows along a schedule.  The path starts at mu -> 0+: the free
+embedding and its direct fit (history_[0]); as mu -> infinity Z and F(Y) agree
+at a minimizer of P.  Neither step needs the chain-rule gradient of P, so any
+mapping with fit/predict works, differentiable or not.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import time
+
+import numpy as np
+
+from .._checks import check_data, check_float, check_int
+from ..objectives.penalty import Penalized
+from ..optim import Monitor, minimize
+from .mappings import make_mapping
+
+__all__ = ["ParametricEmbedding"]
+
+
+class ParametricEmbedding:
+    """Parametric embedding by MAC.
+
+    Parameters
+    ----------
+    embedding : an EE, SSNE, TSNE or SNE estimator (default ``EE()``); its
+        affinities, objective, optimizer and N-body engine define E and the Z step
+        (the classic "tsne" optimizer has no use for a penalty: its Z steps use "sd").
+    mapping : "linear" | "rbf" | "mlp" | an object with fit(Y, Z) and predict(Y)
+        (``fit`` may take ``warm_start``).
+    mu : increasing positive penalties, or None for the default geometric schedule
+        mu_k = mu_start c 2^k, k < n_mu, with c = the mean attractive curvature
+        4 mean(D+) (the scale of E's Hessian) and mu_start = 0.01, n_mu = 16.
+    max_inner : (Z, F) steps per mu at most; each mu ends when P(F) decreases by
+        less than ``tol`` (relative) between consecutive steps.
+    z_max_iter, z_tol : iterations and relative-decrease tolerance of each Z step.
+    constraint_tol : stop once |Z - F(Y)|^2 <= constraint_tol |F(Y) - mean|^2.
+    mapping_params : keyword arguments of a named mapping.
+
+    Attributes
+    ----------
+    embedding_ : F(Y), (N, L) numpy.   objective_ : P(F) = E(F(Y)).
+    free_embedding_, free_objective_ : the free embedding and its E.
+    mapping_ : the fitted mapping.
+    history_ : list of dicts with "objective" (P(F)), "constraint" (|Z - F(Y)|^2),
+        "mu" and "time" (seconds since fit started), one per F step; the first is
+        the direct fit of the free embedding (mu = 0).
+    """
+
+    def __init__(self, embedding=None, mapping="linear", *, mu=None, mu_start=0.01, n_mu=16,
+                 mu_factor=2.0, max_inner=10, tol=1e-3, z_max_iter=20, z_tol=1e-4,
+                 constraint_tol=1e-8, mapping_params=None, random_state=None, verbose=False):
+        self.embedding = embedding
+        self.mapping = mapping
+        self.mu = mu
+        self.mu_start = mu_start
+        self.n_mu = n_mu
+        self.mu_factor = mu_factor
+        self.max_inner = max_inner
+        self.tol = tol
+        self.z_max_iter = z_max_iter
+        self.z_tol = z_tol
+        self.constraint_tol = constraint_tol
+        self.mapping_params = mapping_params
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def _schedule(self, curvature):
+        if self.mu is not None:
+            mu = np.asarray(self.mu, dtype=np.float64).ravel()
+            if mu.size == 0 or not np.all(np.isfinite(mu)) or np.any(mu <= 0):
+                raise ValueError(f"mu must be positive and finite, got {self.mu!r}")
+            if np.any(np.diff(mu) <= 0):
+                raise ValueError(f"mu must be strictly increasing, got {self.mu!r}")
+            return mu
+        start = check_float(self.mu_start, "mu_start", 0.0, low_open=True)
+        factor = check_float(self.mu_factor, "mu_factor", 1.0, low_open=True)
+        n = check_int(self.n_mu, "n_mu", 1)
+        return start * curvature * factor ** np.arange(n)
+
+    def fit(self, Y):
+        from ..embedding import EE, _Embedding
+
+        embedding = EE() if self.embedding is None else self.embedding
+        if not isinstance(embedding, _Embedding):
+            raise TypeError("embedding must be an EE, SSNE, TSNE or SNE estimator, got "
+                            f"{type(embedding).__name__}")
+        mapping = make_mapping(self.mapping, self.mapping_params, self.random_state)
+        max_inner = check_int(self.max_inner, "max_inner", 1)
+        tol = check_float(self.tol, "tol", 0.0)
+        z_max_iter = check_int(self.z_max_iter, "z_max_iter", 1)
+        z_tol = check_float(self.z_tol, "z_tol", 0.0)
+        constraint_tol = check_float(self.constraint_tol, "constraint_tol", 0.0)
+        start = time.perf_counter()
+
+        embedding = copy.copy(embedding).fit(Y)              # the free embedding (mu -> 0+)
+        be, Y_dev, Z, objective, _ = embedding._fitted
+        Y_dev = Y_dev.astype(Z.dtype)
+        curvature = 4.0 * float(be.xp.asarray(objective.attractive_weights().sum(axis=1)).mean())
+        schedule = self._schedule(curvature)
+        optimizer = "sd" if embedding.optimizer == "tsne" else embedding.optimizer
+        direction_params = {} if embedding.optimizer == "tsne" else embedding._direction_params()
+        warm = "warm_start" in inspect.signature(mapping.fit).parameters
+
+        def f_step(first):
+            if warm:
+                mapping.fit(Y_dev, Z, warm_start=not first)
+            else:
+                mapping.fit(Y_dev, Z)
+            FY = be.asarray(mapping.predict(Y_dev), dtype=Z.dtype)
+            if FY.shape != Z.shape:
+                raise ValueError(f"mapping.predict returned shape {FY.shape}, expected {Z.shape}")
+            return FY
+
+        def record(FY, mu):
+            P = objective.value(FY)
+            D = Z - FY
+            history.append({"objective": P, "constraint": float((D * D).sum()), "mu": float(mu),
+                            "time": time.perf_counter() - start})
+            if self.verbose:
+                h = history[-1]
+                print(f"mu {mu:.3g}  P(F) {P:.8g}  |Z - F(Y)|^2 {h['constraint']:.4g}  "
+                      f"{h['time']:.2f} s", flush=True)
+            return P
+
+        history = []
+        self.free_embedding_ = be.to_host(Z)
+        self.free_objective_ = objective.value(Z)
+        FY = f_step(first=True)                                # the direct fit
+        P = record(FY, 0.0)
+        spread = float(((FY - FY.mean(axis=0)) ** 2).sum())
+        for mu in schedule:
+            for _ in range(max_inner):
+                z_result = minimize(Penalized(objective, FY, mu), Z, optimizer,
+                                    max_iter=z_max_iter, tol=z_tol,
+                                    step_size=embedding.method_params.get("step_size"),
+                                    direction_params=direction_params, monitor=Monitor())
+                Z = z_result.X
+                FY = f_step(first=False)
+                P_new = record(FY, mu)
+                decrease = (P - P_new) / max(abs(P), 1e-300)
+                P = P_new
+                if abs(decrease) < tol:
+                    break
+            if history[-1]["constraint"] <= constraint_tol * spread:
+                break
+
+        self.mapping_ = mapping
+        self.embedding_ = be.to_host(FY)
+        self.objective_ = float(P)
+        self.history_ = history
+        self.n_features_in_ = Y_dev.shape[1]
+        self._backend = be
+        self._dtype = Z.dtype
+        return self
+
+    def fit_transform(self, Y):
+        return self.fit(Y).embedding_
+
+    def transform(self, Y_new):
+        """F(Y_new) as a numpy array."""
+        if not hasattr(self, "mapping_"):
+            raise RuntimeError("call fit before transform")
+        be = self._backend
+        Y_new = check_data(Y_new, be, name="Y_new", dtype=self._dtype, min_samples=1)
+        if Y_new.shape[1] != self.n_features_in_:
+            raise ValueError(f"Y_new has {Y_new.shape[1]} features, the training data "
+                             f"{self.n_features_in_}")
+        return be.to_host(be.asarray(self.mapping_.predict(Y_new)))

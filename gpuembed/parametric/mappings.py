@@ -1,0 +1,224 @@
+"""Mappings F: R^D -> R^L for parametric embeddings, behind one small interface:
+
+    fit(Y, Z, warm_start=False) -> self      least-squares fit of Z (N, L) on Y (N, D)
+    predict(Y) -> (N, L)
+
+Written against the array module of their input (NumPy or CuPy), so they run
+where the data is.  MAC calls ``fit`` once per F step with the same Y and
+``warm_start=True``: each mapping keeps what does not depend on Z (the linear
+map's Gram pseudo-inverse, the RBF design matrix and its regularized inverse,
+the MLP's weights) so an F step is cheap.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._checks import check_float, check_int
+from ..nbody.exact import squared_distances
+
+
+def array_module(a):
+    """numpy or cupy, whichever ``a`` belongs to."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _with_bias(xp, Y):
+    return xp.concatenate([Y, xp.ones((Y.shape[0], 1), dtype=Y.dtype)], axis=1)
+
+
+class _CachedDesign:
+    """Remembers the design of the last Y it saw (by identity), so warm-started
+    fits on the same inputs reuse it."""
+
+    _key = None
+
+    def _design(self, Y, warm_start, build):
+        key = (id(Y), Y.shape)
+        if not (warm_start and key == self._key):
+            self._cache = build(Y)
+            self._key = key
+        return self._cache
+
+
+class LinearMapping(_CachedDesign):
+    """F(y) = A y + b by least squares, A = Z Y+ through the cached pseudo-inverse
+    of the (D + 1) x (D + 1) Gram matrix of [Y, 1]."""
+
+    def fit(self, Y, Z, warm_start=False):
+        xp = array_module(Y)
+        Yb = _with_bias(xp, Y)
+        gram_pinv = self._design(Y, warm_start, lambda Y: xp.linalg.pinv(Yb.T @ Yb))
+        self.coef_ = gram_pinv @ (Yb.T @ Z)            # (D + 1, L): [A^T; b]
+        return self
+
+    def predict(self, Y):
+        xp = array_module(Y)
+        return _with_bias(xp, Y) @ self.coef_
+
+
+class RBFMapping(_CachedDesign):
+    """F(y) = W^T [phi(y); 1] with Gaussian features phi_j = exp(-|y - c_j|^2 / (2 sigma^2)).
+
+    Centres by k-means (on at most ``max_kmeans_points`` points), sigma by default
+    the root mean squared distance of the points to their nearest centre times
+    ``width``; W by ridge regression (ridge ``ridge`` x N on the features).
+    """
+
+    def __init__(self, n_centers=200, sigma=None, width=3.0, ridge=1e-6, max_kmeans_points=20000,
+                 random_state=None):
+        self.n_centers = n_centers
+        self.sigma = sigma
+        self.width = width
+        self.ridge = ridge
+        self.max_kmeans_points = max_kmeans_points
+        self.random_state = random_state
+
+    def _features(self, Y):
+        xp = array_module(Y)
+        D = squared_distances(xp, Y, self.centers_.astype(Y.dtype))
+        return _with_bias(xp, xp.exp(D * (-0.5 / self.sigma_**2)))
+
+    def _build(self, Y):
+        from ..spectral.kmeans import kmeans
+
+        xp = array_module(Y)
+        n = Y.shape[0]
+        k = check_int(self.n_centers, "n_centers", 1, n)
+        check_float(self.ridge, "ridge", 0.0)
+        rng = np.random.default_rng(self.random_state)
+        host = Y.get() if xp is not np else Y
+        sample = host[rng.choice(n, min(n, self.max_kmeans_points), replace=False)]
+        _, centers, inertia = kmeans(sample, k, n_init=1, random_state=self.random_state)
+        self.centers_ = xp.asarray(centers)
+        self.sigma_ = (float(self.sigma) if self.sigma is not None
+                       else self.width * max(np.sqrt(inertia / len(sample)), 1e-12))
+        Phi = self._features(Y)
+        A = Phi.T @ Phi
+        A[xp.arange(k), xp.arange(k)] += self.ridge * n        # the bias is not penalized
+        return Phi, xp.linalg.inv(A)
+
+    def fit(self, Y, Z, warm_start=False):
+        Phi, inverse = self._design(Y, warm_start, self._build)
+        self.coef_ = inverse @ (Phi.T @ Z)
+        return self
+
+    def predict(self, Y):
+        return self._features(Y) @ self.coef_
+
+
+class MLPMapping:
+    """A fully connected net y -> tanh layers -> linear output, trained by minibatch
+    Adam on the mean squared error, in the input's array module (no deep-learning
+    framework).  Inputs and targets are standardized with the statistics of the
+    first fit.  ``warm_start`` continues from the current weights for ``epochs``
+    epochs; a cold fit initializes (Glorot) and trains ``initial_epochs``.
+    """
+
+    def __init__(self, hidden=(100,), epochs=5, initial_epochs=50, batch_size=100,
+                 learning_rate=1e-3, weight_decay=0.0, random_state=None):
+        self.hidden = tuple(hidden)
+        self.epochs = epochs
+        self.initial_epochs = initial_epochs
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.weight_decay = weight_decay
+        self.random_state = random_state
+
+    def _init(self, xp, Y, Z):
+        rng = np.random.default_rng(self.random_state)
+        self._rng = rng
+        self.y_mean_, self.y_std_ = Y.mean(axis=0), Y.std(axis=0) + 1e-12
+        self.z_mean_, self.z_std_ = Z.mean(axis=0), Z.std(axis=0) + 1e-12
+        sizes = (Y.shape[1],) + self.hidden + (Z.shape[1],)
+        self.weights_ = []
+        for a, b in zip(sizes[:-1], sizes[1:]):
+            scale = np.sqrt(6.0 / (a + b))
+            self.weights_.append([xp.asarray(rng.uniform(-scale, scale, (a, b)), dtype=Y.dtype),
+                                  xp.zeros(b, dtype=Y.dtype)])
+
+    def _forward(self, xp, U):
+        activations = [U]
+        for i, (W, b) in enumerate(self.weights_):
+            U = U @ W + b
+            if i < len(self.weights_) - 1:
+                U = xp.tanh(U)
+            activations.append(U)
+        return activations
+
+    def fit(self, Y, Z, warm_start=False):
+        xp = array_module(Y)
+        epochs = self.epochs
+        if not (warm_start and hasattr(self, "weights_")):
+            self._init(xp, Y, Z)
+            epochs = self.initial_epochs
+        check_int(epochs, "epochs", 0)
+        batch = check_int(self.batch_size, "batch_size", 1)
+        lr = check_float(self.learning_rate, "learning_rate", 0.0, low_open=True)
+        U = (Y - self.y_mean_) / self.y_std_
+        T = (Z - self.z_mean_) / self.z_std_
+        n = Y.shape[0]
+        # Adam state restarts with each fit: the targets Z move between F steps.
+        moments = [[(xp.zeros_like(p), xp.zeros_like(p)) for p in layer] for layer in self.weights_]
+        beta1, beta2, step = 0.9, 0.999, 0
+        for _ in range(epochs):
+            order = xp.asarray(self._rng.permutation(n))
+            for start in range(0, n, batch):
+                idx = order[start:start + batch]
+                grads = self._gradients(xp, U[idx], T[idx])
+                step += 1
+                for layer, layer_grads, layer_moments in zip(self.weights_, grads, moments):
+                    for j, (p, g) in enumerate(zip(layer, layer_grads)):
+                        m, v = layer_moments[j]
+                        if self.weight_decay:
+                            g = g + self.weight_decay * p
+                        m *= beta1
+                        m += (1 - beta1) * g
+                        v *= beta2
+                        v += (1 - beta2) * g * g
+                        m_hat = m / (1 - beta1**step)
+                        v_hat = v / (1 - beta2**step)
+                        p -= lr * m_hat / (xp.sqrt(v_hat) + 1e-8)
+        return self
+
+    def _gradients(self, xp, U, T):
+        """Backpropagation of the mean squared error over one minibatch."""
+        acts = self._forward(xp, U)
+        delta = (acts[-1] - T) * (2.0 / T.size)
+        grads = []
+        for i in range(len(self.weights_) - 1, -1, -1):
+            W, _ = self.weights_[i]
+            grads.append((acts[i].T @ delta, delta.sum(axis=0)))
+            if i:
+                delta = (delta @ W.T) * (1.0 - acts[i] * acts[i])    # tanh' = 1 - tanh^2
+        return grads[::-1]
+
+    def predict(self, Y):
+        xp = array_module(Y)
+        out = self._forward(xp, (Y - self.y_mean_) / self.y_std_)[-1]
+        return out * self.z_std_ + self.z_mean_
+
+
+MAPPINGS = {"linear": LinearMapping, "rbf": RBFMapping, "mlp": MLPMapping}
+
+
+def make_mapping(mapping, params=None, random_state=None):
+    """A mapping object from a name in MAPPINGS (with ``params``) or a user object
+    with fit(Y, Z) and predict(Y)."""
+    if isinstance(mapping, str):
+        if mapping not in MAPPINGS:
+            raise ValueError(f"mapping must be one of {tuple(MAPPINGS)} or an object with "
+                             f"fit and predict, got {mapping!r}")
+        params = dict(params or {})
+        if mapping != "linear":
+            params.setdefault("random_state", random_state)
+        return MAPPINGS[mapping](**params)
+    if not (callable(getattr(mapping, "fit", None)) and callable(getattr(mapping, "predict", None))):
+        raise TypeError("mapping must be 'linear', 'rbf', 'mlp' or an object with fit(Y, Z) "
+                        f"and predict(Y) methods, got {type(mapping).__name__}")
+    if params:
+        raise TypeError("mapping_params apply to the named mappings only")
+    return mapping

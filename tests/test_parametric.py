@@ -1,0 +1,175 @@
+"""Parametric embeddings: mappings, the chain-rule baseline and MAC (paper 001)."""
+import numpy as np
+import pytest
+
+import gpuembed as ge
+from gpuembed.backend import get_backend
+from gpuembed.objectives import make_objective
+from gpuembed.parametric import (LinearMapping, MLPMapping, RBFMapping, linear_chain_rule,
+                                 make_mapping)
+from gpuembed.parametric.chainrule import _LinearParametric
+
+CPU = get_backend("cpu")
+
+
+@pytest.fixture(scope="module")
+def coil15():
+    """rotating_objects after PCA to 15 dimensions (paper 001, fig. 1)."""
+    X, labels = ge.datasets.rotating_objects()
+    Xc = X - X.mean(0)
+    U, s, _ = np.linalg.svd(Xc, full_matrices=False)
+    return U[:, :15] * s[:15], labels
+
+
+@pytest.fixture(scope="module")
+def coil_mac(coil15):
+    Y, _ = coil15
+    return ge.ParametricEmbedding(ge.EE(backend="cpu", random_state=0), "linear").fit(Y)
+
+
+def test_linear_mapping_recovers_an_affine_map(rng):
+    Y = rng.normal(size=(200, 6))
+    A, b = rng.normal(size=(6, 2)), rng.normal(size=2)
+    m = LinearMapping().fit(Y, Y @ A + b)
+    assert np.allclose(m.coef_[:6], A, atol=1e-10) and np.allclose(m.coef_[6], b, atol=1e-10)
+    # A warm start on the same Y reuses the cached Gram pseudo-inverse.
+    cached = m._cache
+    m.fit(Y, Y @ (2 * A), warm_start=True)
+    assert m._cache is cached and np.allclose(m.predict(Y), Y @ (2 * A), atol=1e-9)
+
+
+def _smooth_targets(Y):
+    return np.c_[np.sin(Y[:, 0]) + np.cos(Y[:, 1]), Y[:, 0] * Y[:, 1] / 4]
+
+
+def test_rbf_mapping_fits_a_smooth_function(rng):
+    Y = rng.uniform(-3, 3, size=(1500, 2))
+    Z = _smooth_targets(Y)
+    m = RBFMapping(n_centers=150, random_state=0).fit(Y, Z)
+    Y_test = rng.uniform(-2.5, 2.5, size=(300, 2))
+    err = np.sqrt(((m.predict(Y_test) - _smooth_targets(Y_test)) ** 2).mean())
+    assert err < 0.02 * Z.std()
+
+
+def test_mlp_mapping_learns_and_warm_starts(rng):
+    Y = rng.uniform(-3, 3, size=(2000, 2))
+    Z = _smooth_targets(Y)
+    m = MLPMapping(hidden=(32, 32), initial_epochs=100, epochs=20, random_state=0).fit(Y, Z)
+    mse = ((m.predict(Y) - Z) ** 2).mean()
+    assert mse < 0.01 * Z.var()                       # measured 0.002
+    m.fit(Y, Z, warm_start=True)                      # continues from the current weights
+    assert ((m.predict(Y) - Z) ** 2).mean() < mse
+
+
+def test_mlp_backpropagation_matches_finite_differences(rng):
+    Y, Z = rng.normal(size=(40, 3)), rng.normal(size=(40, 2))
+    m = MLPMapping(hidden=(8, 5), initial_epochs=0, random_state=0).fit(Y, Z)
+    U, T = (Y - m.y_mean_) / m.y_std_, (Z - m.z_mean_) / m.z_std_
+    grads = m._gradients(np, U, T)
+
+    def loss():
+        return ((m._forward(np, U)[-1] - T) ** 2).mean()
+    h = 1e-6
+    for layer, layer_grads in zip(m.weights_, grads):
+        for p, g in zip(layer, layer_grads):
+            V = rng.normal(size=p.shape)
+            p += h * V
+            up = loss()
+            p -= 2 * h * V
+            down = loss()
+            p += h * V
+            assert (g * V).sum() == pytest.approx((up - down) / (2 * h), rel=1e-6)
+
+
+def test_chain_rule_gradient_matches_finite_differences(rng):
+    X, _ = ge.datasets.gaussian_clusters(120, 3, 6, random_state=0)
+    P = ge.entropic_affinities(X, 10, backend="cpu").P
+    for name in ("ee", "tsne"):
+        problem = _LinearParametric(make_objective(name, P, CPU, np.float64), X)
+        coef = rng.normal(size=(7, 2)) * 0.3
+        _, G = problem.value_and_grad(coef)
+        V = rng.normal(size=coef.shape)
+        h = 1e-6
+        fd = (problem.value_and_grad(coef + h * V)[0] - problem.value_and_grad(coef - h * V)[0])
+        assert (G * V).sum() == pytest.approx(fd / (2 * h), rel=1e-6)
+
+
+def test_mac_improves_on_the_direct_fit_and_meets_the_constraint(coil15, coil_mac):
+    Y, _ = coil15
+    pe, history = coil_mac, coil_mac.history_
+    assert set(history[0]) >= {"objective", "constraint", "mu", "time"}
+    assert history[0]["mu"] == 0.0                               # the direct fit
+    direct = history[0]["objective"]
+    assert pe.objective_ < direct - 0.05 * abs(direct)           # measured 19.39 -> 17.58
+    assert pe.objective_ >= pe.free_objective_                   # theorem 2.1
+    assert history[-1]["constraint"] < 1e-4 * history[0]["constraint"]   # Z -> F(Y)
+    mus = [h["mu"] for h in history]
+    assert mus == sorted(mus)
+    assert np.allclose(pe.transform(Y), pe.embedding_)           # transform(Y) = F(Y)
+    E = make_objective("ee", ge.entropic_affinities(Y, 30, backend="cpu").P, CPU, np.float64)
+    assert pe.objective_ == pytest.approx(E.value(pe.embedding_), rel=1e-8)
+
+
+def test_mac_gives_back_a_free_embedding_the_mapping_can_represent(rng):
+    # Theorem 2.2: with more inputs than points a linear map reproduces any free
+    # embedding, so the direct fit is already optimal and MAC keeps it.
+    Y = rng.normal(size=(60, 80))
+    free = ge.EE(perplexity=10, tol=1e-13, max_iter=5000, backend="cpu", random_state=0)
+    pe = ge.ParametricEmbedding(free, "linear").fit(Y)
+    assert pe.history_[0]["constraint"] < 1e-16 * (pe.free_embedding_ ** 2).sum()
+    assert pe.history_[0]["objective"] == pytest.approx(pe.free_objective_, rel=1e-10)
+    assert pe.objective_ == pytest.approx(pe.free_objective_, rel=1e-6)
+
+
+def test_mac_with_tsne_mlp_and_a_non_differentiable_user_mapping():
+    X, labels = ge.datasets.gaussian_clusters(400, 4, 10, random_state=0)
+    pe = ge.ParametricEmbedding(ge.TSNE(backend="cpu", random_state=0, max_iter=200), "mlp",
+                                mapping_params={"hidden": (32,), "initial_epochs": 30},
+                                n_mu=4, random_state=0).fit(X)
+    assert pe.objective_ <= pe.history_[0]["objective"]
+    assert ge.metrics.knn_accuracy(pe.embedding_, labels) > 0.95
+    tree = pytest.importorskip("sklearn.tree")
+    pe = ge.ParametricEmbedding(ge.EE(backend="cpu", random_state=0),
+                                tree.DecisionTreeRegressor(max_depth=6, random_state=0),
+                                n_mu=4).fit(X)
+    assert pe.objective_ <= pe.history_[0]["objective"]
+    assert pe.transform(X[:5]).shape == (5, 2)
+
+
+def test_linear_chain_rule_decreases_p(coil15, coil_mac):
+    Y, _ = coil15
+    est = ge.EE(backend="cpu", random_state=0).fit(Y)
+    be, Y_dev, Z, objective, _ = est._fitted
+    direct = LinearMapping().fit(Y_dev, Z)
+    mapping, result = linear_chain_rule(objective, Y_dev, direct.coef_, max_iter=50)
+    assert result.objective < coil_mac.history_[0]["objective"]
+    assert result.objective == pytest.approx(objective.value(mapping.predict(Y_dev)))
+
+
+def test_bad_input():
+    X, _ = ge.datasets.gaussian_clusters(100, 2, 4, random_state=0)
+    with pytest.raises(ValueError, match="increasing"):
+        ge.ParametricEmbedding(ge.EE(backend="cpu"), mu=[1.0, 0.5]).fit(X)
+    with pytest.raises(ValueError, match="positive"):
+        ge.ParametricEmbedding(ge.EE(backend="cpu"), mu=[0.0, 1.0]).fit(X)
+    with pytest.raises(TypeError, match="fit"):
+        ge.ParametricEmbedding(ge.EE(backend="cpu"), mapping=object()).fit(X)
+    with pytest.raises(ValueError, match="mapping"):
+        make_mapping("tree")
+    with pytest.raises(TypeError, match="embedding"):
+        ge.ParametricEmbedding(embedding="ee").fit(X)
+    pe = ge.ParametricEmbedding(ge.EE(backend="cpu", max_iter=20), n_mu=2).fit(X)
+    with pytest.raises(ValueError, match="features"):
+        pe.transform(X[:, :3])
+    with pytest.raises(ValueError, match="NaN"):
+        pe.transform(np.full((2, 4), np.nan))
+    with pytest.raises(RuntimeError, match="fit"):
+        ge.ParametricEmbedding().transform(X)
+
+
+@pytest.mark.gpu
+def test_mac_gpu_matches_cpu():
+    X, _ = ge.datasets.gaussian_clusters(300, 3, 5, random_state=0)
+    runs = [ge.ParametricEmbedding(ge.EE(backend=b, dtype=np.float64, random_state=0),
+                                   "linear", n_mu=4).fit(X) for b in ("cpu", "gpu")]
+    assert runs[1].objective_ == pytest.approx(runs[0].objective_, rel=1e-3)
