@@ -36,7 +36,7 @@ def _embed_spectral(X, n_components, backend, args):
 def _estimator(cls):
     def embed(X, n_components, backend, args):
         model = cls(n_components, _perplexity(args, X.shape[0]), optimizer=args.optimizer,
-                    tol=args.tol, backend=backend, verbose=args.verbose)
+                    nbody=args.nbody, tol=args.tol, backend=backend, verbose=args.verbose)
         return model.fit_transform(X)
     return embed
 
@@ -163,6 +163,8 @@ def _method_options(parser):
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sd")
     parser.add_argument("--tol", type=float, default=1e-4,
                         help="stop when the relative objective decrease is below this")
+    parser.add_argument("--nbody", choices=("auto", "exact", "fgt", "bh"), default="auto",
+                        help="N-body engine of the repulsive sums (fgt: Gaussian kernels only)")
     parser.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--auc", action="store_true",

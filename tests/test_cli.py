@@ -40,6 +40,12 @@ def test_embed_file(tmp_path):
         assert out.returncode == 0, out.stderr
         assert np.load(tmp_path / "y_out.npy").shape == (120, 2)
         assert "10-NN accuracy" in out.stdout
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
+                  "--backend", "cpu", "--method", "ee", "--nbody", "fgt", "--perplexity", "10")
+    assert out.returncode == 0, out.stderr
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
+                  "--backend", "cpu", "--method", "tsne", "--nbody", "fgt")
+    assert out.returncode == 1 and "Gaussian" in out.stderr and "Traceback" not in out.stderr
 
 
 @pytest.mark.parametrize("args", [[], ["nonsense"], ["demo", "--dataset", "nope"],

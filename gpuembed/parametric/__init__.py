@@ -1,8 +1,8 @@
 """Parametric embeddings: MAC (mac.py), mappings (mappings.py) and the chain-rule
-baseline for linear mappings (chainrule.py)."""
-from .chainrule import linear_chain_rule
+baseline (chainrule.py)."""
+from .chainrule import chain_rule
 from .mac import ParametricEmbedding
 from .mappings import MAPPINGS, LinearMapping, MLPMapping, RBFMapping, make_mapping
 
 __all__ = ["ParametricEmbedding", "LinearMapping", "RBFMapping", "MLPMapping", "MAPPINGS",
-           "make_mapping", "linear_chain_rule"]
+           "make_mapping", "chain_rule"]

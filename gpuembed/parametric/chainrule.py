@@ -1,39 +1,52 @@
-"""The conventional baseline: a linear parametric embedding trained directly on
-P(A) = E(F(Y)) with F(y) = A^T [y; 1] by chain-rule gradients (paper 001, eq. 3).
+"""The conventional baseline: a parametric embedding trained directly on
+P(F) = E(F(Y)) by chain-rule gradients (paper 001, section 2 and eq. 3).
 
-With X = [Y, 1] A, dP/dA = [Y, 1]^T G where G = dE/dX is the embedding's own
-gradient: for EE, G_n = 4 sum_m (p_nm - lambda exp(-|x_n - x_m|^2)) (x_n - x_m),
-so eq. (3)'s sum over pairs collapses to O(N^2 L) for G plus O(N D L) for the
-product, never forming the N^2 D L outer products.  Any objective works (EE,
-s-SNE, t-SNE); optimized by gradient descent with backtracking line search
-(or any direction of optim/), exactly like a free embedding.
+dP/dtheta = sum_n (dF(y_n)/dtheta)^T G_n with G = dE/dX at X = F(Y), the
+embedding's own gradient, so the chain rule never forms eq. (3)'s per-pair
+outer products: for a linear F(y) = A^T [y; 1] it is [Y, 1]^T G, O(N^2 L)
+for G (or less with an N-body engine) plus O(N D L).  The mapping supplies
+``parameters()`` (arrays updated in place) and ``backward(Y, G)``; the
+parameters are optimized as one vector by any direction of optim/ (gradient
+descent with backtracking line search by default).
 """
 from __future__ import annotations
 
 from ..optim import Monitor, minimize
-from .mappings import LinearMapping, _with_bias
+from .mappings import array_module
 
 
-class _LinearParametric:
-    """P(A) and its gradient as an objective over the (D + 1, L) coefficients."""
+class _ParametricObjective:
+    """P and dP/dtheta over the flattened parameters of ``mapping``."""
 
-    def __init__(self, objective, Y):
-        self.objective = objective
+    def __init__(self, objective, Y, mapping):
+        self.objective, self.Y, self.mapping = objective, Y, mapping
         self.be = objective.be
-        self.design = _with_bias(objective.be.xp, Y)
+        self.params = mapping.parameters()
 
-    def value_and_grad(self, coef):
-        E, G = self.objective.value_and_grad(self.design @ coef)
-        return E, self.design.T @ G
+    def flat(self):
+        xp = array_module(self.params[0])
+        return xp.concatenate([p.ravel() for p in self.params])
+
+    def assign(self, theta):
+        start = 0
+        for p in self.params:
+            p[...] = theta[start:start + p.size].reshape(p.shape)
+            start += p.size
+
+    def value_and_grad(self, theta):
+        xp = array_module(theta)
+        self.assign(theta)
+        E, G = self.objective.value_and_grad(self.mapping.predict(self.Y))
+        return E, xp.concatenate([g.ravel() for g in self.mapping.backward(self.Y, G)])
 
 
-def linear_chain_rule(objective, Y, coef0, *, direction="gd", max_iter=100, tol=1e-7,
-                      monitor=None):
-    """Minimize P over linear mappings from coefficients ``coef0`` ((D + 1, L),
-    e.g. a direct fit's ``coef_``).  Returns (LinearMapping, optim Result)."""
-    problem = _LinearParametric(objective, Y.astype(coef0.dtype))
-    result = minimize(problem, coef0, direction, max_iter=max_iter, tol=tol,
+def chain_rule(objective, Y, mapping, *, direction="gd", max_iter=100, tol=1e-7,
+               monitor=None):
+    """Minimize P over ``mapping``'s parameters, starting from their current
+    values (e.g. a direct fit).  Returns the optim Result (X: the parameter
+    vector); ``mapping`` holds the final parameters."""
+    problem = _ParametricObjective(objective, Y, mapping)
+    result = minimize(problem, problem.flat(), direction, max_iter=max_iter, tol=tol,
                       monitor=monitor or Monitor())
-    mapping = LinearMapping()
-    mapping.coef_ = result.X
-    return mapping, result
+    problem.assign(result.X)
+    return result

@@ -59,6 +59,13 @@ class LinearMapping(_CachedDesign):
         xp = array_module(Y)
         return _with_bias(xp, Y) @ self.coef_
 
+    def parameters(self):
+        return [self.coef_]
+
+    def backward(self, Y, G):
+        """Gradients of sum_n G_n . F(y_n) wrt parameters(): [Y, 1]^T G."""
+        return [_with_bias(array_module(Y), Y).T @ G]
+
 
 class RBFMapping(_CachedDesign):
     """F(y) = W^T [phi(y); 1] with Gaussian features phi_j = exp(-|y - c_j|^2 / (2 sigma^2)).
@@ -185,9 +192,12 @@ class MLPMapping:
         return self
 
     def _gradients(self, xp, U, T):
-        """Backpropagation of the mean squared error over one minibatch."""
+        """Gradients of the mean squared error over one minibatch."""
         acts = self._forward(xp, U)
-        delta = (acts[-1] - T) * (2.0 / T.size)
+        return self._backprop(xp, acts, (acts[-1] - T) * (2.0 / T.size))
+
+    def _backprop(self, xp, acts, delta):
+        """Parameter gradients [(dW, db) per layer] from the output gradient ``delta``."""
         grads = []
         for i in range(len(self.weights_) - 1, -1, -1):
             W, _ = self.weights_[i]
@@ -200,6 +210,15 @@ class MLPMapping:
         xp = array_module(Y)
         out = self._forward(xp, (Y - self.y_mean_) / self.y_std_)[-1]
         return out * self.z_std_ + self.z_mean_
+
+    def parameters(self):
+        return [p for layer in self.weights_ for p in layer]
+
+    def backward(self, Y, G):
+        """Gradients of sum_n G_n . F(y_n) wrt parameters() (backpropagation)."""
+        xp = array_module(Y)
+        acts = self._forward(xp, (Y - self.y_mean_) / self.y_std_)
+        return [g for layer in self._backprop(xp, acts, G * self.z_std_) for g in layer]
 
 
 MAPPINGS = {"linear": LinearMapping, "rbf": RBFMapping, "mlp": MLPMapping}

@@ -1,0 +1,186 @@
+"""Parametric embeddings: MAC against chain-rule gradients (paper 001, figs 2 and 3).
+
+1. ``cost``: seconds per iteration vs N on a 3-D swiss roll (EE, perplexity 30):
+   the chain-rule gradient of a linear PE with the exact engine (the paper's
+   baseline) and with the FGT, one MAC Z-step iteration (spectral direction,
+   FGT gradient), and the F steps (linear least squares, one MLP epoch);
+   fitted log-log slopes.
+2. ``linear``: learning curves P(F) vs seconds for linear EE on rotating_objects
+   (PCA to 15 dimensions): MAC (default schedule) vs chain-rule gradient descent
+   with backtracking, both from the same free embedding and direct fit.
+3. ``mlp``: the same for t-SNE with an MLP (50-256-256-2, Adam) on Fashion-MNIST
+   (first N points after PCA to 50), Barnes-Hut sums for MAC's Z step and for
+   the chain rule's gradient (and the exact chain rule, time permitting).
+
+The time of the free embedding (shared by all) is excluded from the curves.
+Writes results/mac[_<suffix>].json and results/mac_<part>.png.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import numpy as np
+
+from common import RESULTS, best_time, write_result
+import gpuembed as ge
+from gpuembed.backend import get_backend
+from gpuembed.objectives import make_objective
+from gpuembed.objectives.penalty import Penalized
+from gpuembed.optim import Monitor, minimize
+from gpuembed.parametric import LinearMapping, MLPMapping, chain_rule
+
+
+def pca(X, d):
+    Xc = X - X.mean(0)
+    _, _, Vt = np.linalg.svd(Xc[:: max(1, len(X) // 5000)], full_matrices=False)
+    return Xc @ Vt[:d].T
+
+
+def cost(be, sizes, exact_max):
+    rows = []
+    for n in sizes:
+        Y, _ = ge.datasets.swiss_roll(n, random_state=0)
+        P = ge.entropic_affinities(Y, 30, backend=be).P
+        Z = ge.embedding.initial_layout("pca", Y, 2, be, np.float64, 5.0, 0)
+        lin = LinearMapping().fit(Y, Z)
+        timings = {}
+        for engine in ("exact", "fgt"):
+            if engine == "exact" and n > exact_max:
+                continue
+            objective = make_objective("ee", P, be, np.float64, nbody=engine)
+
+            def gradient():
+                E, G = objective.value_and_grad(lin.predict(Y))
+                return lin.backward(Y, G)
+            timings[f"chain-rule gradient ({engine})"] = best_time(gradient, 2)[0]
+        objective = make_objective("ee", P, be, np.float64, nbody="fgt")
+        penalized = Penalized(objective, lin.predict(Y), 1e-3)
+        timings["MAC Z step, per iteration (sd, fgt)"] = best_time(
+            lambda: minimize(penalized, Z, "sd", max_iter=10, tol=0.0, step_size=0.1), 1)[0] / 10
+        timings["MAC F step (linear, warm)"] = best_time(
+            lambda: lin.fit(Y, Z, warm_start=True), 3)[0]
+        mlp = MLPMapping(hidden=(100, 500), initial_epochs=0, epochs=1, random_state=0).fit(Y, Z)
+        timings["MAC F step (MLP 3-100-500-2, one epoch)"] = best_time(
+            lambda: mlp.fit(Y, Z, warm_start=True), 1)[0]
+        for name, seconds in timings.items():
+            rows.append({"n": n, "what": name, "seconds": seconds})
+            print(rows[-1], flush=True)
+    slopes = {}
+    for name in sorted({r["what"] for r in rows}):
+        sel = [r for r in rows if r["what"] == name and r["n"] >= 2000]
+        if len(sel) >= 2:
+            slopes[name] = float(np.polyfit(np.log([r["n"] for r in sel]),
+                                            np.log([r["seconds"] for r in sel]), 1)[0])
+    print(slopes)
+    return rows, slopes
+
+
+def curves(Y, embedding, mapping, mac_params, chain_engines, chain_max_iter, chain_direction):
+    """MAC and chain-rule learning curves from one free embedding."""
+    pe = ge.ParametricEmbedding(embedding, mapping, **mac_params).fit(Y)
+    t0 = pe.history_[0]["time"]
+    out = {"free_objective": pe.free_objective_,
+           "MAC": [{"seconds": h["time"] - t0, "objective": h["objective"], "mu": h["mu"]}
+                   for h in pe.history_]}
+    print("MAC", pe.objective_, out["MAC"][-1]["seconds"], flush=True)
+    be = get_backend(embedding.backend)
+    Y_dev = be.asarray(Y)
+    A = copy.copy(embedding)._affinity_matrix(Y_dev, be)
+    Z = be.asarray(pe.free_embedding_)
+    for engine in chain_engines:
+        objective = make_objective(embedding.objective_name, A, be, np.float64, nbody=engine)
+        direct = (LinearMapping().fit(Y_dev, Z) if mapping == "linear"
+                  else _direct_fit(pe, Y_dev, Z))
+        start = time.perf_counter()
+        history = []
+
+        def record(iteration, elapsed, value, theta):
+            history.append({"seconds": time.perf_counter() - start, "objective": value})
+        chain_rule(objective, Y_dev, direct, direction=chain_direction, max_iter=chain_max_iter,
+                   monitor=Monitor([record]))
+        out[f"chain rule ({engine})"] = history
+        print("chain", engine, history[-1], flush=True)
+    out["speedup_to_chain_final"] = _speedup(out)
+    return out
+
+
+def _direct_fit(pe, Y, Z):
+    """The MLP's direct fit, refit the way MAC's first F step did it."""
+    params = {k: getattr(pe.mapping_, k) for k in ("hidden", "epochs", "initial_epochs",
+                                                   "batch_size", "learning_rate", "weight_decay",
+                                                   "random_state")}
+    return MLPMapping(**params).fit(Y, Z)
+
+
+def _speedup(out):
+    """For each chain-rule run: its time to its final P(F) over MAC's time to reach it."""
+    result = {}
+    for key, hist in out.items():
+        if not key.startswith("chain rule"):
+            continue
+        target = hist[-1]["objective"]
+        mac = next((h["seconds"] for h in out["MAC"] if h["objective"] <= target), None)
+        result[key] = None if mac is None else hist[-1]["seconds"] / max(mac, 1e-9)
+    return result
+
+
+def plot(data, path, title):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for key, hist in data.items():
+        if isinstance(hist, list):
+            ax.plot([max(h["seconds"], 1e-3) for h in hist], [h["objective"] for h in hist],
+                    ".-", label=key)
+    ax.axhline(data["free_objective"], color="gray", ls=":", label="free embedding E(X*)")
+    ax.set_xscale("log")
+    ax.set_xlabel("seconds (after the free embedding)")
+    ax.set_ylabel("P(F) = E(F(Y))")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="cost,linear,mlp")
+    parser.add_argument("--max-n", type=int, default=50000)
+    parser.add_argument("--exact-max-n", type=int, default=20000)
+    parser.add_argument("--mlp-n", type=int, default=20000)
+    parser.add_argument("--suffix", default="")
+    args = parser.parse_args()
+    be = get_backend("cpu")
+    parts = args.parts.split(",")
+    figures = {}
+    if "cost" in parts:
+        sizes = [n for n in (1000, 2000, 5000, 10000, 20000, 50000) if n <= args.max_n]
+        rows, slopes = cost(be, sizes, args.exact_max_n)
+        figures["cost"] = {"rows": rows, "slopes": slopes}
+    if "linear" in parts:
+        X, _ = ge.datasets.rotating_objects()
+        data = curves(pca(X, 15), ge.EE(backend="cpu", random_state=0), "linear", {},
+                      ("exact",), 300, "gd")
+        figures["linear_ee_rotating_objects"] = data
+        plot(data, RESULTS / f"mac_linear{args.suffix}.png", "linear EE, rotating_objects")
+    if "mlp" in parts:
+        X, _ = ge.datasets.fashion_mnist()
+        Y = pca(X[: args.mlp_n].astype(np.float64), 50)
+        mlp = {"hidden": (256, 256), "initial_epochs": 30, "epochs": 3, "random_state": 0}
+        data = curves(Y, ge.TSNE(backend="cpu", nbody="bh", random_state=0, max_iter=300), "mlp",
+                      {"mapping_params": mlp, "n_mu": 8, "max_inner": 3}, ("bh",), 100, "gd")
+        figures["tsne_mlp_fashion_mnist"] = {"n": args.mlp_n, **data}
+        plot(data, RESULTS / f"mac_mlp{args.suffix}.png",
+             f"t-SNE + MLP, Fashion-MNIST {args.mlp_n}")
+    write_result("mac", figures, args.suffix)
+
+
+if __name__ == "__main__":
+    main()
