@@ -254,10 +254,18 @@ def test_exact_gpu_kernel_matches_numpy(d, kernels, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("method,accuracy", [("fgt", {"p": 8}), ("bh", {"theta": 0.5})])
-def test_fast_engines_gpu_match_cpu(method, accuracy, rng):
+def test_fast_engines_gpu_match_cpu(d, method, accuracy, rng):
+    # The FGT's per-target kernels (kernels/fgt.cu) and the CuPy paths against
+    # NumPy: float64 to 1e-10, float32 to 1e-4 (relative to the largest sum).
     gpu = get_backend("gpu")
-    X = rng.normal(size=(2000, 2)) * 5
-    (S0, SX0), = engine_sums(CPU, method, X, ("gaussian",), accuracy=accuracy)
-    (S, SX), = engine_sums(gpu, method, gpu.asarray(X), ("gaussian",), accuracy=accuracy)
-    assert rel(gpu.to_host(S), S0) < 1e-10 and rel(gpu.to_host(SX), SX0) < 1e-10
+    X = np.concatenate([rng.normal(size=(1500, d)), rng.uniform(-20, 20, (1500, d))])
+    Y = rng.normal(size=(300, d)) * 3
+    for targets in (None, Y):
+        (S0, SX0), = engine_sums(CPU, method, X, ("gaussian",), Y=targets, accuracy=accuracy)
+        for dtype, tol in ((np.float64, 1e-10), (np.float32, 1e-4)):
+            (S, SX), = engine_sums(gpu, method, gpu.asarray(X, dtype), ("gaussian",),
+                                   Y=None if targets is None else gpu.asarray(targets, dtype),
+                                   accuracy=accuracy)
+            assert rel(gpu.to_host(S), S0) < tol and rel(gpu.to_host(SX), SX0) < tol

@@ -20,6 +20,7 @@ Any kernel of exact.py works; several kernels share one traversal.
 from __future__ import annotations
 
 from .exact import kernel_values
+from .segments import expand
 
 MAX_DEPTH = 21                 # 3 x 21 bits of Morton code fit in an int64
 DEFAULT_THETA = 0.5
@@ -42,7 +43,7 @@ class Tree:
         for bit in range(MAX_DEPTH):
             for i in range(d):
                 code |= ((cells[:, i] >> bit) & 1) << (bit * d + d - 1 - i)
-        self.order = xp.argsort(code, kind="stable")
+        self.order = xp.argsort(code)
         code = code[self.order]
         self.points = X[self.order].astype(xp.float64)
         w = xp.ones(n) if weights is None else weights[self.order].astype(xp.float64)
@@ -127,9 +128,8 @@ def _traverse(tree, targets, a, b, kernels, theta, self_pairs, out):
                         tree.wx[cell[far]], out, a, b)
         if bool(leaf.any()):
             t_leaf, c_leaf = tgt[leaf], cell[leaf]
-            group = xp.repeat(xp.arange(len(c_leaf)), tree.count[c_leaf])
-            first = xp.cumsum(tree.count[c_leaf]) - tree.count[c_leaf]
-            s = tree.start[c_leaf][group] + xp.arange(len(group)) - first[group]
+            group, rank = expand(xp, tree.count[c_leaf])
+            s = tree.start[c_leaf][group] + rank
             t = t_leaf[group]
             if self_pairs:
                 keep = tree.rank[t] != s
@@ -141,9 +141,8 @@ def _traverse(tree, targets, a, b, kernels, theta, self_pairs, out):
         opened = ~leaf & ~far
         tgt, cell = tgt[opened], cell[opened]
         n_child = tree.n_children[cell]
-        group = xp.repeat(xp.arange(len(cell)), n_child)
-        first = xp.cumsum(n_child) - n_child
-        cell = tree.first_child[cell][group] + xp.arange(len(group)) - first[group]
+        group, rank = expand(xp, n_child)
+        cell = tree.first_child[cell][group] + rank
         tgt = tgt[group]
 
 

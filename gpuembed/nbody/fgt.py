@@ -26,6 +26,8 @@ import math
 
 import numpy as np
 
+from .segments import expand
+
 R = 0.5
 SIDE = math.sqrt(2.0) * R
 CUTOFF = 5
@@ -122,14 +124,6 @@ def _spans(n, cost):
     return [slice(a, min(n, a + step)) for a in range(0, n, step)]
 
 
-def _expand(xp, counts):
-    """For groups of sizes ``counts``: (group of each item, rank within its group)."""
-    total = int(counts.sum())
-    group = xp.repeat(xp.arange(len(counts)), counts)
-    first = xp.cumsum(counts) - counts
-    return group, xp.arange(total) - first[group]
-
-
 class _Boxes:
     """The occupied boxes of a point set: points sorted by box; per box its
     key, integer coordinates, centre, first point and count."""
@@ -137,7 +131,7 @@ class _Boxes:
     def __init__(self, xp, points, origin, shape):
         cell = xp.floor((points - origin) / SIDE).astype(xp.int64)
         key = _linear(xp, cell, shape)
-        self.order = xp.argsort(key, kind="stable")
+        self.order = xp.argsort(key)
         key = key[self.order]
         self.points = points[self.order]
         new = xp.ones(len(key), dtype=bool)
@@ -146,8 +140,8 @@ class _Boxes:
         self.count = xp.diff(xp.append(self.start, len(key)))
         self.key = key[self.start]
         self.cell = cell[self.order][self.start]
-        self.center = origin + (self.cell + 0.5) * SIDE
-        self.box_of = xp.repeat(xp.arange(len(self.start)), self.count)
+        self.center = (origin + (self.cell + 0.5) * SIDE).astype(points.dtype)
+        self.box_of = expand(xp, self.count)[0]
         self.big = self.count >= CUTOFF
         self.big_index = xp.cumsum(self.big) - 1      # row in the expansion arrays
         self.n_big = int(self.big.sum())
@@ -202,13 +196,17 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER):
         b = xp.broadcast_to(xp.arange(boxes.start, boxes.stop)[:, None], hit.shape)[hit]
         c = pos[hit]
         sb, tb = src.big[b], tgt.big[c]
-        cases = ((_direct, ~sb & ~tb), (_hermite_eval, sb & ~tb),
-                 (_taylor_accumulate, ~sb & tb), (_hermite_to_taylor, sb & tb))
+        cases = [(_taylor_accumulate, ~sb & tb), (_hermite_to_taylor, sb & tb)]
+        if not be.is_gpu:     # on the GPU, kernels/fgt.cu does cases I and II per target
+            cases += [(_direct, ~sb & ~tb), (_hermite_eval, sb & ~tb)]
         for case, mask in cases:
             if bool(mask.any()):
                 case(be, src, tgt, q, b[mask], c[mask], p, inv_fact, hermite, taylor, out)
 
-    _taylor_eval(be, tgt, p, taylor, out)
+    if be.is_gpu:
+        _targets_gpu(be, src, tgt, q, p, hermite, taylor, offsets, shape_arr, out)
+    else:
+        _taylor_eval(be, tgt, p, taylor, out)
     result = xp.empty_like(out)
     result[tgt.order] = out
     return result
@@ -235,7 +233,7 @@ def _direct(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out):
     for span in _spans(len(b), CUTOFF * CUTOFF * (src.points.shape[1] + q.shape[1])):
         bb, cc = b[span], c[span]
         nt = tgt.count[cc]
-        pair, k = _expand(xp, src.count[bb] * nt)
+        pair, k = expand(xp, src.count[bb] * nt)
         s = src.start[bb][pair] + k // nt[pair]
         t = tgt.start[cc][pair] + k % nt[pair]
         diff = tgt.points[t] - src.points[s]
@@ -251,7 +249,7 @@ def _members_against(be, members, owners, partners, centers, p, scale):
     d = members.points.shape[1]
     for span in _spans(len(owners), CUTOFF * p**d * (d + 1)):
         own, other = owners[span], partners[span]
-        pair, k = _expand(xp, members.count[own])
+        pair, k = expand(xp, members.count[own])
         point = members.start[own][pair] + k
         box = other[pair]
         u = members.points[point] - centers[box]
@@ -306,6 +304,28 @@ def _taylor_eval(be, tgt, p, taylor, out):
         u = tgt.points[t] - tgt.center[box]
         mono = _tensor([_powers(xp, u[:, i], p) for i in range(d)])
         out[t] += xp.einsum("nk,nkq->nq", mono, taylor[tgt.big_index[box]])
+
+
+def _targets_gpu(be, src, tgt, q, p, hermite, taylor, offsets, shape, out):
+    """Cases I and II for targets in small boxes, and the Taylor series of big
+    boxes at their targets, by the per-target kernels of kernels/fgt.cu."""
+    xp = be.xp
+    d, n_q = src.points.shape[1], q.shape[1]
+    defines = {"FGT_DIM": d, "FGT_P": p, "FGT_Q": n_q}
+    threads = 128
+    small = xp.flatnonzero(~tgt.big[tgt.box_of])
+    if len(small):
+        kernel = be.kernel("fgt.cu", "fgt_small_targets", out.dtype, defines)
+        kernel(((len(small) + threads - 1) // threads,), (threads,),
+               (small, np.int64(len(small)), tgt.points, tgt.box_of, tgt.cell, src.key,
+                np.int64(len(src.key)), src.start, src.count, src.center, src.big_index, src.big,
+                src.points, q, hermite, offsets, np.int64(len(offsets)), shape, out))
+    big = xp.flatnonzero(tgt.big[tgt.box_of])
+    if len(big):
+        kernel = be.kernel("fgt.cu", "fgt_taylor_targets", out.dtype, defines)
+        kernel(((len(big) + threads - 1) // threads,), (threads,),
+               (big, np.int64(len(big)), tgt.points, tgt.box_of, tgt.center, tgt.big_index,
+                taylor, out))
 
 
 def fgt_sums(be, X, kernels, Y=None, weights=None, p=DEFAULT_ORDER):
