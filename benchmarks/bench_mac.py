@@ -174,8 +174,8 @@ def main():
         X, _ = ge.datasets.fashion_mnist()
         Y = pca(X[: args.mlp_n].astype(np.float64), 50)
         mlp = {"hidden": (256, 256), "initial_epochs": 30, "epochs": 3, "random_state": 0}
-        data = curves(Y, ge.TSNE(backend="cpu", nbody="bh", random_state=0, max_iter=300), "mlp",
-                      {"mapping_params": mlp, "n_mu": 8, "max_inner": 3}, ("bh",), 100, "gd")
+        data = curves(Y, ge.TSNE(backend="cpu", nbody="bh", random_state=0, max_iter=200), "mlp",
+                      {"mapping_params": mlp, "n_mu": 8, "max_inner": 3, "z_max_iter": 10}, ("bh",), 100, "gd")
         figures["tsne_mlp_fashion_mnist"] = {"n": args.mlp_n, **data}
         plot(data, RESULTS / f"mac_mlp{args.suffix}.png",
              f"t-SNE + MLP, Fashion-MNIST {args.mlp_n}")

@@ -19,11 +19,13 @@ __all__ = ["kernel_sums", "engine_sums", "exact_sums", "fgt_sums", "bh_sums", "r
 METHODS = ("exact", "fgt", "bh")
 ACCURACY_PARAMETERS = {"exact": (), "fgt": ("p", "tol"), "bh": ("theta",)}
 MAX_DIM = 3
-# nbody="auto" uses the exact engine below these sizes.  CPU: measured
-# crossovers of benchmarks/bench_nbody.py (2-core Xeon, 2-D).  GPU: the tiled
-# kernel's expected ~1e12 pairs/s against the FGT's launch-bound CuPy code;
-# not yet measured on a GPU.
-AUTO_EXACT_BELOW = {"cpu": 5_000, "gpu": 200_000}
+# nbody="auto" uses the exact engine below these sizes.  CPU: the crossovers
+# measured by benchmarks/bench_nbody.py (2-core Xeon, 2-D): ~2,500 points for
+# the FGT at p = 8, ~4,000 for Barnes-Hut at theta = 0.5; at N = 5,000 an EE fit
+# is 5.9x and a t-SNE fit 2.9x faster with the same objective (to 1e-5 and
+# 0.4%).  GPU: a guess from the tiled kernel's expected ~1e12 pairs/s against
+# the launch-bound array code of the fast engines; not yet measured on a GPU.
+AUTO_EXACT_BELOW = {"cpu": 4_000, "gpu": 200_000}
 
 
 def resolve_method(method, n, dim, kernel, backend):

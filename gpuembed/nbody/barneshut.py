@@ -58,7 +58,7 @@ class Tree:
             new = xp.ones(n, dtype=bool)
             new[1:] = prefix[1:] != prefix[:-1]
             start = xp.flatnonzero(new)
-            count = xp.diff(xp.append(start, n))
+            count = xp.diff(xp.concatenate([start, xp.asarray([n])]))
             starts.append(start)
             counts.append(count)
             levels.append(level)

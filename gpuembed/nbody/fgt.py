@@ -137,7 +137,7 @@ class _Boxes:
         new = xp.ones(len(key), dtype=bool)
         new[1:] = key[1:] != key[:-1]
         self.start = xp.flatnonzero(new)
-        self.count = xp.diff(xp.append(self.start, len(key)))
+        self.count = xp.diff(xp.concatenate([self.start, xp.asarray([len(key)])]))
         self.key = key[self.start]
         self.cell = cell[self.order][self.start]
         self.center = (origin + (self.cell + 0.5) * SIDE).astype(points.dtype)

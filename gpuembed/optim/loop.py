@@ -59,7 +59,9 @@ def _set_accuracy(objective, schedule, iteration):
 
 def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_size=None,
              monitor=None, direction_params=None, schedule=None):
-    """Descent with ``direction`` and an Armijo backtracking line search.
+    """Descent with ``direction`` (a name in DIRECTIONS, or a Direction built
+    earlier for an objective with the same curvature, to reuse its factorization
+    or memory) and an Armijo backtracking line search.
 
     ``step_size`` switches to fixed steps (no line search), as needed with
     approximate gradients; ``schedule(iteration)`` sets the N-body accuracy
@@ -72,7 +74,8 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
     X = X0.copy()
     _set_accuracy(objective, schedule, 0)
     E, G = objective.value_and_grad(X)
-    d = DIRECTIONS[direction](objective, X, **(direction_params or {}))
+    d = (DIRECTIONS[direction](objective, X, **(direction_params or {}))
+         if isinstance(direction, str) else direction)
     step = 1.0
     if monitor.record(0, E, 0.0, X):
         return Result(X, E, 0, monitor.history)

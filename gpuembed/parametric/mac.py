@@ -24,7 +24,7 @@ import numpy as np
 
 from .._checks import check_data, check_float, check_int
 from ..objectives.penalty import Penalized
-from ..optim import Monitor, minimize
+from ..optim import DIRECTIONS, Monitor, minimize
 from .mappings import make_mapping
 
 __all__ = ["ParametricEmbedding"]
@@ -51,9 +51,10 @@ class ParametricEmbedding:
 
     Attributes
     ----------
-    embedding_ : F(Y), (N, L) numpy.   objective_ : P(F) = E(F(Y)).
+    mapping_ : the mapping with the lowest P(F) met on the path (inexact F steps,
+        e.g. a few epochs of an MLP, can make P rise again late on the path).
+    embedding_ : its F(Y), (N, L) numpy.   objective_ : its P(F) = E(F(Y)).
     free_embedding_, free_objective_ : the free embedding and its E.
-    mapping_ : the fitted mapping.
     history_ : list of dicts with "objective" (P(F)), "constraint" (|Z - F(Y)|^2),
         "mu" and "time" (seconds since fit started), one per F step; the first is
         the direct fit of the free embedding (mu = 0).
@@ -141,15 +142,21 @@ class ParametricEmbedding:
         FY = f_step(first=True)                                # the direct fit
         P = record(FY, 0.0)
         spread = float(((FY - FY.mean(axis=0)) ** 2).sum())
+        best = (P, FY, copy.deepcopy(mapping))
         for mu in schedule:
+            # One direction per mu: its curvature 4 L+ + mu I does not depend on the
+            # target F(Y), so the factorization (or L-BFGS memory) carries over.
+            direction = DIRECTIONS[optimizer](Penalized(objective, FY, mu), Z, **direction_params)
             for _ in range(max_inner):
-                z_result = minimize(Penalized(objective, FY, mu), Z, optimizer,
+                z_result = minimize(Penalized(objective, FY, mu), Z, direction,
                                     max_iter=z_max_iter, tol=z_tol,
                                     step_size=embedding.method_params.get("step_size"),
-                                    direction_params=direction_params, monitor=Monitor())
+                                    monitor=Monitor())
                 Z = z_result.X
                 FY = f_step(first=False)
                 P_new = record(FY, mu)
+                if P_new < best[0]:
+                    best = (P_new, FY, copy.deepcopy(mapping))
                 decrease = (P - P_new) / max(abs(P), 1e-300)
                 P = P_new
                 if abs(decrease) < tol:
@@ -157,7 +164,8 @@ class ParametricEmbedding:
             if history[-1]["constraint"] <= constraint_tol * spread:
                 break
 
-        self.mapping_ = mapping
+        # The path need not decrease P(F) monotonically (inexact F steps): keep the best.
+        P, FY, self.mapping_ = best
         self.embedding_ = be.to_host(FY)
         self.objective_ = float(P)
         self.history_ = history
