@@ -17,7 +17,6 @@ Writes results/nbody[_<suffix>].json and results/nbody_scaling.png.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 

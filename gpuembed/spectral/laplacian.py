@@ -18,7 +18,7 @@ import scipy.sparse
 from .._checks import check_choice, check_data, check_float, check_int
 from ..affinities import entropic_affinities
 from ..backend import get_backend
-from ..neighbors import knn, knn_query
+from ..neighbors import knn
 from .embedding import spectral_embedding
 from .kmeans import kmeans
 from .lll import (LANDMARK_METHODS, choose_landmarks, reconstruction_weights,
