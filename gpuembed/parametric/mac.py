@@ -113,6 +113,11 @@ class ParametricEmbedding:
         schedule = self._schedule(curvature)
         optimizer = "sd" if embedding.optimizer == "tsne" else embedding.optimizer
         direction_params = {} if embedding.optimizer == "tsne" else embedding._direction_params()
+        if optimizer == "sd" and direction_params.get("solver", "auto") == "auto":
+            # mu changes the matrix 4 L+ + mu I at every stage, so a factorization would
+            # be redone per mu (35 s for t-SNE on Fashion-MNIST 20k, against 0.1 s
+            # for warm-started CG with solves of the same cost).
+            direction_params = {**direction_params, "solver": "cg"}
         warm = "warm_start" in inspect.signature(mapping.fit).parameters
 
         def f_step(first):
