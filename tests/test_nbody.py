@@ -205,6 +205,10 @@ def test_estimators_run_with_every_engine():
         assert ge.metrics.knn_accuracy(est.embedding_, labels) > 0.95
         new = est.transform(X[:20])
         assert np.abs(new - est.embedding_[:20]).max() < 0.1 * np.ptp(est.embedding_)
+    for cls in (ge.SSNE, ge.SNE):                 # SNE's column sums use source weights
+        exact = cls(nbody="exact", max_iter=60, random_state=0, backend="cpu").fit(X)
+        fgt = cls(nbody="fgt", max_iter=60, random_state=0, backend="cpu").fit(X)
+        assert fgt.objective_ == pytest.approx(exact.objective_, rel=1e-5)   # measured 6e-7
     est = ge.TSNE(nbody="bh", max_iter=60, random_state=0, backend="cpu",
                   accuracy_schedule=30).fit(X)
     assert ge.metrics.knn_accuracy(est.embedding_, labels) > 0.95
