@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from common import RESULTS, write_result
+from common import RESULTS, pyplot, write_result
 import gpuembed as ge
 
 OPTIMIZERS = {"ee": ["sd", "fp", "lbfgs", "cg", "gd"],
@@ -90,12 +90,8 @@ def targets(runs):
 
 
 def summarize(runs):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     for dataset in sorted({r["dataset"] for r in runs}):
         for objective in ("ee", "tsne"):

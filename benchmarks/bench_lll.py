@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from common import RESULTS, write_result
+from common import RESULTS, pyplot, write_result
 import gpuembed as ge
 from gpuembed.metrics import procrustes_error
 from gpuembed.spectral import (affinity_graph, kmeans, le_landmarks_only, nystrom_le,
@@ -80,12 +80,8 @@ def kmeans_warm_start(X, y, K, sigma):
 
 
 def plot(rows, t_exact, n):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for method in ("LLL", "LE(Z)", "Nystrom"):

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from common import RESULTS, best_time, write_result
+from common import RESULTS, best_time, pyplot, write_result
 import gpuembed as ge
 from gpuembed.backend import get_backend
 from gpuembed.objectives import make_objective
@@ -127,11 +127,8 @@ def _speedup(out):
 
 
 def plot(data, path, title):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for key, hist in data.items():

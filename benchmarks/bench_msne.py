@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from common import RESULTS, write_result
+from common import RESULTS, pyplot, write_result
 import gpuembed as ge
 
 
@@ -59,12 +59,8 @@ def run(n_fmnist):
 
 
 def plot(curves):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     for dataset in sorted({d for d, _ in curves}):
         fig, ax = plt.subplots(figsize=(6, 4))

@@ -20,7 +20,7 @@ import argparse
 
 import numpy as np
 
-from common import RESULTS, best_time, fashion_mnist_knn, write_result
+from common import RESULTS, best_time, fashion_mnist_knn, pyplot, write_result
 import gpuembed as ge
 from gpuembed.backend import get_backend
 from gpuembed.nbody import engine_sums
@@ -104,11 +104,8 @@ def ee_fashion(be, n, budget, step):
 
 
 def plot(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4.5))
     keys = sorted({(r["method"], str(r["accuracy"]), "+".join(r["kernels"])) for r in rows})

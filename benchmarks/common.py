@@ -76,6 +76,18 @@ def best_time(fn, repeat=1, sync=None):
     return best, result
 
 
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, or None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
 def write_result(name, figures, suffix=""):
     RESULTS.mkdir(parents=True, exist_ok=True)
     record = {"benchmark": name, **environment(), "figures": figures}
