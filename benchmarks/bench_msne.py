@@ -3,6 +3,10 @@ R_NX and seconds on digits, rotating_objects and a Fashion-MNIST subset, for
 gpuembed's MultiscaleSNE, gpuembed's TSNE and openTSNE's t-SNE with its multiscale
 affinities, side by side in one run.  Writes results/msne.json and R_NX(K) curves
 to results/msne_<dataset>.png.
+
+``--scaling``: seconds of one MultiscaleSNE cost-and-gradient evaluation vs N on
+Fashion-MNIST with a fixed number of scales (``--n-scales``), exact engine vs
+FGT, and their fitted log-log slopes (results/msne_scaling.json).
 """
 from __future__ import annotations
 
@@ -11,8 +15,10 @@ import time
 
 import numpy as np
 
-from common import RESULTS, pyplot, write_result
+from common import RESULTS, best_time, pyplot, write_result
 import gpuembed as ge
+from gpuembed.embedding import initial_layout
+from gpuembed.objectives.msne import MultiscaleObjective, ld_precisions
 
 
 def datasets(n_fmnist):
@@ -76,11 +82,48 @@ def plot(curves):
         plt.close(fig)
 
 
+def scaling(sizes, n_scales, exact_max):
+    """Seconds per cost-and-gradient evaluation at a PCA layout spread like an embedding."""
+    be = ge.get_backend("cpu")
+    X_all, _ = ge.datasets.fashion_mnist()
+    rows = []
+    for n in sizes:
+        X = X_all[:n].astype(np.float64)
+        start = time.perf_counter()
+        M = ge.multiscale_affinities(X, 2.0, n_scales=n_scales, symmetrize=False, backend=be)
+        row = {"n": n, "scales": len(M.perplexities), "affinities_seconds": time.perf_counter() - start}
+        Y = initial_layout("pca", X, 2, be, np.float64, np.sqrt(n) / 2, 0)
+        p = ld_precisions(M.perplexities, Y)
+        for engine in ("fgt", "exact"):
+            if engine == "exact" and n > exact_max:
+                continue
+            objective = MultiscaleObjective(M.conditionals, be, np.float64, p, nbody=engine)
+            row[f"{engine}_seconds"] = best_time(lambda: objective.value_and_grad(Y), 2)[0]
+        rows.append(row)
+        print(row, flush=True)
+    slopes = {}
+    for engine in ("fgt", "exact"):
+        sel = [r for r in rows if f"{engine}_seconds" in r and r["n"] >= 5000]
+        if len(sel) >= 2:
+            slopes[engine] = float(np.polyfit(np.log([r["n"] for r in sel]),
+                                              np.log([r[f"{engine}_seconds"] for r in sel]), 1)[0])
+    print("slopes", slopes)
+    return {"n_scales": n_scales, "rows": rows, "slopes_from_5000": slopes}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=2000, help="Fashion-MNIST subset size")
+    parser.add_argument("--scaling", action="store_true")
+    parser.add_argument("--n-scales", type=int, default=6)
+    parser.add_argument("--max-n", type=int, default=70000)
+    parser.add_argument("--exact-max-n", type=int, default=20000)
     args = parser.parse_args(argv)
-    write_result("msne", run(args.n))
+    if args.scaling:
+        sizes = [n for n in (2000, 5000, 10000, 20000, 40000, 70000) if n <= args.max_n]
+        write_result("msne", scaling(sizes, args.n_scales, args.exact_max_n), "_scaling")
+    else:
+        write_result("msne", run(args.n))
 
 
 if __name__ == "__main__":

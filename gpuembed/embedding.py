@@ -354,15 +354,20 @@ class MultiscaleSNE:
     each stage down to K* (``perplexity``), each stage warm-started and run for up
     to ``max_iter`` iterations of ``optimizer``; the LD precisions are recomputed
     from the embedding's spread at every stage.  ``fit_exponent`` estimates
-    Lee et al.'s exponent U from the HD precisions (else U = 1).  The repulsive
-    sums go through the exact N-body engine (O(N^2 H) per iteration).
+    Lee et al.'s exponent U from the HD precisions (else U = 1).  The per-scale
+    Gaussian sums go through the N-body engine ``nbody`` ("auto": exact below a
+    few thousand points or in more than 3 dimensions, else the FGT), so an
+    iteration costs O(N H) = O(N log N) with the FGT or Barnes-Hut on top of the
+    affinities' O(N k H).  All floor(log2(N / K*)) scales make the largest
+    perplexity about N / 2 and the k-NN graph (3 x that) dense; ``n_scales``
+    keeps the H smallest scales, so large N stays sparse.
     """
 
     optimizers = ("lbfgs", "cg", "gd")
 
     def __init__(self, n_components=2, *, perplexity=2.0, cost="kl", kappa=0.5,
                  fit_exponent=True, optimizer="lbfgs", max_iter=30, tol=1e-7, init="pca",
-                 n_neighbors=None, nbody="auto", random_state=None, backend="auto", dtype=None,
+                 n_scales=None, n_neighbors=None, nbody="auto", random_state=None, backend="auto", dtype=None,
                  verbose=False, callbacks=None):
         self.n_components = n_components
         self.perplexity = perplexity
@@ -373,6 +378,7 @@ class MultiscaleSNE:
         self.max_iter = max_iter
         self.tol = tol
         self.init = init
+        self.n_scales = n_scales
         self.n_neighbors = n_neighbors
         self.nbody = nbody
         self.random_state = random_state
@@ -395,11 +401,9 @@ class MultiscaleSNE:
         check_choice(self.cost, "cost", COSTS)
         kappa = check_float(self.kappa, "kappa", 0.0, 1.0, low_open=True, high_open=True)
         dtype = np.dtype(self.dtype) if self.dtype is not None else be.default_float
-        # The per-scale sums are shifted by each row's nearest-neighbour distance
-        # (objectives/msne.py), which only the exact engine does so far.
-        nbody = "exact" if self.nbody == "auto" else check_choice(self.nbody, "nbody", ("exact",))
-        M = multiscale_affinities(X, self.perplexity, n_neighbors=self.n_neighbors,
-                                  symmetrize=False, backend=be)
+        nbody = resolve_method(self.nbody, n, d, "gaussian", be)
+        M = multiscale_affinities(X, self.perplexity, n_scales=self.n_scales,
+                                  n_neighbors=self.n_neighbors, symmetrize=False, backend=be)
         U = intrinsic_exponent(be.to_host(M.beta), d) if self.fit_exponent else 1.0
         # Any scale works: the LD precisions follow the embedding's spread.
         Y = initial_layout(self.init, X, d, be, dtype, 1.0, self.random_state)

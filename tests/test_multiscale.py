@@ -79,6 +79,37 @@ def test_multiscale_cost_and_gradient(rng, cost, kappa):
     np.testing.assert_allclose(G, num, rtol=1e-5, atol=1e-7 * np.abs(G).max())
 
 
+@pytest.mark.parametrize("cost", ["kl", "js"])
+def test_multiscale_fgt_matches_exact(rng, cost):
+    """The FGT path (unshifted sums, rescaled; isolated rows summed exactly) gives
+    the exact engine's cost and gradient on a clustered layout with an outlier
+    that every fine scale isolates."""
+    from gpuembed.objectives import msne
+    X = rng.standard_normal((600, 8))
+    Y = np.concatenate([rng.standard_normal((300, 2)), rng.standard_normal((300, 2)) + 6.0])
+    Y[0] = (40.0, -40.0)
+    M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")
+    p = ld_precisions(M.perplexities, Y)
+    be = ge.get_backend("cpu")
+    nearest = msne._nearest_sqdist(Y, be)
+    assert (0.5 * p[0] * nearest > msne.ISOLATED).sum() >= 1      # the fallback runs
+    np.testing.assert_allclose(nearest, ge.knn(Y, 1, backend="cpu")[0][:, 0], rtol=1e-9)
+    E0, G0 = MultiscaleObjective(M.conditionals, be, np.float64, p, cost).value_and_grad(Y)
+    E, G = MultiscaleObjective(M.conditionals, be, np.float64, p, cost,
+                               nbody="fgt").value_and_grad(Y)
+    assert E == pytest.approx(E0, rel=1e-5)
+    assert np.linalg.norm(G - G0) <= 1e-3 * np.linalg.norm(G0)
+
+
+def test_multiscale_sne_fgt_and_n_scales(rng):
+    X = np.concatenate([rng.standard_normal((150, 5)), rng.standard_normal((150, 5)) + 8.0])
+    ms = ge.MultiscaleSNE(nbody="fgt", n_scales=4, max_iter=20, backend="cpu").fit(X)
+    np.testing.assert_allclose(ms.perplexities_, [2.0, 4.0, 8.0, 16.0])
+    assert ge.metrics.knn_accuracy(ms.embedding_, np.repeat([0, 1], 150)) == 1.0
+    with pytest.raises(ValueError, match="nbody"):
+        ge.MultiscaleSNE(nbody="fgt", n_components=4, backend="cpu").fit(X)
+
+
 def test_ld_precisions_and_exponent(rng):
     Y = rng.standard_normal((100, 2)) * 3
     K = np.array([2.0, 4.0, 8.0, 16.0])
@@ -115,6 +146,8 @@ def test_multiscale_sne_beats_single_scale_on_digits():
     (dict(cost="hellinger"), "cost"),
     (dict(kappa=1.0), "kappa"),
     (dict(optimizer="sd"), "optimizer"),
+    (dict(nbody="fmm"), "nbody"),
+    (dict(n_scales=0), "n_scales"),
 ])
 def test_multiscale_sne_bad_arguments(kwargs, match):
     X = np.random.default_rng(0).standard_normal((60, 4))

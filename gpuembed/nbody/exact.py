@@ -77,7 +77,7 @@ def _blocks(be, n_rows, n_cols, itemsize, block_bytes, fn):
 
 
 def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_shift=None,
-               source_shift=None):
+               source_shift=None, exclude=None):
     """[(S, SX) for each kernel in ``kernels``] over all pairs, in one pass.
 
     ``Y`` (targets) defaults to ``X`` with the self-pair excluded.  "student2"
@@ -85,9 +85,11 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_sh
     forces).  ``target_shift`` / ``source_shift`` are subtracted from the squared
     distances first (per target row / per source column): exp(-(t - shift)) keeps
     Gaussian sums from underflowing when the shift is a nearest-neighbour distance.
+    ``exclude`` (with ``Y``): per target, the source index of its self pair, or -1
+    (targets and sources drawn from one point set).
     """
     xp = be.xp
-    if (be.is_gpu and target_shift is None and source_shift is None
+    if (be.is_gpu and target_shift is None and source_shift is None and exclude is None
             and tuple(kernels) in GPU_KERNEL_CODES and X.shape[1] <= GPU_MAX_DIM):
         return _exact_gpu(be, X, tuple(kernels), Y, weights)
     targets = X if Y is None else Y
@@ -104,10 +106,13 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_sh
             D -= target_shift[start:stop, None]
         if source_shift is not None:
             D -= source_shift[None, :]
+        # Self pairs: an infinite distance gives K = 0 for every kernel.
         if Y is None:
-            # Self pairs: an infinite distance gives K = 0 for every kernel.
             own = xp.arange(start, stop)
             D[own - start, own] = xp.inf
+        elif exclude is not None:
+            rows = xp.flatnonzero(exclude[start:stop] >= 0)
+            D[rows, exclude[start:stop][rows]] = xp.inf
         values = {}
         for i, kernel in enumerate(kernels):
             if derived[i]:

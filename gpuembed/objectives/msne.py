@@ -13,6 +13,12 @@ With a_ij = dE/ds_ij, dE/dd_ik = (1/H) sum_h (-p_h / 2) s_hik (a_ik - sum_j a_ij
 For both costs a_ij is a constant off the sparse pattern (0 for KL, log(1/(1-kappa))
 / kappa for JS), so the gradient splits into a sparse attractive part and, per
 scale, Gaussian N-body sums at width p_h: O(nnz H) plus 2 H engine passes.
+
+Each row's kernels are shifted by its nearest-neighbour distance (exp(-(t - m))),
+so the finest scales cannot underflow.  The exact engine takes the shift
+directly; the FGT and Barnes-Hut sum unshifted kernels and rescale, which is
+safe while m <= ISOLATED; rows (and, for the column sums, sources) beyond it are
+few outliers at the finest scales and are summed exactly with their shift.
 """
 from __future__ import annotations
 
@@ -20,10 +26,14 @@ import math
 
 import numpy as np
 
+from ..nbody import exact_sums
 from ..neighbors import knn
 from .base import Objective
 
 COSTS = ("kl", "js")
+# Shift (in kernel units) beyond which a row's sums go to the exact engine: e^m
+# would amplify the fast engines' absolute error past their relative accuracy.
+ISOLATED = 2.0
 
 
 def ld_precisions(perplexities, X, U=1.0):
@@ -76,15 +86,47 @@ class MultiscaleObjective(Objective):
         underflows at the small scales' large precisions.  s_hij is unchanged."""
         xp, pairs = self.be.xp, self.pairs
         d_edge = pairs.sqdist(X)
-        nearest = knn(X, 1, backend=self.be)[0][:, 0]
+        nearest = _nearest_sqdist(X, self.be)
         out = []
         for p in self.p:
             c = math.sqrt(p / 2.0)
             m = 0.5 * p * nearest
-            (Z, SXs), = self.sums(X * c, ("gaussian",), target_shift=m)
+            Z, SXs = self._row_sums(X * c, m)
             s_h = xp.exp(-0.5 * p * d_edge + m[pairs.rows]) / Z[pairs.rows]
             out.append((p, Z, SXs / c, s_h, m))
         return out
+
+    def _row_sums(self, Xs, m):
+        """sum_k exp(-(t_ik - m_i)) (1, x_k): each row in its own shifted units."""
+        if self.nbody == "exact":
+            return self.sums(Xs, ("gaussian",), target_shift=m)[0]
+        xp = self.be.xp
+        (Z, SX), = self.sums(Xs, ("gaussian",))
+        scale = xp.exp(xp.minimum(m, ISOLATED))
+        Z, SX = Z * scale, SX * scale[:, None]
+        isolated = xp.flatnonzero(m > ISOLATED)
+        if isolated.size:
+            (Z[isolated], SX[isolated]), = exact_sums(
+                self.be, Xs, ("gaussian",), Y=Xs[isolated], target_shift=m[isolated],
+                exclude=isolated)
+        return Z, SX
+
+    def _column_sums(self, Xs, m, w):
+        """sum_k exp(-(t_ik - m_k)) w_k (1, x_k): each source in its own shifted units."""
+        if self.nbody == "exact":
+            return self.sums(Xs, ("gaussian",), weights=w, source_shift=m)[0]
+        xp = self.be.xp
+        far = m > ISOLATED
+        (S, SX), = self.sums(Xs, ("gaussian",),
+                             weights=xp.where(far, 0.0, w * xp.exp(xp.minimum(m, ISOLATED))))
+        isolated = xp.flatnonzero(far)
+        if isolated.size:
+            own = xp.full(Xs.shape[0], -1, dtype=xp.int64)
+            own[isolated] = xp.arange(isolated.size)
+            (Si, SXi), = exact_sums(self.be, Xs[isolated], ("gaussian",), Y=Xs,
+                                    weights=w[isolated], source_shift=m[isolated], exclude=own)
+            S, SX = S + Si, SX + SXi
+        return S, SX
 
     def value_and_grad(self, X):
         xp, pairs = self.be.xp, self.pairs
@@ -115,9 +157,18 @@ class MultiscaleObjective(Objective):
             # with Z and w in row i's shifted units: the column term takes each
             # source's own shift (d_ik >= m_k, so it cannot overflow).
             cs = math.sqrt(p / 2.0)
-            (Sw, SXw), = self.sums(X * cs, ("gaussian",), weights=w, source_shift=m)
+            Sw, SXw = self._column_sums(X * cs, m, w)
             grad -= 2.0 * (w[:, None] * (Z[:, None] * X - SX) + Sw[:, None] * X - SXw / cs)
         # Sparse part: sum_k 2 (g_ik + g_ki)(x_i - x_k) over the pattern, both ways.
         grad += 2.0 * (pairs.laplacian_times(g_edge, X)
                        + pairs.laplacian_times(g_edge, X, transpose=True))
         return value, grad
+
+
+def _nearest_sqdist(X, be):
+    """Squared distance of every point to its nearest neighbour: a k-d tree for a
+    low-dimensional embedding on the CPU (O(N log N)), else the exact k-NN."""
+    if not be.is_gpu and X.shape[1] <= 3:
+        from scipy.spatial import cKDTree
+        return cKDTree(X).query(X, k=2)[0][:, 1] ** 2
+    return knn(X, 1, backend=be)[0][:, 0]
