@@ -103,9 +103,12 @@ def test_multiscale_fgt_matches_exact(rng, cost):
 
 def test_multiscale_sne_fgt_and_n_scales(rng):
     X = np.concatenate([rng.standard_normal((150, 5)), rng.standard_normal((150, 5)) + 8.0])
-    ms = ge.MultiscaleSNE(nbody="fgt", n_scales=4, max_iter=20, backend="cpu").fit(X)
+    fits = {nbody: ge.MultiscaleSNE(cost="kl", nbody=nbody, n_scales=4, max_iter=20,
+                                    backend="cpu").fit(X) for nbody in ("fgt", "exact")}
+    ms = fits["fgt"]
     np.testing.assert_allclose(ms.perplexities_, [2.0, 4.0, 8.0, 16.0])
     assert ge.metrics.knn_accuracy(ms.embedding_, np.repeat([0, 1], 150)) == 1.0
+    assert ms.objective_ == pytest.approx(fits["exact"].objective_, rel=0.02)
     with pytest.raises(ValueError, match="nbody"):
         ge.MultiscaleSNE(nbody="fgt", n_components=4, backend="cpu").fit(X)
 
