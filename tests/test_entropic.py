@@ -6,7 +6,7 @@ import pytest
 import scipy.optimize
 
 import gpuembed as ge
-from gpuembed.affinities import orders, rootfinding
+from gpuembed.affinities import orders, rootfinding, rootfinding_cpu
 from gpuembed.affinities.entropic import solve_rows
 
 LOG = np.log
@@ -278,6 +278,45 @@ def test_bad_data_and_neighbors():
                                backend="cpu")
     with pytest.raises(ValueError, match="pair"):
         ge.entropic_affinities(None, 5.0, neighbors=sq, backend="cpu")
+
+
+def test_compiled_gaussian_is_within_two_ulp_of_numpy_exp(rng):
+    d = np.concatenate([rng.uniform(0, 700, 20000), rng.uniform(0, 1e-8, 1000), [0.0, 707.9]])
+    out, bits = np.empty_like(d), np.empty(d.size, dtype=np.int64)
+    for beta in (1.0, 0.37):
+        rootfinding_cpu._gaussian(beta, d, out, bits)
+        ref = np.exp(-beta * d)
+        assert (np.abs(out - ref) / ref).max() <= 2 * np.finfo(float).eps
+    rootfinding_cpu._gaussian(1.0, np.array([800.0, 1e300]), out[:2], bits[:2])
+    assert np.all((out[:2] > 0) & (out[:2] <= np.exp(-708.0) * (1 + 1e-15)))    # clamped
+
+
+def test_row_extent_compiled_equals_array_code(rng):
+    shifted = rng.uniform(0, 3, (50, 12)).round(1)          # ties and zeros
+    shifted[:, 0] = 0.0
+    shifted[7] = 0.0                                         # no positive entry
+    spread, gap = rootfinding.row_extent(np, shifted)
+    np.testing.assert_array_equal(spread, shifted.max(axis=1))
+    np.testing.assert_array_equal(gap, np.where(shifted > 0, shifted, np.inf).min(axis=1))
+    assert gap[7] == np.inf
+
+
+@pytest.mark.parametrize("method", rootfinding.METHODS)
+def test_compiled_cpu_solver_equals_array_reference(clusters, method):
+    """rootfinding_cpu (the CPU path) against rootfinding.solve on the same rows."""
+    sqdist, _ = ge.knn(clusters, 45, backend="cpu")
+    shifted = sqdist - sqdist.min(axis=1, keepdims=True)
+    K = np.random.default_rng(1).uniform(3, 30, len(clusters))
+    lo, hi = rootfinding.log_beta_bounds(np, shifted, K)
+    alpha0 = np.random.default_rng(2).uniform(lo, hi)
+    rows = np.arange(0, len(clusters), 3)
+    ref = rootfinding.solve(np, shifted[rows], LOG(K[rows]), alpha0[rows], lo[rows].copy(),
+                            hi[rows].copy(), method, 1e-10)
+    out = rootfinding_cpu.solve(shifted, rows, LOG(K[rows]), alpha0[rows], lo[rows], hi[rows],
+                                method, 1e-10)
+    np.testing.assert_allclose(out[0], ref[0], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(out[1], LOG(K[rows]), atol=1e-10)
+    assert (out[2] == ref[2]).mean() > 0.98
 
 
 @pytest.mark.gpu

@@ -9,9 +9,7 @@ warm-start orders: orders.py.
 from __future__ import annotations
 
 import math
-import os
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +19,7 @@ from .._checks import check_choice, check_data, check_float, check_int
 from ..backend import get_backend
 from ..neighbors import knn
 from . import orders as _orders
-from . import rootfinding
+from . import rootfinding, rootfinding_cpu
 
 __all__ = ["EntropicAffinities", "entropic_affinities"]
 
@@ -130,7 +128,8 @@ def solve_rows(be, shifted, perplexity, lo, hi, method, order, tol, host_neighbo
     ``parallel=False`` runs the paper's sequential order (one point per wave),
     for comparison only.  On the GPU each wave is one launch of
     kernels/entropic.cu (``gpu_kernel=False``: the array code of
-    rootfinding.solve on CuPy, its reference).
+    rootfinding.solve on CuPy, its reference); on the CPU one call of its
+    compiled twin, rootfinding_cpu.solve.
     """
     xp = be.xp
     n = shifted.shape[0]
@@ -159,28 +158,10 @@ def solve_rows(be, shifted, perplexity, lo, hi, method, order, tol, host_neighbo
             a, h, it = rootfinding.solve(xp, shifted[r], log_k[r], alpha0, lo[r].copy(),
                                          hi[r].copy(), method, tol)
         else:
-            a, h, it = _solve_cpu(shifted, r, log_k, alpha0, lo, hi, method, tol)
+            a, h, it = rootfinding_cpu.solve(shifted, r, log_k[r], alpha0, lo[r], hi[r], method,
+                                             tol)
         alpha[r], entropy[r], n_iter[r] = a, h, it
     return alpha, entropy, n_iter
-
-
-CPU_CHUNK = 4096    # rows per task: the solver's temporaries stay in cache
-
-
-def _solve_cpu(shifted, rows, log_k, alpha0, lo, hi, method, tol):
-    """rootfinding.solve on cache-sized chunks of rows, one thread per core
-    (NumPy releases the GIL inside its array loops)."""
-    def task(sl):
-        r = rows[sl]
-        return rootfinding.solve(np, shifted[r], log_k[r], alpha0[sl], lo[r].copy(), hi[r].copy(),
-                                 method, tol)
-
-    chunks = [slice(i, i + CPU_CHUNK) for i in range(0, rows.size, CPU_CHUNK)]
-    if len(chunks) == 1:
-        return task(chunks[0])
-    with ThreadPoolExecutor(max_workers=min(len(chunks), os.cpu_count() or 1)) as pool:
-        parts = list(pool.map(task, chunks))
-    return tuple(np.concatenate(p) for p in zip(*parts))
 
 
 def _start(xp, sources, scale_free, log_scale, lo, hi, order):

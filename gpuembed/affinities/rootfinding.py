@@ -81,14 +81,21 @@ def log_beta_bounds(xp, shifted, perplexity):
     perplexity = np.asarray(perplexity, dtype=np.float64)      # host values
     K = xp.asarray(perplexity, dtype=shifted.dtype)
     p1 = xp.asarray(perplexity_p1(n, perplexity))
-    spread = shifted.max(axis=1)                                   # Delta_N^2
-    positive = xp.where(shifted > 0, shifted, xp.inf)
-    gap = positive.min(axis=1)                                     # Delta_2^2 (first nonzero)
+    spread, gap = row_extent(xp, shifted)
     log_ratio = xp.log(n / K)
     with np.errstate(divide="ignore", invalid="ignore"):
         beta_l = xp.maximum(n * log_ratio / ((n - 1) * spread), xp.sqrt(log_ratio) / spread)
         beta_u = xp.log(p1 / (1.0 - p1) * (n - 1)) / gap
         return xp.log(beta_l), xp.log(beta_u)
+
+
+def row_extent(xp, shifted):
+    """Largest and smallest positive entry of each row (Delta_N^2 and Delta_2^2 of
+    the theorem for row-shifted distances; +inf where a row has no positive entry)."""
+    if xp is np:
+        from .rootfinding_cpu import row_extent as compiled   # one pass, no temporaries
+        return compiled(np.ascontiguousarray(shifted, dtype=np.float64))
+    return shifted.max(axis=1), xp.where(shifted > 0, shifted, xp.inf).min(axis=1)
 
 
 def solve(xp, shifted, log_perplexity, alpha0, lo, hi, method="newton", tol=1e-10):
