@@ -361,9 +361,11 @@ class MultiscaleSNE:
     Gaussian sums go through the N-body engine ``nbody`` ("auto": exact below a
     few thousand points or in more than 3 dimensions, else the FGT), so an
     iteration costs O(N H) = O(N log N) with the FGT or Barnes-Hut on top of the
-    affinities' O(N k H).  All floor(log2(N / K*)) scales make the largest
-    perplexity about N / 2 and the k-NN graph (3 x that) dense; ``n_scales``
-    keeps the H smallest scales, so large N stays sparse.
+    affinities' O(N k H).  All floor(log2(N / K*)) scales (``n_scales="all"``)
+    make the largest perplexity about N / 2 and the k-NN graph (3 x that) dense;
+    ``n_scales=H`` keeps the H smallest scales, and the default keeps as many as
+    fit a k-NN graph of 2e7 entries (all scales up to N of about 4,000; six, up to
+    perplexity 64, at 70,000), so large N stays sparse.
     """
 
     optimizers = ("lbfgs", "cg", "gd")

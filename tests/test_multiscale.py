@@ -15,6 +15,23 @@ def test_scales_follow_powers_of_two():
         scale_perplexities(10, 6.0)
 
 
+def test_default_scales_fit_the_neighbour_budget():
+    from gpuembed.affinities.multiscale import MIN_LARGEST, NEIGHBOR_BUDGET
+    for n in (1797, 4000, 10_000, 70_000, 1_000_000):
+        every = scale_perplexities(n, 2.0, n_scales="all")
+        kept = scale_perplexities(n, 2.0)
+        np.testing.assert_array_equal(kept, every[:kept.size])         # the smallest ones
+        k = lambda K: min(n - 1, int(np.ceil(3 * K)))
+        assert n * k(kept[-1]) <= NEIGHBOR_BUDGET or kept[-1] <= MIN_LARGEST
+        if kept.size < every.size:                                     # one more would not fit
+            assert n * k(every[kept.size]) > NEIGHBOR_BUDGET and kept[-1] >= MIN_LARGEST
+    assert scale_perplexities(4000, 2.0).size == scale_perplexities(4000, 2.0, "all").size
+    np.testing.assert_array_equal(scale_perplexities(70_000, 2.0), [2, 4, 8, 16, 32, 64])
+    np.testing.assert_array_equal(scale_perplexities(10**6, 2.0), [2, 4, 8, 16, 32])
+    with pytest.raises(ValueError, match="n_scales"):
+        scale_perplexities(100, 2.0, n_scales="most")
+
+
 def test_average_of_single_scale_conditional_rows(rng):
     X = rng.standard_normal((150, 4))
     M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")

@@ -35,20 +35,39 @@ class MultiscaleAffinities:
     neighbors: tuple
 
 
+NEIGHBOR_BUDGET = 20_000_000   # default cap on N x k: 320 MB of distances and indices
+MIN_LARGEST = 32.0             # ... unless the scales up to this perplexity need more
+
+
 def scale_perplexities(n, perplexity=2.0, n_scales=None):
-    """K_h = 2^(h-1) K* for h = 1 .. floor(log2(N / K*)) (at most ``n_scales``)."""
+    """K_h = 2^(h-1) K* for h = 1 .. floor(log2(N / K*)), the H smallest of them.
+
+    ``n_scales``: H, or "all", or None: as many as keep the default k-NN graph
+    (k = 3 K_H) within ``NEIGHBOR_BUDGET`` entries, but at least those up to
+    perplexity ``MIN_LARGEST`` (t-SNE's usual graph): every scale up to N of
+    about 4,000, six (K_H = 64) at 70,000.  All of them make K_H about N / 2 and
+    the graph dense: O(N^2) memory and time, and one sparse matrix per scale.
+    """
     K = check_float(perplexity, "perplexity", 1.0, low_open=True)
     H = int(math.floor(math.log2(n / K)))
     if H < 1:
         raise ValueError(f"perplexity must be at most N / 2 = {n / 2}, got {K}")
-    if n_scales is not None:
+    if n_scales is None:
+        entries = lambda h: n * min(n - 1, math.ceil(3 * K * 2.0 ** (h - 1)))
+        while K * 2.0 ** (H - 1) > MIN_LARGEST and entries(H) > NEIGHBOR_BUDGET:
+            H -= 1
+    elif isinstance(n_scales, str):
+        if n_scales != "all":
+            raise ValueError(f"n_scales must be an integer, 'all' or None, got {n_scales!r}")
+    else:
         H = min(H, check_int(n_scales, "n_scales", 1))
     return K * 2.0 ** np.arange(H)
 
 
 def multiscale_affinities(X=None, perplexity=2.0, *, n_scales=None, n_neighbors=None,
                           neighbors=None, symmetrize=True, tol=1e-10, backend="auto"):
-    """Average of entropic affinities over the perplexity scales of eq. 2.11.
+    """Average of entropic affinities over the perplexity scales of eq. 2.11
+    (``n_scales``: see :func:`scale_perplexities`).
 
     ``perplexity`` is the smallest scale K* (> 1); scales whose perplexity is not
     below the number of neighbours are an error (pass a larger n_neighbors or
