@@ -1,11 +1,12 @@
 """Locally Linear Landmarks on Fashion-MNIST (dissertation figs 4.5 and 4.12):
 runtime and Procrustes error against exact Laplacian eigenmaps as the number of
 landmarks grows, for LLL, LE(Z) (landmarks alone, projected with Z) and the
-Nystrom extension (LLL and exact LE share the k-NN affinity graph, timed
-separately; LE(Z) and Nystrom build their own); and spectral clustering's k-means step with the landmark warm
-start against 20 full restarts (time and final objective).  One run, one machine.
+Nystrom extension, for each embedding dimension d (LLL and exact LE share the
+k-NN affinity graph, timed separately; LE(Z) and Nystrom build their own); and
+spectral clustering's k-means step (10 clusters) with the landmark warm start
+against 20 full restarts (time and final objective).  One run, one machine.
 
-Writes results/lll[_n<N>].json and results/lll[_n<N>].png.
+Writes results/lll[_n<N>].json and results/lll[_n<N>]_d<d>.png.
 """
 from __future__ import annotations
 
@@ -30,17 +31,32 @@ def timed(fn):
     return time.perf_counter() - start, out
 
 
-def run(n=None, d=10, landmarks=(250, 500, 1000, 2000)):
+def run(n=None, dims=(10,), landmarks=(250, 500, 1000, 2000, 4000), clusters=10):
     X, y = ge.datasets.fashion_mnist()
     if n:
         X, y = X[:n], y[:n]
     X = X.astype(np.float64)
+    landmarks = [L for L in landmarks if L < X.shape[0]]
     sqdist, _ = ge.knn(X[:2000], 10, backend="cpu")
     sigma = float(np.sqrt(np.median(sqdist)))           # Gaussian width for all methods
-    # The affinity graph is shared by exact LE and LLL; times below exclude it.
+    # The affinity graph is shared by exact LE, LLL and the k-means comparison;
+    # times below exclude it (LE(Z) and Nystrom build their own on the landmarks).
     t_graph, W = timed(lambda: affinity_graph(X, N_NEIGHBORS, sigma))
+    print(f"graph {t_graph:.1f} s", flush=True)
+    figures = {"n": X.shape[0], "n_neighbors": N_NEIGHBORS, "sigma": sigma,
+               "graph_seconds": t_graph}
+    for d in dims:
+        figures[f"d{d}"] = landmark_sweep(X, W, d, sigma, landmarks)
+        plot(figures[f"d{d}"], X.shape[0])
+    figures["kmeans"] = kmeans_warm_start(X, W, clusters)
+    return figures
+
+
+def landmark_sweep(X, W, d, sigma, landmarks):
+    """Exact LE and, per number of landmarks, LLL, LE(Z) and Nystrom: seconds and
+    Procrustes error against exact LE."""
     t_exact, exact = timed(lambda: spectral_embedding(W, d, backend="cpu"))
-    print(f"graph {t_graph:.1f} s, exact LE eigensolve: {t_exact:.1f} s", flush=True)
+    print(f"d = {d}: exact LE eigensolve {t_exact:.1f} s", flush=True)
     rows = []
     for L in landmarks:
         kw = dict(n_landmarks=L, random_state=0)
@@ -54,61 +70,59 @@ def run(n=None, d=10, landmarks=(250, 500, 1000, 2000)):
                          "procrustes_error": procrustes_error(exact, Y)})
             print(rows[-1], flush=True)
     lll10 = [r for r in rows if r["method"] == "LLL" and r["procrustes_error"] < 0.10]
-    figures = {"n": X.shape[0], "d": d, "n_neighbors": N_NEIGHBORS, "sigma": sigma,
-               "graph_seconds": t_graph, "exact_seconds": t_exact, "runs": rows,
-               "lll_10pct_speedup": (t_exact / min(r["seconds"] for r in lll10)) if lll10 else None,
-               "kmeans": kmeans_warm_start(X, y, d, sigma)}
-    plot(rows, t_exact, n or X.shape[0])
-    return figures
+    return {"d": d, "exact_seconds": t_exact, "runs": rows,
+            "lll_10pct_speedup": (t_exact / min(r["seconds"] for r in lll10)) if lll10 else None}
 
 
-def kmeans_warm_start(X, y, K, sigma):
-    """k-means step of spectral clustering: 20 restarts on all points against 20 on
-    the landmarks plus one warm-started run on all points (section 4.7.1)."""
-    model = ge.SpectralClustering(K, n_neighbors=N_NEIGHBORS, sigma=sigma, n_landmarks=1000,
-                                  random_state=0, backend="cpu").fit(X)
-    rows = model.embedding_ / np.linalg.norm(model.embedding_, axis=1, keepdims=True)
-    lm = model.landmark_embedding_
-    lm = lm / np.linalg.norm(lm, axis=1, keepdims=True)
+def kmeans_warm_start(X, W, K, n_landmarks=1000):
+    """k-means step of spectral clustering (K clusters, LLL embedding): 20 restarts on
+    all points against 20 on the landmarks plus one warm-started run on all points
+    (section 4.7.1)."""
+    Y, _, _, U, _ = lll_spectral(X, W, K, n_landmarks, random_state=0, drop_first=False)
+    unit = lambda M: M / np.linalg.norm(M, axis=1, keepdims=True)
+    rows, lm = unit(Y), unit(U)
     t_full, (_, _, obj_full) = timed(lambda: kmeans(rows, K, n_init=20, random_state=0))
     t_warm, (_, _, obj_warm) = timed(lambda: kmeans(
         rows, K, init=kmeans(lm, K, n_init=20, random_state=0)[1]))
-    out = {"restarts": 20, "full_seconds": t_full, "full_objective": obj_full,
+    out = {"clusters": K, "restarts": 20, "full_seconds": t_full, "full_objective": obj_full,
            "warm_seconds": t_warm, "warm_objective": obj_warm, "speedup": t_full / t_warm}
     print(out, flush=True)
     return out
 
 
-def plot(rows, t_exact, n):
+def plot(sweep, n):
     plt = pyplot()
     if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for method in ("LLL", "LE(Z)", "Nystrom"):
-        r = [x for x in rows if x["method"] == method]
+        r = [x for x in sweep["runs"] if x["method"] == method]
         axes[0].plot([x["landmarks"] for x in r], [x["procrustes_error"] for x in r], "o-",
                      label=method)
         axes[1].plot([x["seconds"] for x in r], [x["procrustes_error"] for x in r], "o-",
                      label=method)
-    axes[1].axvline(t_exact, color="k", ls="--", label="exact LE")
+    axes[1].axvline(sweep["exact_seconds"], color="k", ls="--", label="exact LE")
     for ax, xlabel in zip(axes, ("landmarks L", "seconds")):
         ax.set_xscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("Procrustes error vs exact LE")
     axes[0].legend()
     axes[1].legend()
-    fig.suptitle(f"Fashion-MNIST {n}: Laplacian eigenmaps with landmarks")
-    fig.savefig(RESULTS / (f"lll_n{n}.png" if n != 70000 else "lll.png"), dpi=80,
-                bbox_inches="tight")
+    fig.suptitle(f"Fashion-MNIST {n}, d = {sweep['d']}: Laplacian eigenmaps with landmarks")
+    name = "lll" if n == 70000 else f"lll_n{n}"
+    fig.savefig(RESULTS / f"{name}_d{sweep['d']}.png", dpi=80, bbox_inches="tight")
     plt.close(fig)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=None)
-    parser.add_argument("--d", type=int, default=10)
+    parser.add_argument("--d", type=int, nargs="+", default=[10, 50],
+                        help="embedding dimensions, each swept over the landmarks")
+    parser.add_argument("--landmarks", type=int, nargs="+", default=[250, 500, 1000, 2000, 4000])
     args = parser.parse_args(argv)
-    write_result("lll", run(args.n, args.d), suffix="" if args.n is None else f"_n{args.n}")
+    write_result("lll", run(args.n, args.d, args.landmarks),
+                 suffix="" if args.n is None else f"_n{args.n}")
 
 
 if __name__ == "__main__":
