@@ -104,8 +104,11 @@ def plot(sweep, n):
     axes[1].axvline(sweep["exact_seconds"], color="k", ls="--", label="exact LE")
     for ax, xlabel in zip(axes, ("landmarks L", "seconds")):
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
         ax.set_xlabel(xlabel)
         ax.set_ylabel("Procrustes error vs exact LE")
+    ticks = sorted({x["landmarks"] for x in sweep["runs"]})
+    axes[0].set_xticks(ticks, [str(t) for t in ticks])
     axes[0].legend()
     axes[1].legend()
     fig.suptitle(f"Fashion-MNIST {n}, d = {sweep['d']}: Laplacian eigenmaps with landmarks")
