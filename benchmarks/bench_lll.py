@@ -11,11 +11,10 @@ Writes results/lll[_n<N>].json and results/lll[_n<N>]_d<d>.png.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
-from common import RESULTS, pyplot, write_result
+from common import RESULTS, best_time, pyplot, write_result
 import gpuembed as ge
 from gpuembed.metrics import procrustes_error
 from gpuembed.spectral import (affinity_graph, kmeans, le_landmarks_only, nystrom_le,
@@ -23,12 +22,6 @@ from gpuembed.spectral import (affinity_graph, kmeans, le_landmarks_only, nystro
 from gpuembed.spectral.laplacian import lll_spectral
 
 N_NEIGHBORS = 20
-
-
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
 
 
 def run(n=None, dims=(10,), landmarks=(250, 500, 1000, 2000, 4000), clusters=10):
@@ -41,7 +34,7 @@ def run(n=None, dims=(10,), landmarks=(250, 500, 1000, 2000, 4000), clusters=10)
     sigma = float(np.sqrt(np.median(sqdist)))           # Gaussian width for all methods
     # The affinity graph is shared by exact LE, LLL and the k-means comparison;
     # times below exclude it (LE(Z) and Nystrom build their own on the landmarks).
-    t_graph, W = timed(lambda: affinity_graph(X, N_NEIGHBORS, sigma))
+    t_graph, W = best_time(lambda: affinity_graph(X, N_NEIGHBORS, sigma))
     print(f"graph {t_graph:.1f} s", flush=True)
     figures = {"n": X.shape[0], "n_neighbors": N_NEIGHBORS, "sigma": sigma,
                "graph_seconds": t_graph}
@@ -55,7 +48,7 @@ def run(n=None, dims=(10,), landmarks=(250, 500, 1000, 2000, 4000), clusters=10)
 def landmark_sweep(X, W, d, sigma, landmarks):
     """Exact LE and, per number of landmarks, LLL, LE(Z) and Nystrom: seconds and
     Procrustes error against exact LE."""
-    t_exact, exact = timed(lambda: spectral_embedding(W, d, backend="cpu"))
+    t_exact, exact = best_time(lambda: spectral_embedding(W, d, backend="cpu"))
     print(f"d = {d}: exact LE eigensolve {t_exact:.1f} s", flush=True)
     rows = []
     for L in landmarks:
@@ -65,7 +58,7 @@ def landmark_sweep(X, W, d, sigma, landmarks):
             ("LE(Z)", lambda: le_landmarks_only(X, d, n_neighbors=N_NEIGHBORS, sigma=sigma, **kw)),
             ("Nystrom", lambda: nystrom_le(X, d, n_neighbors=N_NEIGHBORS, sigma=sigma, **kw)),
         ):
-            seconds, Y = timed(fn)
+            seconds, Y = best_time(fn)
             rows.append({"method": name, "landmarks": L, "seconds": seconds,
                          "procrustes_error": procrustes_error(exact, Y)})
             print(rows[-1], flush=True)
@@ -81,8 +74,8 @@ def kmeans_warm_start(X, W, K, n_landmarks=1000):
     Y, _, _, U, _ = lll_spectral(X, W, K, n_landmarks, random_state=0, drop_first=False)
     unit = lambda M: M / np.linalg.norm(M, axis=1, keepdims=True)
     rows, lm = unit(Y), unit(U)
-    t_full, (_, _, obj_full) = timed(lambda: kmeans(rows, K, n_init=20, random_state=0))
-    t_warm, (_, _, obj_warm) = timed(lambda: kmeans(
+    t_full, (_, _, obj_full) = best_time(lambda: kmeans(rows, K, n_init=20, random_state=0))
+    t_warm, (_, _, obj_warm) = best_time(lambda: kmeans(
         rows, K, init=kmeans(lm, K, n_init=20, random_state=0)[1]))
     out = {"clusters": K, "restarts": 20, "full_seconds": t_full, "full_objective": obj_full,
            "warm_seconds": t_warm, "warm_objective": obj_warm, "speedup": t_full / t_warm}

@@ -53,8 +53,8 @@ def scale_perplexities(n, perplexity=2.0, n_scales=None):
     if H < 1:
         raise ValueError(f"perplexity must be at most N / 2 = {n / 2}, got {K}")
     if n_scales is None:
-        entries = lambda h: n * min(n - 1, math.ceil(3 * K * 2.0 ** (h - 1)))
-        while K * 2.0 ** (H - 1) > MIN_LARGEST and entries(H) > NEIGHBOR_BUDGET:
+        while (K * 2.0 ** (H - 1) > MIN_LARGEST
+               and n * _default_neighbors(n, K * 2.0 ** (H - 1)) > NEIGHBOR_BUDGET):
             H -= 1
     elif isinstance(n_scales, str):
         if n_scales != "all":
@@ -62,6 +62,10 @@ def scale_perplexities(n, perplexity=2.0, n_scales=None):
     else:
         H = min(H, check_int(n_scales, "n_scales", 1))
     return K * 2.0 ** np.arange(H)
+
+
+def _default_neighbors(n, largest_perplexity):
+    return min(n - 1, math.ceil(3 * largest_perplexity))
 
 
 def multiscale_affinities(X=None, perplexity=2.0, *, n_scales=None, n_neighbors=None,
@@ -78,7 +82,7 @@ def multiscale_affinities(X=None, perplexity=2.0, *, n_scales=None, n_neighbors=
     n = (X if X is not None else neighbors[0]).shape[0]
     scales = scale_perplexities(n, perplexity, n_scales)
     if n_neighbors is None and neighbors is None:
-        n_neighbors = min(n - 1, math.ceil(3 * scales[-1]))
+        n_neighbors = _default_neighbors(n, scales[-1])
     sqdist, indices = _neighbors(X, neighbors, scales[-1], n_neighbors, be)
     k = sqdist.shape[1]
     if scales[-1] >= k:

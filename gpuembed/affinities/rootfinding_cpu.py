@@ -8,7 +8,7 @@ parallel over the cores, with each row's working set in L1.
 
 exp() is the inner loop's cost; LLVM does not vectorize libm's exp, so
 ``_gaussian`` computes it as 2^n p(r) in a form that it does vectorize
-(within 1 ulp over the clamped range, see tests).
+(within 2 ulp of NumPy's exp over the clamped range, see tests).
 """
 from __future__ import annotations
 

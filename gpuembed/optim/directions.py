@@ -123,8 +123,9 @@ def factorize_cpu(B):
 
     CHOLMOD's supernodal Cholesky (the cholespy wheel) with its fill-reducing
     ordering: on the t-SNE spectral-direction matrix of Fashion-MNIST 20k
-    (kappa = 7) it factorizes in 0.66 s and solves two right-hand sides in 6.7 ms,
-    against 3.9 s and 27 ms for SciPy's SuperLU LU with COLAMD (2-core EPYC).
+    (kappa = 7) it factorizes in 0.60 s and solves two right-hand sides in 7 ms,
+    against 3.5 s and 26 ms for SciPy's SuperLU LU with COLAMD (2-core EPYC;
+    benchmarks/results/factorization.json).
     SuperLU remains the fallback where cholespy cannot be imported.
     """
     if _cholespy is None:
@@ -151,8 +152,8 @@ class Spectral(Direction):
     mu = 1e-10 min diag.
 
     ``solver="cholesky"``: one sparse factorization cached for all iterations
-    (on the CPU see :func:`factorize_cpu`; on the GPU cupyx's ``factorized``).  ``solver="cg"``:
-    Jacobi-preconditioned CG warm-started from the previous direction.  "auto":
+    (on the CPU see :func:`factorize_cpu`; on the GPU cupyx's ``factorized``).
+    ``solver="cg"``: Jacobi-preconditioned CG warm-started from the previous direction.  "auto":
     cholesky on the CPU up to ``CHOLESKY_MAX_N`` points (fill grows fast with the
     graph's intrinsic dimension), CG otherwise and on the GPU.
     """
