@@ -89,18 +89,33 @@ def test_same_seed_same_result(small):
 
 
 def test_ee_and_ssne_with_sd_separate_the_loops(loops):
+    # The Gaussian repulsion of EE and s-SNE crowds 10 loops in 2-D: at perplexity 20
+    # pairs of loops cross (10-NN accuracy 0.77-0.92 depending on the start); at
+    # perplexity 5 they separate.  EE follows the paper's homotopy in lambda.
     X, y = loops
-    ee = ge.EE(perplexity=20, optimizer="sd", init="spectral", backend="cpu").fit(X)
+    ee = ge.EE(perplexity=5, optimizer="sd", homotopy=True, init="spectral",
+               backend="cpu").fit(X)
     acc = ge.metrics.knn_accuracy(ee.embedding_, y)
     print(f"EE sd: {ee.n_iter_} iterations, 10-NN accuracy {acc:.3f}")
     assert acc >= 0.95
-    # s-SNE's Gaussian kernel crowds 10 loops in 2-D: at perplexity 20 two pairs of
-    # loops cross (accuracy ~0.83); at perplexity 5 they separate.
     ssne = ge.SSNE(perplexity=5, optimizer="sd", init="spectral", max_iter=3000,
                    backend="cpu").fit(X)
     acc = ge.metrics.knn_accuracy(ssne.embedding_, y)
     print(f"s-SNE sd: {ssne.n_iter_} iterations, 10-NN accuracy {acc:.3f}")
     assert acc >= 0.95
+
+
+def test_ee_sd_needs_a_tenth_of_gd_iterations(loops):
+    """SD reaches the objective of 1000 GD iterations within 100 iterations."""
+    X, _ = loops
+    A = ge.entropic_affinities(X, 20, backend="cpu")
+    fit = lambda optimizer: ge.EE(affinities=A, optimizer=optimizer, max_iter=1000, tol=0,
+                                  backend="cpu").fit(X)
+    goal = fit("gd").objective_
+    sd = fit("sd")
+    first = next(h["iter"] for h in sd.history_ if h["objective"] <= goal)
+    print(f"gd: {goal:.6g} after 1000 iterations; sd reaches it at iteration {first}")
+    assert first <= 100
 
 
 def test_tsne_on_digits(digits):

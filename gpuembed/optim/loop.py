@@ -6,6 +6,7 @@ van der Maaten & Hinton as used by openTSNE and scikit-learn.
 """
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, field
 
@@ -15,6 +16,10 @@ from .directions import DIRECTIONS
 
 ARMIJO_C1 = 1e-4
 MAX_BACKTRACKS = 40
+# The stopping test averages the relative decrease over this many iterations: single
+# iterations of slow progress (a short accepted step) stopped s-SNE with SD on
+# rotating_objects at objective 0.544 where it goes on to 0.49.
+STOP_WINDOW = 10
 
 
 @dataclass
@@ -65,8 +70,8 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
 
     ``step_size`` switches to fixed steps (no line search), as needed with
     approximate gradients; ``schedule(iteration)`` sets the N-body accuracy
-    of each iteration (optim/schedules.py).  Stops when the relative objective decrease falls
-    below ``tol``, when the line search finds no decrease, after ``max_iter``
+    of each iteration (optim/schedules.py).  Stops when the relative objective decrease
+    per iteration, averaged over the last STOP_WINDOW iterations, falls below ``tol``, when the line search finds no decrease, after ``max_iter``
     iterations, or when a callback returns True.
     """
     xp = objective.be.xp
@@ -76,7 +81,8 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
     E, G = objective.value_and_grad(X)
     d = (DIRECTIONS[direction](objective, X, **(direction_params or {}))
          if isinstance(direction, str) else direction)
-    step = 1.0
+    step, grow = 1.0, False
+    recent = collections.deque([E], maxlen=STOP_WINDOW + 1)
     if monitor.record(0, E, 0.0, X):
         return Result(X, E, 0, monitor.history)
     for it in range(1, max_iter + 1):
@@ -91,8 +97,8 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
             X_new = X + alpha * P
             E_new, G_new = objective.value_and_grad(X_new)
         else:
-            alpha = d.initial_step(step)
-            for _ in range(MAX_BACKTRACKS):
+            alpha = d.initial_step(step, grow)
+            for backtracks in range(MAX_BACKTRACKS):
                 X_new = X + alpha * P
                 E_new, G_new = objective.value_and_grad(X_new)
                 if E_new <= E + ARMIJO_C1 * alpha * slope:
@@ -100,9 +106,10 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
                 alpha *= 0.5
             else:
                 return Result(X, E, it - 1, monitor.history, converged=True)
-            step = alpha
+            step, grow = alpha, backtracks == 0
         d.update(X, X_new, G, G_new)
-        change = abs(E - E_new) / max(abs(E), 1e-300)
+        recent.append(E_new)
+        change = abs(recent[0] - E_new) / ((len(recent) - 1) * max(abs(E_new), 1e-300))
         X, E, G = X_new, E_new, G_new
         if monitor.record(it, E, alpha, X):
             return Result(X, E, it, monitor.history)
