@@ -1,7 +1,7 @@
 """N-body engines against brute-force N x N sums.
 
 Relative errors stated per engine: exact ~ machine precision (1e-11 here,
-GEMM distances); FGT below its bound (5.5)-(5.7) relative to sum |q| and
+GEMM distances; 1e-12 for the compiled CPU kernel's Gaussian); FGT below its bound (5.5)-(5.7) relative to sum |q| and
 decreasing with p (about 1e-8 at p = 10); Barnes-Hut equal to exact at
 theta = 0, error growing with theta.
 """
@@ -12,6 +12,7 @@ import gpuembed as ge
 from gpuembed.backend import get_backend
 from gpuembed.nbody import (bh_sums, check_accuracy, engine_sums, error_bound, exact_sums,
                             fgt_sums, resolve_method)
+from gpuembed.nbody.exact import KERNEL_CODES, blocked_sums
 from gpuembed.nbody.fgt import order_for_tolerance
 from gpuembed.objectives import make_objective
 from gpuembed.optim import accuracy_schedule, minimize
@@ -45,6 +46,24 @@ def test_exact_engine_matches_brute_force(d, spread, rng):
     for (S, SX), kernel in zip(exact_sums(CPU, X, kernels, weights=w), kernels):
         S0, SX0 = brute(X, kernel, w=w)
         assert rel(S, S0) < 1e-11 and rel(SX, SX0) < 1e-11
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 5])
+@pytest.mark.parametrize("kernels", list(KERNEL_CODES))
+def test_compiled_cpu_kernel_matches_brute_force(d, kernels, rng):
+    X = rng.normal(size=(700, d)) * 3
+    X[:50] *= 0.01                                   # a tight clump: large sums
+    T = rng.normal(size=(123, d)) * 3
+    w = rng.uniform(0.5, 2.0, 700)
+    for Y in (None, T):
+        out = exact_sums(CPU, X, kernels, Y=Y, weights=w)
+        assert len(out) == len(kernels)
+        for (S, SX), kernel in zip(out, kernels):
+            S0, SX0 = brute(X, kernel, Y=Y, w=w)
+            assert rel(S, S0) < 1e-12 and rel(SX, SX0) < 1e-12
+    (S, SX), = exact_sums(CPU, X.astype(np.float32), ("student",))
+    assert S.dtype == SX.dtype == np.float32
+    assert rel(S, brute(X, "student")[0]) < 1e-6
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])
@@ -245,7 +264,7 @@ def test_exact_gpu_kernel_matches_numpy(d, kernels, rng):
     Y = rng.normal(size=(517, d)) * 3
     w = rng.uniform(0.5, 2.0, 3001)
     for targets in (None, Y):
-        ref = exact_sums(CPU, X, kernels, Y=targets, weights=w)
+        ref = blocked_sums(CPU, X, kernels, Y=targets, weights=w)
         out = exact_sums(gpu, gpu.asarray(X, np.float32), kernels,
                          Y=None if targets is None else gpu.asarray(targets, np.float32),
                          weights=gpu.asarray(w, np.float32))

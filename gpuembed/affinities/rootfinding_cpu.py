@@ -6,9 +6,8 @@ evaluation.  Here numba compiles the kernel's per-row loop (the same steps,
 bracket updates, bisection safeguards and evaluation count) and runs rows in
 parallel over the cores, with each row's working set in L1.
 
-exp() is the inner loop's cost; LLVM does not vectorize libm's exp, so
-``_gaussian`` computes it as 2^n p(r) in a form that it does vectorize
-(within 2 ulp of NumPy's exp over the clamped range, see tests).
+exp() is the inner loop's cost: it comes from ``fastexp.negexp``, which LLVM
+vectorizes (libm's exp it does not).
 """
 from __future__ import annotations
 
@@ -17,46 +16,18 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ..fastexp import negexp
 from .rootfinding import MAX_EVALUATIONS, MAX_INNER, METHODS
 
 _HALLEY, _EULER, _BISECTION = (METHODS.index(m) for m in ("halley", "euler", "bisection"))
 _EPS = float(np.finfo(np.float64).eps)
-_LOG2E = 1.4426950408889634
-_LN2_HI = 0.6931471803691238          # ln 2 split so n * _LN2_HI is exact for |n| < 2^21
-_LN2_LO = 1.9082149292705877e-10
-_ROUND = 6755399441055744.0           # 1.5 * 2^52: x + _ROUND holds round(x) in its low bits
-_ROUND_BITS = 0x4338000000000000      # the bit pattern of _ROUND
-_EXP_MIN = -708.0                     # exp(-708) is still a normal double
 ROWS_PER_TASK = 64                    # rows sharing one scratch allocation
-
-
-@njit(fastmath={"contract"}, cache=True)
-def _gaussian(beta, d, out, bits):
-    """out = exp(max(-beta d, -708)) for d >= 0; ``bits``: int64 scratch of d's size.
-
-    No reassociation allowed here (it would fold the rounding constant away);
-    contraction into FMAs only makes the reduction more exact.
-    """
-    scale = bits.view(np.float64)
-    for j in range(d.size):
-        v = max(-beta * d[j], _EXP_MIN)
-        shifted = v * _LOG2E + _ROUND
-        scale[j] = shifted
-        n = shifted - _ROUND
-        r = (v - n * _LN2_HI) - n * _LN2_LO              # |r| <= ln(2) / 2
-        out[j] = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (
-            1 / 120 + r * (1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (
-                1 / 362880 + r * (1 / 3628800 + r * (1 / 39916800 + r / 479001600)))))))))))
-    for j in range(d.size):
-        bits[j] = (bits[j] - _ROUND_BITS + 1023) << 52   # 2^n as a double's bits
-    for j in range(d.size):
-        out[j] *= scale[j]
 
 
 @njit(fastmath=True, cache=True)
 def _entropy_terms(d, beta, w, bits):
     """H, dH/dalpha, d2H/dalpha2 of one row (rootfinding.entropy_terms)."""
-    _gaussian(beta, d, w, bits)
+    negexp(beta, d, w, bits)
     z = 0.0
     s1 = 0.0
     for j in range(d.size):

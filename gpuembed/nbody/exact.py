@@ -7,9 +7,11 @@ For targets y_n and sources x_m (with optional source weights w_m)
 excluding m = n when the targets are the sources.  Blocks of B targets hold a
 B x N matrix of kernel values (``block_bytes``: 1 MiB on the CPU, spread over
 threads, and 512 MiB on the GPU; at least 64 rows), so memory stays bounded.  Written once
-against ``xp``: the CPU path and the reference for the GPU kernel.  On the GPU
-the common kernel sets run in the tiled RawKernel of kernels/nbody_exact.cu
-(one thread per two targets, sources through shared memory, no N x B block).
+against ``xp``: the reference for the compiled kernels and the path for the
+cases they do not cover (distance shifts, excluded pairs, more than 16
+dimensions).  The common kernel sets run compiled: on the GPU in the tiled
+RawKernel of kernels/nbody_exact.cu (one thread per two targets, sources through
+shared memory, no N x B block), on the CPU in its numba twin (exact_cpu.py).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .exact_cpu import exact_sums_cpu
+
 KERNELS = ("gaussian", "student", "student2")
 # Small CPU blocks stay in cache (4x faster than 4 MiB ones, measured at N = 1797)
 # and give each core work; the GPU wants big ones.  At least MIN_ROWS rows per
@@ -25,11 +29,12 @@ KERNELS = ("gaussian", "student", "student2")
 DEFAULT_BLOCK_BYTES = {"cpu": 2**20, "gpu": 512 * 2**20}
 MIN_ROWS = 64
 N_THREADS = os.cpu_count() or 1
-# Kernel sets the tiled CUDA kernel computes (NBODY_KERNEL codes in
-# kernels/nbody_exact.cu); "student2" alone comes from the fused pass.
-GPU_KERNEL_CODES = {("gaussian",): 0, ("student",): 1, ("student", "student2"): 2,
+# Kernel sets the compiled kernels compute (NBODY_KERNEL codes in
+# kernels/nbody_exact.cu, the same in exact_cpu.py); "student2" alone comes from
+# the fused pass.
+KERNEL_CODES = {("gaussian",): 0, ("student",): 1, ("student", "student2"): 2,
                     ("student2",): 2}
-GPU_MAX_DIM = 16               # register arrays of NBODY_DIM floats per target
+MAX_COMPILED_DIM = 16          # CUDA: register arrays of NBODY_DIM floats per target
 GPU_THREADS = 128
 GPU_TARGETS_PER_THREAD = 2     # NBODY_TPT
 
@@ -88,10 +93,23 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_sh
     ``exclude`` (with ``Y``): per target, the source index of its self pair, or -1
     (targets and sources drawn from one point set).
     """
+    if (target_shift is None and source_shift is None and exclude is None
+            and tuple(kernels) in KERNEL_CODES and X.shape[1] <= MAX_COMPILED_DIM):
+        code = KERNEL_CODES[tuple(kernels)]
+        if be.is_gpu:
+            S, SX = _exact_gpu(be, X, code, Y, weights)
+        else:
+            S, SX = exact_sums_cpu(X, code, Y, weights)
+        results = list(zip(S, SX))
+        return results[1:] if tuple(kernels) == ("student2",) else results
+    return blocked_sums(be, X, kernels, Y, weights, block_bytes, target_shift, source_shift,
+                        exclude)
+
+
+def blocked_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_shift=None,
+                 source_shift=None, exclude=None):
+    """:func:`exact_sums` by blocks of NumPy/CuPy array code (the reference)."""
     xp = be.xp
-    if (be.is_gpu and target_shift is None and source_shift is None and exclude is None
-            and tuple(kernels) in GPU_KERNEL_CODES and X.shape[1] <= GPU_MAX_DIM):
-        return _exact_gpu(be, X, tuple(kernels), Y, weights)
     targets = X if Y is None else Y
     n_t, n_s = targets.shape[0], X.shape[0]
     sq_x = (X * X).sum(axis=1)
@@ -132,10 +150,9 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_sh
     return out
 
 
-def _exact_gpu(be, X, kernels, Y, weights):
-    """exact_sums by the tiled RawKernel of kernels/nbody_exact.cu."""
+def _exact_gpu(be, X, code, Y, weights):
+    """S (outs, N_t) and SX (outs, N_t, d) by the tiled RawKernel of kernels/nbody_exact.cu."""
     xp = be.xp
-    code = GPU_KERNEL_CODES[kernels]
     targets = xp.ascontiguousarray(X if Y is None else Y)
     X = xp.ascontiguousarray(X)
     (n_s, d), n_t = X.shape, targets.shape[0]
@@ -150,8 +167,7 @@ def _exact_gpu(be, X, kernels, Y, weights):
     fn(((n_t + per_block - 1) // per_block,), (GPU_THREADS,),
        (X, w, targets, np.int64(n_s), np.int64(n_t), np.int32(Y is None), S, SX),
        shared_mem=GPU_THREADS * (d + 1) * X.dtype.itemsize)
-    results = [(S[o], SX[o]) for o in range(outs)]
-    return results[1:] if kernels == ("student2",) else results
+    return S, SX
 
 
 def xx_terms(be, X, coef_fn, V=None, block_bytes=None):

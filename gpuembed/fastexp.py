@@ -1,0 +1,42 @@
+"""exp(-beta d) for numba-compiled CPU loops, in a form LLVM vectorizes.
+
+LLVM does not vectorize calls to libm's exp, so loops dominated by it (the
+entropic root finding, the Gaussian N-body sums) run at ~4 ns per element.
+``negexp`` computes 2^n p(r): range reduction with a split ln 2, a degree-12
+polynomial p, and 2^n built from its bits; vectorized it takes ~1.2 ns per
+element and stays within 2 ulp of NumPy's exp over the clamped range (tests).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_LOG2E = 1.4426950408889634
+_LN2_HI = 0.6931471803691238          # ln 2 split so n * _LN2_HI is exact for |n| < 2^21
+_LN2_LO = 1.9082149292705877e-10
+_ROUND = 6755399441055744.0           # 1.5 * 2^52: x + _ROUND holds round(x) in its low bits
+_ROUND_BITS = 0x4338000000000000      # the bit pattern of _ROUND
+_EXP_MIN = -708.0                     # exp(-708) is still a normal double
+
+
+@njit(fastmath={"contract"}, cache=True)
+def negexp(beta, d, out, bits):
+    """out = exp(max(-beta d, -708)) for d >= 0; ``bits``: int64 scratch of d's size.
+
+    No reassociation allowed here (it would fold the rounding constant away);
+    contraction into FMAs only makes the reduction more exact.
+    """
+    scale = bits.view(np.float64)
+    for j in range(d.size):
+        v = max(-beta * d[j], _EXP_MIN)
+        shifted = v * _LOG2E + _ROUND
+        scale[j] = shifted
+        n = shifted - _ROUND
+        r = (v - n * _LN2_HI) - n * _LN2_LO              # |r| <= ln(2) / 2
+        out[j] = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (
+            1 / 120 + r * (1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (
+                1 / 362880 + r * (1 / 3628800 + r * (1 / 39916800 + r / 479001600)))))))))))
+    for j in range(d.size):
+        bits[j] = (bits[j] - _ROUND_BITS + 1023) << 52   # 2^n as a double's bits
+    for j in range(d.size):
+        out[j] *= scale[j]
