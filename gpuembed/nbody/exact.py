@@ -33,7 +33,7 @@ N_THREADS = os.cpu_count() or 1
 # kernels/nbody_exact.cu, the same in exact_cpu.py); "student2" alone comes from
 # the fused pass.
 KERNEL_CODES = {("gaussian",): 0, ("student",): 1, ("student", "student2"): 2,
-                    ("student2",): 2}
+                ("student2",): 2}
 MAX_COMPILED_DIM = 16          # CUDA: register arrays of NBODY_DIM floats per target
 GPU_THREADS = 128
 GPU_TARGETS_PER_THREAD = 2     # NBODY_TPT
@@ -93,15 +93,16 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_sh
     ``exclude`` (with ``Y``): per target, the source index of its self pair, or -1
     (targets and sources drawn from one point set).
     """
+    kernels = tuple(kernels)
     if (target_shift is None and source_shift is None and exclude is None
-            and tuple(kernels) in KERNEL_CODES and X.shape[1] <= MAX_COMPILED_DIM):
-        code = KERNEL_CODES[tuple(kernels)]
+            and kernels in KERNEL_CODES and X.shape[1] <= MAX_COMPILED_DIM):
+        code = KERNEL_CODES[kernels]
         if be.is_gpu:
             S, SX = _exact_gpu(be, X, code, Y, weights)
         else:
             S, SX = exact_sums_cpu(X, code, Y, weights)
         results = list(zip(S, SX))
-        return results[1:] if tuple(kernels) == ("student2",) else results
+        return results[1:] if kernels == ("student2",) else results
     return blocked_sums(be, X, kernels, Y, weights, block_bytes, target_shift, source_shift,
                         exclude)
 

@@ -10,10 +10,8 @@ first use (about 1 s; not cached on disk, generated code has no source file).
 Kernel codes as in CUDA: 0 Gaussian, 1 Student-t, 2 the fused Student-t pass
 giving both K and K^2 sums (t-SNE's normalization and forces in one sweep).
 
-The Gaussian uses exp(-t) = p(-t / 1024)^1024 with p the degree-11 Taylor
-polynomial (libm's exp would stop the vectorization): relative error below
-1e-12 for t < 40, i.e. wherever exp(-t) is not negligible against a self-pair
-scale term of 1; t is clamped at 708 like ``fastexp``.
+The Gaussian's exp is ``fastexp.expneg``, a scalar form LLVM vectorizes inside
+this loop (libm's exp would stop the vectorization).
 """
 from __future__ import annotations
 
@@ -22,18 +20,7 @@ import functools
 import numpy as np
 from numba import njit, prange
 
-MAX_DIM = 16            # larger dimensions use the NumPy engine (as on the GPU)
-
-
-@njit(inline="always", fastmath=True)
-def _expneg(t):
-    r = -min(t, 708.0) * (1.0 / 1024.0)
-    p = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (1 / 120 + r * (
-        1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (1 / 362880 + r * (
-            1 / 3628800 + r / 39916800))))))))))
-    for _ in range(10):
-        p = p * p
-    return p
+from ..fastexp import expneg
 
 
 _TEMPLATE = """
@@ -54,7 +41,7 @@ def sums(XT, w, TT, self_pairs, S, SX):
 {store}
 """
 _KERNELS = {
-    0: "                k = w[j] * _expneg(t)\n                s += k\n{acc_k}",
+    0: "                k = w[j] * expneg(t)\n                s += k\n{acc_k}",
     1: "                k = w[j] / (1.0 + t)\n                s += k\n{acc_k}",
     2: ("                k = 1.0 / (1.0 + t)\n                k2 = w[j] * k * k\n"
         "                k *= w[j]\n                s += k\n                s2 += k2\n"
@@ -78,7 +65,7 @@ def _compiled(dim, code):
         distance=" + ".join(f"(y{c} - XT[{c}, j]) ** 2" for c in coords),
         kernel=_KERNELS[code].format(acc_k=acc_k, acc_k2=acc_k2),
         store=store.rstrip("\n"))
-    namespace = {"prange": prange, "_expneg": _expneg}
+    namespace = {"prange": prange, "expneg": expneg}
     exec(source, namespace)
     return njit(parallel=True, fastmath=True)(namespace["sums"])
 

@@ -79,11 +79,11 @@ def pcg(xp, matvec, B, X0, precond, rtol, maxiter):
 
 
 class Direction:
+    natural_step = 1.0
+
     def __init__(self, objective, X):
         self.objective = objective
         self.be = objective.be
-
-    natural_step = 1.0
 
     def initial_step(self, previous, grow):
         return min(self.natural_step, 2.0 * previous) if grow else previous

@@ -70,8 +70,9 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
 
     ``step_size`` switches to fixed steps (no line search), as needed with
     approximate gradients; ``schedule(iteration)`` sets the N-body accuracy
-    of each iteration (optim/schedules.py).  Stops when the relative objective decrease
-    per iteration, averaged over the last STOP_WINDOW iterations, falls below ``tol``, when the line search finds no decrease, after ``max_iter``
+    of each iteration (optim/schedules.py).  Stops when the relative objective
+    decrease per iteration, averaged over the last STOP_WINDOW iterations, falls
+    below ``tol``, when the line search finds no decrease, after ``max_iter``
     iterations, or when a callback returns True.
     """
     xp = objective.be.xp
