@@ -31,8 +31,14 @@ class PairSet:
         self.p = P.data
 
     def sqdist(self, X):
-        diff = X[self.rows] - X[self.cols]
-        return (diff * diff).sum(axis=1)
+        # Column by column: a (nnz, d) difference summed over its short axis is
+        # about 8x slower in NumPy for d = 2.
+        out = 0.0
+        for i in range(X.shape[1]):
+            x = X[:, i]
+            diff = x[self.rows] - x[self.cols]
+            out = out + diff * diff
+        return out
 
     def weights(self, w):
         """Sparse matrix with edge values w on P's pattern."""
