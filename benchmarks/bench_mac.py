@@ -6,8 +6,9 @@
    FGT gradient), and the F steps (linear least squares, one MLP epoch);
    fitted log-log slopes.
 2. ``linear``: learning curves P(F) vs seconds for linear EE on rotating_objects
-   (PCA to 15 dimensions): MAC (default schedule) vs chain-rule gradient descent
-   with backtracking, both from the same free embedding and direct fit.
+   (PCA to 15 dimensions): MAC (default schedule; and with augmented-Lagrangian
+   multipliers) vs chain-rule gradient descent with backtracking, all from the
+   same free embedding and direct fit.
 3. ``linear-fmnist``: linear EE on Fashion-MNIST (first N points after PCA
    to 50), the paper's MNIST setting: MAC with FGT Z steps against the chain
    rule with the exact gradient (the paper's baseline) and with the FGT.
@@ -16,7 +17,8 @@
    the chain rule's gradient (and the exact chain rule, time permitting).
 
 The time of the free embedding (shared by all) is excluded from the curves.
-Writes results/mac[_<suffix>].json and results/mac_<part>.png.
+Writes results/mac[_<suffix>].json (the parts run now replace their earlier
+figures, the others are kept) and results/mac_<part>.png.
 """
 from __future__ import annotations
 
@@ -80,14 +82,18 @@ def cost(be, sizes, exact_max):
     return rows, slopes
 
 
-def curves(Y, embedding, mapping, mac_params, chain_engines, chain_max_iter, chain_direction):
-    """MAC and chain-rule learning curves from one free embedding."""
-    pe = ge.ParametricEmbedding(embedding, mapping, **mac_params).fit(Y)
-    t0 = pe.history_[0]["time"]
-    out = {"free_objective": pe.free_objective_,
-           "MAC": [{"seconds": h["time"] - t0, "objective": h["objective"], "mu": h["mu"]}
-                   for h in pe.history_]}
-    print("MAC", pe.objective_, out["MAC"][-1]["seconds"], flush=True)
+def curves(Y, embedding, mapping, macs, chain_engines, chain_max_iter, chain_direction):
+    """MAC (one curve per entry of ``macs``: name -> parameters) and chain-rule
+    learning curves from one free embedding (the first MAC's)."""
+    out, fits = {}, {}
+    for name, mac_params in macs.items():
+        pe = fits[name] = ge.ParametricEmbedding(embedding, mapping, **mac_params).fit(Y)
+        t0 = pe.history_[0]["time"]
+        out.setdefault("free_objective", pe.free_objective_)
+        out[name] = [{"seconds": h["time"] - t0, "objective": h["objective"], "mu": h["mu"]}
+                     for h in pe.history_]
+        print(name, pe.objective_, out[name][-1]["seconds"], flush=True)
+    pe = next(iter(fits.values()))
     be = get_backend(embedding.backend)
     Y_dev = be.asarray(Y)
     A = copy.copy(embedding)._affinity_matrix(Y_dev, be)
@@ -118,14 +124,17 @@ def _direct_fit(pe, Y, Z):
 
 
 def _speedup(out):
-    """For each chain-rule run: its time to its final P(F) over MAC's time to reach it."""
+    """For each chain-rule run and MAC curve: the chain rule's time to its final
+    P(F) over the MAC curve's time to reach it (None: never reached)."""
     result = {}
+    macs = [key for key in out if key.startswith("MAC")]
     for key, hist in out.items():
         if not key.startswith("chain rule"):
             continue
         target = hist[-1]["objective"]
-        mac = next((h["seconds"] for h in out["MAC"] if h["objective"] <= target), None)
-        result[key] = None if mac is None else hist[-1]["seconds"] / max(mac, 1e-9)
+        for name in macs:
+            mac = next((h["seconds"] for h in out[name] if h["objective"] <= target), None)
+            result[f"{name} vs {key}"] = None if mac is None else hist[-1]["seconds"] / max(mac, 1e-9)
     return result
 
 
@@ -155,7 +164,7 @@ def main():
     parser.add_argument("--max-n", type=int, default=50000)
     parser.add_argument("--exact-max-n", type=int, default=20000)
     parser.add_argument("--mlp-n", type=int, default=20000)
-    parser.add_argument("--linear-n", type=int, default=20000)
+    parser.add_argument("--linear-n", type=int, default=10000)
     parser.add_argument("--chain-iter", type=int, default=100)
     parser.add_argument("--suffix", default="")
     args = parser.parse_args()
@@ -168,14 +177,16 @@ def main():
         figures["cost"] = {"rows": rows, "slopes": slopes}
     if "linear" in parts:
         X, _ = ge.datasets.rotating_objects()
-        data = curves(pca(X, 15), ge.EE(backend="cpu", random_state=0), "linear", {},
+        data = curves(pca(X, 15), ge.EE(backend="cpu", random_state=0), "linear",
+                      {"MAC": {}, "MAC (augmented)": {"augmented": True, "mu_start": 1.0}},
                       ("exact",), 300, "gd")
         figures["linear_ee_rotating_objects"] = data
         plot(data, RESULTS / f"mac_linear{args.suffix}.png", "linear EE, rotating_objects")
     if "linear-fmnist" in parts:
         X, _ = ge.datasets.fashion_mnist()
         Y = pca(X[: args.linear_n].astype(np.float64), 50)
-        data = curves(Y, ge.EE(backend="cpu", nbody="fgt", random_state=0), "linear", {},
+        data = curves(Y, ge.EE(backend="cpu", nbody="fgt", random_state=0), "linear",
+                      {"MAC": {}, "MAC (augmented)": {"augmented": True, "mu_start": 0.1}},
                       ("fgt", "exact"), args.chain_iter, "gd")
         figures["linear_ee_fashion_mnist"] = {"n": args.linear_n, **data}
         plot(data, RESULTS / f"mac_linear_fmnist{args.suffix}.png",
@@ -185,11 +196,12 @@ def main():
         Y = pca(X[: args.mlp_n].astype(np.float64), 50)
         mlp = {"hidden": (256, 256), "initial_epochs": 30, "epochs": 3, "random_state": 0}
         data = curves(Y, ge.TSNE(backend="cpu", nbody="bh", random_state=0, max_iter=200), "mlp",
-                      {"mapping_params": mlp, "n_mu": 8, "max_inner": 3, "z_max_iter": 10}, ("bh",), 100, "gd")
+                      {"MAC": {"mapping_params": mlp, "n_mu": 8, "max_inner": 3, "z_max_iter": 10}},
+                      ("bh",), 100, "gd")
         figures["tsne_mlp_fashion_mnist"] = {"n": args.mlp_n, **data}
         plot(data, RESULTS / f"mac_mlp{args.suffix}.png",
              f"t-SNE + MLP, Fashion-MNIST {args.mlp_n}")
-    write_result("mac", figures, args.suffix)
+    write_result("mac", figures, args.suffix, merge=True)
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ def main():
                                        "optimizer": "fp", "step_size": args.ee_step,
                                        "runs": ee_fashion(be, args.ee_n, args.ee_budget,
                                                           args.ee_step)}
-    write_result("nbody", figures, args.suffix)
+    write_result("nbody", figures, args.suffix, merge=True)
 
 
 if __name__ == "__main__":

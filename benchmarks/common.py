@@ -88,10 +88,20 @@ def pyplot():
     return plt
 
 
-def write_result(name, figures, suffix=""):
+def write_result(name, figures, suffix="", merge=False):
+    """Write results/<name><suffix>.json.  With ``merge`` the figures of an earlier
+    run that this one did not redo are kept; each figure then records the date
+    and commit of the run that made it."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": name, **environment(), "figures": figures}
+    env = environment()
     path = RESULTS / f"{name}{suffix}.json"
+    if merge:
+        stamp = {"date": env["date"], "commit": env["commit"]}
+        figures = {key: {**value, "run": stamp} if isinstance(value, dict) else value
+                   for key, value in figures.items()}
+        if path.is_file():
+            figures = {**json.loads(path.read_text())["figures"], **figures}
+    record = {"benchmark": name, **env, "figures": figures}
     path.write_text(json.dumps(record, indent=2, default=_jsonable) + "\n")
     print(f"wrote {path}")
     return path

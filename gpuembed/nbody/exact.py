@@ -94,13 +94,15 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_sh
     (targets and sources drawn from one point set).
     """
     kernels = tuple(kernels)
-    if (target_shift is None and source_shift is None and exclude is None
-            and kernels in KERNEL_CODES and X.shape[1] <= MAX_COMPILED_DIM):
+    plain = target_shift is None and source_shift is None and exclude is None
+    if (kernels in KERNEL_CODES and X.shape[1] <= MAX_COMPILED_DIM
+            and (plain or not be.is_gpu)):
+        # The CUDA kernel has no shifts or exclusions; the compiled CPU loop has.
         code = KERNEL_CODES[kernels]
         if be.is_gpu:
             S, SX = _exact_gpu(be, X, code, Y, weights)
         else:
-            S, SX = exact_sums_cpu(X, code, Y, weights)
+            S, SX = exact_sums_cpu(X, code, Y, weights, target_shift, source_shift, exclude)
         results = list(zip(S, SX))
         return results[1:] if kernels == ("student2",) else results
     return blocked_sums(be, X, kernels, Y, weights, block_bytes, target_shift, source_shift,

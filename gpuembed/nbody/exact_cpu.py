@@ -9,6 +9,8 @@ loop is generated for each (dimension, kernel code) and compiled by numba on
 first use (about 1 s; not cached on disk, generated code has no source file).
 Kernel codes as in CUDA: 0 Gaussian, 1 Student-t, 2 the fused Student-t pass
 giving both K and K^2 sums (t-SNE's normalization and forces in one sweep).
+Unlike the CUDA kernel it also takes exact_sums' distance shifts and excluded
+pairs (multi-scale SNE's finest scales).
 
 The Gaussian's exp is ``fastexp.expneg``, a scalar form LLVM vectorizes inside
 this loop (libm's exp would stop the vectorization).
@@ -24,17 +26,18 @@ from ..fastexp import expneg
 
 
 _TEMPLATE = """
-def sums(XT, w, TT, self_pairs, S, SX):
+def sums(XT, w, TT, skip, ts, ss, S, SX):
     n_s = XT.shape[1]
     for i in prange(TT.shape[1]):
 {load}
         s = 0.0
         s2 = 0.0
 {zero}
+        cut = skip[i]
         for part in range(2):
-            # the sources before and after target i (the self pair is skipped)
-            lo = 0 if part == 0 else (i + 1 if self_pairs else n_s)
-            hi = (i if self_pairs else n_s) if part == 0 else n_s
+            # the sources before and after the skipped one (the self pair), if any
+            lo = 0 if part == 0 else (cut + 1 if cut >= 0 else n_s)
+            hi = (cut if cut >= 0 else n_s) if part == 0 else n_s
             for j in range(lo, hi):
                 t = {distance}
 {kernel}
@@ -50,8 +53,9 @@ _KERNELS = {
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(dim, code):
-    """The target loop for ``dim`` coordinates and kernel ``code``, compiled."""
+def _compiled(dim, code, target_shift, source_shift):
+    """The target loop for ``dim`` coordinates and kernel ``code``, with or without
+    the per-target and per-source shifts of the distance, compiled."""
     coords = range(dim)
     lines = lambda fmt, indent: "".join(" " * indent + fmt.format(c=c) + "\n" for c in coords)
     acc_k = lines("a{c} += k * XT[{c}, j]", 16)
@@ -60,9 +64,10 @@ def _compiled(dim, code):
     if code == 2:
         store += "        S[1, i] = s2\n" + lines("SX[1, i, {c}] = b{c}", 8)
     source = _TEMPLATE.format(
-        load=lines("y{c} = TT[{c}, i]", 8),
+        load=lines("y{c} = TT[{c}, i]", 8) + ("        m = ts[i]\n" if target_shift else ""),
         zero=lines("a{c} = 0.0", 8) + lines("b{c} = 0.0", 8),
-        distance=" + ".join(f"(y{c} - XT[{c}, j]) ** 2" for c in coords),
+        distance=(" + ".join(f"(y{c} - XT[{c}, j]) ** 2" for c in coords)
+                  + " - m" * target_shift + " - ss[j]" * source_shift),
         kernel=_KERNELS[code].format(acc_k=acc_k, acc_k2=acc_k2),
         store=store.rstrip("\n"))
     namespace = {"prange": prange, "expneg": expneg}
@@ -70,16 +75,29 @@ def _compiled(dim, code):
     return njit(parallel=True, fastmath=True)(namespace["sums"])
 
 
-def exact_sums_cpu(X, code, Y=None, weights=None):
+def exact_sums_cpu(X, code, Y=None, weights=None, target_shift=None, source_shift=None,
+                   exclude=None):
     """(S, SX), each with a leading axis of 1 (codes 0, 1) or 2 (code 2: Student-t,
-    then its square), over all pairs; the self pair is excluded when Y is None.
-    Computed and accumulated in float64 whatever X's dtype; returned in X's dtype."""
+    then its square), over all pairs; the self pair is excluded when Y is None, and
+    ``exclude[i]`` (a source index, or -1) for target i otherwise.  The shifts are
+    subtracted from the squared distances as in exact.exact_sums; the Gaussian's
+    exp assumes the shifted distances stay >= 0.  Computed and accumulated in
+    float64 whatever X's dtype; returned in X's dtype."""
     XT = np.ascontiguousarray(X.T, dtype=np.float64)
     TT = XT if Y is None else np.ascontiguousarray(Y.T, dtype=np.float64)
+    n_t = TT.shape[1]
     w = (np.ones(X.shape[0]) if weights is None
          else np.ascontiguousarray(weights, dtype=np.float64))
+    if Y is None:
+        skip = np.arange(n_t)
+    elif exclude is None:
+        skip = np.full(n_t, -1)
+    else:
+        skip = np.ascontiguousarray(exclude, dtype=np.int64)
+    shift = lambda v: np.empty(0) if v is None else np.ascontiguousarray(v, dtype=np.float64)
     outs = 2 if code == 2 else 1
-    S = np.empty((outs, TT.shape[1]))
-    SX = np.empty((outs, TT.shape[1], X.shape[1]))
-    _compiled(X.shape[1], code)(XT, w, TT, Y is None, S, SX)
+    S = np.empty((outs, n_t))
+    SX = np.empty((outs, n_t, X.shape[1]))
+    _compiled(X.shape[1], code, target_shift is not None, source_shift is not None)(
+        XT, w, TT, skip, shift(target_shift), shift(source_shift), S, SX)
     return S.astype(X.dtype, copy=False), SX.astype(X.dtype, copy=False)
