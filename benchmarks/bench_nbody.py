@@ -5,7 +5,12 @@
    whose spread grows as sqrt(N)), with fitted log-log slopes; Gaussian kernel
    for all engines, plus the t-SNE pair (student, student2) for exact and bh.
 2. ``accuracy``: relative error and seconds vs FGT order p and BH theta at N = 20,000.
-3. ``ee``: EE on Fashion-MNIST (PCA to 50, perplexity 30, k = 90) with fixed-step
+3. ``crossover``: exact against the engine nbody="auto" switches to (fgt p = 8 for
+   the Gaussian, bh theta = 0.5 for the t-SNE pair) on clustered 2-D layouts
+   (10 Gaussian blobs; the blob spread sets the extent, std 4 and 10 for the
+   Gaussian like EE, 20 for Student-t like t-SNE), N = 2,500 to 40,000, and the
+   first N where the fast engine wins (the AUTO_EXACT_BELOW thresholds).
+4. ``ee``: EE on Fashion-MNIST (PCA to 50, perplexity 30, k = 90) with fixed-step
    FP iterations and the exact / fgt (p ramp 1 -> 10) / bh (theta ramp 2 -> 0.1)
    engines under one time budget each; the objective at log-spaced checkpoints
    is evaluated afterwards (not counted in the run's time) by the FGT at p = 12,
@@ -32,6 +37,32 @@ DENSITY = 2.0
 
 def points(n, seed=0):
     return np.random.default_rng(seed).uniform(0, np.sqrt(n / DENSITY), (n, 2))
+
+
+def blobs(n, spread, seed=0):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(10, 2)) * spread
+    return centers[rng.integers(0, 10, n)] + rng.normal(size=(n, 2)) * spread / 4
+
+
+def crossover(be, sizes):
+    configs = [(("gaussian",), 4.0, "fgt", {"p": 8}), (("gaussian",), 10.0, "fgt", {"p": 8}),
+               (("student", "student2"), 20.0, "bh", {"theta": 0.5})]
+    rows, first_win = [], {}
+    sync = be.xp.cuda.Device().synchronize if be.is_gpu else None
+    for kernels, spread, fast, accuracy in configs:
+        name = f"{'+'.join(kernels)} spread {spread:g}: exact vs {fast} {accuracy}"
+        for n in sizes:
+            X = be.asarray(blobs(n, spread), be.default_float)
+            seconds = {method: best_time(lambda: engine_sums(be, method, X, kernels, accuracy=acc),
+                                         2, sync)[0]
+                       for method, acc in (("exact", {}), (fast, accuracy))}
+            rows.append({"config": name, "n": n, **seconds})
+            print(rows[-1], flush=True)
+            if seconds[fast] < seconds["exact"]:
+                first_win.setdefault(name, n)
+        first_win.setdefault(name, None)
+    return {"rows": rows, "fast_engine_first_wins_at": first_win}
 
 
 def scaling(be, sizes, exact_max, fast_max):
@@ -130,7 +161,7 @@ def main():
     parser.add_argument("--ee-n", type=int, default=70_000)
     parser.add_argument("--ee-budget", type=float, default=300.0, help="seconds per engine")
     parser.add_argument("--ee-step", type=float, default=0.5)
-    parser.add_argument("--parts", default="scaling,accuracy,ee")
+    parser.add_argument("--parts", default="scaling,accuracy,crossover,ee")
     parser.add_argument("--suffix", default="")
     args = parser.parse_args()
     be = get_backend(args.backend)
@@ -144,6 +175,8 @@ def main():
         plot(rows, RESULTS / f"nbody_scaling{args.suffix}.png")
     if "accuracy" in parts:
         figures["accuracy"] = accuracy_sweep(be, 20000)
+    if "crossover" in parts:
+        figures["crossover"] = crossover(be, [n for n in sizes if n <= args.exact_max_n])
     if "ee" in parts:
         figures["ee_fashion_mnist"] = {"n": args.ee_n, "budget_seconds": args.ee_budget,
                                        "optimizer": "fp", "step_size": args.ee_step,

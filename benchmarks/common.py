@@ -90,18 +90,19 @@ def pyplot():
 
 def write_result(name, figures, suffix="", merge=False):
     """Write results/<name><suffix>.json.  With ``merge`` the figures of an earlier
-    run that this one did not redo are kept; each figure then records the date
-    and commit of the run that made it."""
+    run that this one did not redo are kept, and "figure_runs" records the date
+    and commit of the run that made each figure."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     env = environment()
     path = RESULTS / f"{name}{suffix}.json"
+    record = {"benchmark": name, **env, "figures": figures}
     if merge:
         stamp = {"date": env["date"], "commit": env["commit"]}
-        figures = {key: {**value, "run": stamp} if isinstance(value, dict) else value
-                   for key, value in figures.items()}
-        if path.is_file():
-            figures = {**json.loads(path.read_text())["figures"], **figures}
-    record = {"benchmark": name, **env, "figures": figures}
+        old = json.loads(path.read_text()) if path.is_file() else {}
+        old_runs = old.get("figure_runs") or {key: {"date": old["date"], "commit": old["commit"]}
+                                              for key in old.get("figures", {})}
+        record["figures"] = {**old.get("figures", {}), **figures}
+        record["figure_runs"] = {**old_runs, **{key: stamp for key in figures}}
     path.write_text(json.dumps(record, indent=2, default=_jsonable) + "\n")
     print(f"wrote {path}")
     return path

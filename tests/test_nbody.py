@@ -188,6 +188,10 @@ def test_engine_choice_and_bad_input():
     assert resolve_method("auto", 1000, 2, "gaussian", CPU) == "exact"
     assert resolve_method("auto", 10**6, 2, "gaussian", CPU) == "fgt"
     assert resolve_method("auto", 10**6, 2, "student", CPU) == "bh"
+    # the compiled exact Student-t pair beats Barnes-Hut far longer than the Gaussian the FGT
+    assert resolve_method("auto", 20_000, 2, "student", CPU) == "exact"
+    assert resolve_method("auto", 20_000, 2, "student2", CPU) == "exact"
+    assert resolve_method("auto", 20_000, 2, "gaussian", CPU) == "fgt"
     assert resolve_method("auto", 10**6, 5, "gaussian", CPU) == "exact"
     with pytest.raises(ValueError, match="n_components"):
         resolve_method("fgt", 1000, 4, "gaussian", CPU)

@@ -19,19 +19,24 @@ __all__ = ["kernel_sums", "engine_sums", "exact_sums", "fgt_sums", "bh_sums", "r
 METHODS = ("exact", "fgt", "bh")
 ACCURACY_PARAMETERS = {"exact": (), "fgt": ("p", "tol"), "bh": ("theta",)}
 MAX_DIM = 3
-# nbody="auto" uses the exact engine below these sizes.  CPU: the crossovers
-# measured by benchmarks/bench_nbody.py (2-core Xeon, 2-D): ~2,500 points for
-# the FGT at p = 8, ~4,000 for Barnes-Hut at theta = 0.5; at N = 5,000 an EE fit
-# is 5.9x and a t-SNE fit 2.9x faster with the same objective (to 1e-5 and
-# 0.4%).  GPU: a guess from the tiled kernel's expected ~1e12 pairs/s against
-# the launch-bound array code of the fast engines; not yet measured on a GPU.
-AUTO_EXACT_BELOW = {"cpu": 4_000, "gpu": 200_000}
+# nbody="auto" uses the exact engine below these sizes (per device and kernel).
+# CPU: where the fast engine first beats one exact kernel sum (S, SX) with the
+# compiled loop (benchmarks/bench_nbody.py --parts crossover; 2-core EPYC, 2-D
+# layouts of 10 blobs): the FGT (p = 8) at 10,000 points for blobs of extent std 4
+# and at 20,000 for std 10 (a Fashion-MNIST 5k EE embedding has std 12, where
+# exact is 2.8x faster); Barnes-Hut (theta = 0.5) is still 1.5x slower than the
+# exact Student-t pair at 40,000.  GPU: a guess from the tiled kernel's expected
+# ~1e12 pairs/s against the launch-bound array code of the fast engines; not yet
+# measured.
+AUTO_EXACT_BELOW = {"cpu": {"gaussian": 10_000, "student": 40_000},
+                    "gpu": {"gaussian": 200_000, "student": 200_000}}
 
 
 def resolve_method(method, n, dim, kernel, backend):
     """The engine for ``nbody=method`` ("auto" picks by N, kernel, dimension, device)."""
     if method == "auto":
-        if dim > MAX_DIM or n < AUTO_EXACT_BELOW[backend.name]:
+        below = AUTO_EXACT_BELOW[backend.name]["gaussian" if kernel == "gaussian" else "student"]
+        if dim > MAX_DIM or n < below:
             return "exact"
         return "fgt" if kernel == "gaussian" else "bh"
     check_choice(method, "nbody", METHODS)
