@@ -96,6 +96,31 @@ def test_multiscale_cost_and_gradient(rng, cost, kappa):
     np.testing.assert_allclose(G, num, rtol=1e-5, atol=1e-7 * np.abs(G).max())
 
 
+@pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
+def test_compiled_edge_sweep_matches_array_code(rng, cost, kappa):
+    """msne_cpu.edge_terms (the CPU path) against the array code (the GPU path),
+    with fine scales where every unshifted kernel would underflow."""
+    X = rng.standard_normal((300, 6))
+    Y = rng.standard_normal((300, 2))
+    M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")
+    p = np.geomspace(0.5, 5e4, len(M.perplexities))
+    obj = MultiscaleObjective(M.conditionals, ge.get_backend("cpu"), np.float64, p, cost, kappa)
+    scales, d_edge = obj._scales(Y)
+    assert obj.compiled
+    E, g, rs = obj._edge_terms(d_edge, scales)
+    E0, g0, rs0 = obj._edge_terms_array(d_edge, scales)
+    assert E == pytest.approx(E0, rel=1e-12)
+    np.testing.assert_allclose(g, g0, rtol=1e-11, atol=1e-14 * np.abs(g0).max())
+    rs, rs0 = np.array(rs), np.array(rs0)                   # JS: r of both signs, sums cancel
+    np.testing.assert_allclose(rs, rs0, rtol=1e-11, atol=1e-13 * np.abs(rs0).max())
+    obj.compiled = False
+    E1, G1 = obj.value_and_grad(Y)
+    obj.compiled = True
+    E2, G2 = obj.value_and_grad(Y)
+    assert E1 == pytest.approx(E2, rel=1e-12)
+    np.testing.assert_allclose(G1, G2, rtol=1e-9, atol=1e-12 * np.abs(G1).max())
+
+
 @pytest.mark.parametrize("cost", ["kl", "js"])
 def test_multiscale_fgt_matches_exact(rng, cost):
     """The FGT path (unshifted sums, rescaled; isolated rows summed exactly) gives

@@ -29,6 +29,7 @@ import numpy as np
 from ..nbody import exact_sums
 from ..neighbors import knn
 from .base import Objective
+from .msne_cpu import edge_terms
 
 COSTS = ("kl", "js")
 # Shift (in kernel units) beyond which a row's sums go to the exact engine: e^m
@@ -77,24 +78,22 @@ class MultiscaleObjective(Objective):
         super().__init__(mean / len(sigmas), backend, dtype, nbody)
         self.p = np.asarray(precisions, dtype=np.float64)
         self.cost, self.kappa = cost, float(kappa)
+        self.compiled = True        # the CPU's edge sweep in msne_cpu.py; False: array code
 
     def _scales(self, X):
-        """Per scale: (p_h, Z_h, SX_h, s_h on the edges, shift m_h).
+        """Per scale: (p_h, Z_h, SX_h, shift m_h), and the edges' squared distances.
 
         Kernels are shifted by each row's nearest-neighbour distance m_i (as the
         entropic affinities shift by the row minimum): Z_hi >= 1, so nothing
         underflows at the small scales' large precisions.  s_hij is unchanged."""
-        xp, pairs = self.be.xp, self.pairs
-        d_edge = pairs.sqdist(X)
         nearest = _nearest_sqdist(X, self.be)
         out = []
         for p in self.p:
             c = math.sqrt(p / 2.0)
             m = 0.5 * p * nearest
             Z, SXs = self._row_sums(X * c, m)
-            s_h = xp.exp(-0.5 * p * d_edge + m[pairs.rows]) / Z[pairs.rows]
-            out.append((p, Z, SXs / c, s_h, m))
-        return out
+            out.append((p, Z, SXs / c, m))
+        return out, self.pairs.sqdist(X)
 
     def _row_sums(self, Xs, m):
         """sum_k exp(-(t_ik - m_i)) (1, x_k): each row in its own shifted units."""
@@ -128,13 +127,34 @@ class MultiscaleObjective(Objective):
             S, SX = S + Si, SX + SXi
         return S, SX
 
-    def value_and_grad(self, X):
+    def _edge_terms(self, d_edge, scales):
+        """The sparse part: (cost, dE/dd on the edges summed over scales g_edge,
+        and per scale the row sums sum_j r_ij s_hij), r = dE/ds."""
+        if not self.be.is_gpu and self.compiled:
+            H, n = len(scales), self.n
+            g_edge = np.empty_like(d_edge)
+            rs = np.empty((H, n))
+            part, mass = edge_terms(
+                self.pairs.P.indptr, self.pairs.p, d_edge, 0.5 * self.p,
+                np.stack([sc[3] for sc in scales]), np.stack([sc[1] for sc in scales]),
+                self.cost == "js", self.kappa, g_edge, rs)
+            if self.cost == "kl":
+                return self.constant + part, g_edge, list(rs)
+            k = self.kappa
+            rest = n - mass                                     # mass of s off the pattern
+            value = (part + (1.0 - k) * math.log(1.0 / (1.0 - k)) * rest) / (k * (1.0 - k))
+            return value, g_edge, list(rs)
+        return self._edge_terms_array(d_edge, scales)
+
+    def _edge_terms_array(self, d_edge, scales):
+        """:meth:`_edge_terms` in array code (the GPU path and the reference)."""
         xp, pairs = self.be.xp, self.pairs
-        H = len(self.p)
-        scales = self._scales(X)
+        H = len(scales)
+        s_all = [xp.exp(-0.5 * p * d_edge + m[pairs.rows]) / Z[pairs.rows]
+                 for p, Z, _, m in scales]
         # Floored: an HD neighbour that every LD scale has pushed out of reach
         # (exp underflow) costs ~700 nats instead of an infinite objective.
-        s = xp.maximum(sum(sc[3] for sc in scales) / H, np.finfo(np.float64).tiny)
+        s = xp.maximum(sum(s_all) / H, np.finfo(np.float64).tiny)
         sigma = pairs.p
         if self.cost == "kl":
             value = self.constant - float(xp.sum(sigma * xp.log(s)))
@@ -148,11 +168,17 @@ class MultiscaleObjective(Objective):
                      + (1.0 - k) * (float(xp.sum(s * xp.log(s / z)))
                                     + off * float(rest.sum()))) / (k * (1.0 - k))
             r = -(xp.log(s / z) - off) / k
+        g_edge = sum((0.5 * p / H) * s_h * r for (p, *_), s_h in zip(scales, s_all))
+        return value, g_edge, [pairs.row_sums(r * s_h) for s_h in s_all]
+
+    def value_and_grad(self, X):
+        xp, pairs = self.be.xp, self.pairs
+        H = len(self.p)
+        scales, d_edge = self._scales(X)
+        value, g_edge, row_sums = self._edge_terms(d_edge, scales)
         grad = xp.zeros_like(X)
-        g_edge = xp.zeros_like(s)
-        for p, Z, SX, s_h, m in scales:
-            g_edge += (0.5 * p / H) * s_h * r
-            w = (0.5 * p / H) * pairs.row_sums(r * s_h) / Z
+        for (p, Z, SX, m), rs in zip(scales, row_sums):
+            w = (0.5 * p / H) * rs / Z
             # Dense part of g_ik + g_ki = e_ik (w_i + w_k), e the kernel at width p,
             # with Z and w in row i's shifted units: the column term takes each
             # source's own shift (d_ik >= m_k, so it cannot overflow).
