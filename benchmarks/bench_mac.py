@@ -134,7 +134,8 @@ def _speedup(out):
         target = hist[-1]["objective"]
         for name in macs:
             mac = next((h["seconds"] for h in out[name] if h["objective"] <= target), None)
-            result[f"{name} vs {key}"] = None if mac is None else hist[-1]["seconds"] / max(mac, 1e-9)
+            speedup = None if mac is None else hist[-1]["seconds"] / max(mac, 1e-9)
+            result[f"{name} vs {key}"] = speedup
     return result
 
 

@@ -6,8 +6,8 @@ arrays of nnz values, gathers m and Z per edge and builds a sparse matrix for
 each row sum; on digits (all 1,797^2 pairs are in the pattern, 9 scales) that
 was 90% of an evaluation.  Here one parallel sweep over the rows keeps each
 row's values in small buffers, with loops over the row's edges that LLVM
-vectorizes (about 1 ns per exp and core) (``fastexp.expneg``: p_h d_ij / 2 >= m_hi, the row's nearest
-neighbour, so its argument is never negative).
+vectorizes: about 1 ns per exp and core with ``fastexp.expneg``, whose
+argument p_h d_ij / 2 - m_hi is never negative (m_hi: the row's nearest neighbour).
 """
 from __future__ import annotations
 
