@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from common import RESULTS, pyplot, write_result
+from common import RESULTS, pyplot, warm_up_exact_engine, write_result
 import gpuembed as ge
 
 OPTIMIZERS = {"ee": ["sd", "fp", "lbfgs", "cg", "gd"],
@@ -27,6 +27,7 @@ def datasets(n_fmnist):
 
 
 def run(n_fmnist=5000, max_iter=1000):
+    warm_up_exact_engine()
     runs = []
     for name, X, y, perplexity in datasets(n_fmnist):
         A = ge.entropic_affinities(X, perplexity, backend="cpu")
