@@ -71,11 +71,11 @@ def scaling(be, sizes, exact_max, fast_max):
                ("bh", {"theta": 0.5}, ("gaussian",)), ("bh", {"theta": 1.0}, ("gaussian",)),
                ("bh", {"theta": 0.5}, ("student", "student2"))]
     rows = []
+    sync = be.xp.cuda.Device().synchronize if be.is_gpu else None
     for method, accuracy, kernels in configs:
         limit = exact_max if method == "exact" else fast_max
         for n in [n for n in sizes if n <= limit]:
             X = be.asarray(points(n), be.default_float)
-            sync = be.xp.cuda.Device().synchronize if be.is_gpu else None
             seconds, _ = best_time(lambda: engine_sums(be, method, X, kernels, accuracy=accuracy),
                                    repeat=3 if n <= 20000 else 1, sync=sync)
             rows.append({"method": method, "accuracy": accuracy, "kernels": list(kernels),

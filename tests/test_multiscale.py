@@ -76,13 +76,20 @@ def dense_multiscale_cost(Y, sigmas, p, cost, kappa):
             + (1 - kappa) * np.sum(s[off] * np.log(s[off] / z[off]))) / (kappa * (1 - kappa))
 
 
+def random_objective(rng, n, p_max, cost, kappa):
+    """Multi-scale affinities of n random 6-D points, LD precisions from 0.5 to
+    p_max, and a random 2-D layout."""
+    X = rng.standard_normal((n, 6))
+    Y = rng.standard_normal((n, 2))
+    M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")
+    p = np.geomspace(0.5, p_max, len(M.perplexities))
+    obj = MultiscaleObjective(M.conditionals, ge.get_backend("cpu"), np.float64, p, cost, kappa)
+    return Y, M, p, obj
+
+
 @pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
 def test_multiscale_cost_and_gradient(rng, cost, kappa):
-    X = rng.standard_normal((50, 6))
-    Y = rng.standard_normal((50, 2))
-    M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")
-    p = np.geomspace(0.5, 8.0, len(M.perplexities))
-    obj = MultiscaleObjective(M.conditionals, ge.get_backend("cpu"), np.float64, p, cost, kappa)
+    Y, M, p, obj = random_objective(rng, 50, 8.0, cost, kappa)
     E, G = obj.value_and_grad(Y)
     assert E == pytest.approx(dense_multiscale_cost(Y, M.conditionals, p, cost, kappa), rel=1e-10)
     h = 1e-6
@@ -100,11 +107,7 @@ def test_multiscale_cost_and_gradient(rng, cost, kappa):
 def test_compiled_edge_sweep_matches_array_code(rng, cost, kappa):
     """msne_cpu.edge_terms (the CPU path) against the array code (the GPU path),
     with fine scales where every unshifted kernel would underflow."""
-    X = rng.standard_normal((300, 6))
-    Y = rng.standard_normal((300, 2))
-    M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")
-    p = np.geomspace(0.5, 5e4, len(M.perplexities))
-    obj = MultiscaleObjective(M.conditionals, ge.get_backend("cpu"), np.float64, p, cost, kappa)
+    Y, _, _, obj = random_objective(rng, 300, 5e4, cost, kappa)
     scales, d_edge = obj._scales(Y)
     assert obj.compiled
     E, g, rs = obj._edge_terms(d_edge, scales)

@@ -160,7 +160,7 @@ class ParametricEmbedding:
         P = record(FY, 0.0)
         spread = float(((FY - FY.mean(axis=0)) ** 2).sum())
         best = (P, FY, copy.deepcopy(mapping))
-        U = be.xp.zeros_like(Z)           # scaled multipliers Lambda / mu (augmented Lagrangian)
+        U = be.xp.zeros_like(Z) if self.augmented else 0.0   # scaled multipliers Lambda / mu
         previous_mu = None
         for mu in schedule:
             if previous_mu is not None:
