@@ -79,6 +79,9 @@ class Objective:
     kernel = None           # repulsive kernel of the N-body sums
     divergence = False      # KL-type objectives carry the constant sum p log p
     curvature_shift = 0.0   # c in the directions' B + c I (objectives/penalty.py)
+    # True where attractive_weights give the attractive Hessian's upper bound
+    # (t-SNE: at X = 0) rather than the exact constant one (optim/directions.py).
+    attractive_curvature_is_bound = False
 
     def __init__(self, P, backend, dtype, nbody="exact", accuracy=None):
         self.be = backend

@@ -18,6 +18,7 @@ class TSNEObjective(Objective):
     kernel = "student"
     divergence = True
     exaggeration = 1.0      # set per iteration by the classic optimizer
+    attractive_curvature_is_bound = True
 
     def value_and_grad(self, X):
         xp, pairs = self.be.xp, self.pairs

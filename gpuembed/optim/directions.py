@@ -13,6 +13,14 @@ capped every later step: Fashion-MNIST 2,000, EE, step 0.008 for 300
 iterations and objective 15.1 against 13.1 for GD, where growing reaches 13.0
 by iteration 50 with steps 0.06-0.125.  L-BFGS always starting at 1 cost ~35
 backtracks per iteration on EE from a small PCA initialization.
+
+For t-SNE the attractive curvature 4 L+ of FP, SD and SD- is taken at X = 0,
+where it is largest (the weights p K^2 shrink with distance), so a unit step
+is short everywhere else: those directions get no step cap there
+(``objective.attractive_curvature_is_bound``).  With the cap, SD on
+rotating_objects stayed at step 1 and ended at KL 0.958 (10-NN accuracy 0.83)
+after 1,000 iterations, below gradient descent's 0.798; uncapped it reaches
+0.756 (accuracy 0.99); on Fashion-MNIST 5k 1.263 against 1.295.
 """
 from __future__ import annotations
 
@@ -80,10 +88,13 @@ def pcg(xp, matvec, B, X0, precond, rtol, maxiter):
 
 class Direction:
     natural_step = 1.0
+    scaled_by_attractive_curvature = False
 
     def __init__(self, objective, X):
         self.objective = objective
         self.be = objective.be
+        if self.scaled_by_attractive_curvature and objective.attractive_curvature_is_bound:
+            self.natural_step = math.inf
 
     def initial_step(self, previous, grow):
         return min(self.natural_step, 2.0 * previous) if grow else previous
@@ -103,6 +114,8 @@ class FixedPoint(Direction):
     """FP: B = 4 D+ (the degree of the attractive weights) + c I, diagonal; c is
     the objective's ``curvature_shift`` (mu of a MAC penalty (mu/2)|Z - T|^2)."""
 
+    scaled_by_attractive_curvature = True
+
     def __init__(self, objective, X):
         super().__init__(objective, X)
         W = objective.attractive_weights()
@@ -116,6 +129,8 @@ class FixedPoint(Direction):
 class DiagonalHessian(FixedPoint):
     """DiagH: the diagonal of the full Hessian; entries that are not positive
     are replaced by the FP ones (4 D+), so B stays positive definite."""
+
+    scaled_by_attractive_curvature = False
 
     def __call__(self, X, G):
         H = self.objective.hessian_diagonal(X)
@@ -164,6 +179,7 @@ class Spectral(Direction):
     """
 
     CHOLESKY_MAX_N = 20000
+    scaled_by_attractive_curvature = True
     SOLVERS = ("auto", "cholesky", "cg")
 
     def __init__(self, objective, X, kappa=None, solver="auto", cg_tol=1e-3, cg_maxiter=100):
