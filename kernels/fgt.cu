@@ -40,6 +40,22 @@ constexpr int fgt_terms() {
 }
 constexpr int FGT_TERMS = fgt_terms();   // p^d coefficients per charge column
 
+// acc[q] += sum_alpha prod_i factors[i][alpha_i] * coef[alpha, q]: a Hermite
+// series (factors h_k(u_i)) or a Taylor series (factors u_i^k) at one point.
+template <typename T>
+__device__ __forceinline__ void fgt_series_add(const T (&factors)[FGT_DIM][FGT_P],
+                                               const T* __restrict__ coef, T (&acc)[FGT_Q]) {
+    for (int alpha = 0; alpha < FGT_TERMS; ++alpha) {
+        int rest = alpha;
+        T prod = 1;
+        for (int i = FGT_DIM - 1; i >= 0; --i) {
+            prod *= factors[i][rest % FGT_P];
+            rest /= FGT_P;
+        }
+        for (int q = 0; q < FGT_Q; ++q) acc[q] += prod * coef[alpha * FGT_Q + q];
+    }
+}
+
 template <typename T>
 __global__ void fgt_small_targets(
     const long long* __restrict__ members, long long n_members,
@@ -94,16 +110,7 @@ __global__ void fgt_small_targets(
                 for (int k = 1; k + 1 < FGT_P; ++k)
                     h[i][k + 1] = 2 * u * h[i][k] - 2 * k * h[i][k - 1];
             }
-            const T* A = hermite + src_big_index[b] * (long long)FGT_TERMS * FGT_Q;
-            for (int alpha = 0; alpha < FGT_TERMS; ++alpha) {
-                int rest = alpha;
-                T prod = 1;
-                for (int i = FGT_DIM - 1; i >= 0; --i) {
-                    prod *= h[i][rest % FGT_P];
-                    rest /= FGT_P;
-                }
-                for (int q = 0; q < FGT_Q; ++q) acc[q] += prod * A[alpha * FGT_Q + q];
-            }
+            fgt_series_add(h, hermite + src_big_index[b] * (long long)FGT_TERMS * FGT_Q, acc);
         }
     }
     for (int q = 0; q < FGT_Q; ++q) out[t * FGT_Q + q] += acc[q];
@@ -125,18 +132,9 @@ __global__ void fgt_taylor_targets(
         powers[i][0] = 1;
         for (int k = 1; k < FGT_P; ++k) powers[i][k] = powers[i][k - 1] * u;
     }
-    const T* C = taylor + tgt_big_index[box] * (long long)FGT_TERMS * FGT_Q;
     T acc[FGT_Q];
     for (int q = 0; q < FGT_Q; ++q) acc[q] = 0;
-    for (int beta = 0; beta < FGT_TERMS; ++beta) {
-        int rest = beta;
-        T prod = 1;
-        for (int i = FGT_DIM - 1; i >= 0; --i) {
-            prod *= powers[i][rest % FGT_P];
-            rest /= FGT_P;
-        }
-        for (int q = 0; q < FGT_Q; ++q) acc[q] += prod * C[beta * FGT_Q + q];
-    }
+    fgt_series_add(powers, taylor + tgt_big_index[box] * (long long)FGT_TERMS * FGT_Q, acc);
     for (int q = 0; q < FGT_Q; ++q) out[t * FGT_Q + q] += acc[q];
 }
 
