@@ -135,6 +135,24 @@ def test_tsne_sd_steps_past_its_curvature_at_zero(loops):
     assert ge.metrics.knn_accuracy(sd.embedding_, y) >= 0.95
 
 
+def test_line_search_doubles_after_three_first_trial_acceptances():
+    """On E = c |x|^2 / 2 with tiny c every trial up to 1 / c is accepted at once:
+    GD's steps go 1, 1, 1, 2, 2, 2, 4, ... (seed 002's previous step, grown)."""
+    from gpuembed.backend import get_backend
+    from gpuembed.optim import minimize
+
+    class Quadratic:
+        be = get_backend("cpu")
+        attractive_curvature_is_bound = False
+
+        def value_and_grad(self, X):
+            return 0.5e-3 * float((X * X).sum()), 1e-3 * X
+
+    result = minimize(Quadratic(), np.ones((3, 2)), "gd", max_iter=10, tol=0)
+    steps = [h["step"] for h in result.history[1:]]
+    assert steps == [1, 1, 1, 2, 2, 2, 4, 4, 4, 8]
+
+
 def test_tsne_on_digits(digits):
     X, y = digits
     model = ge.TSNE(optimizer="sd", tol=1e-4, backend="cpu").fit(X)

@@ -6,7 +6,8 @@ accepted step through ``update(X_old, X_new, G_old, G_new)`` (L-BFGS and CG keep
 memory).  ``initial_step(previous, grow)`` is the line search's first trial:
 the previously accepted step (seed 002's adaptive strategy), doubled, up to the
 direction's natural step (1 for the Hessian-scaled ones and L-BFGS, none for GD
-and nonlinear CG), when the previous search accepted its first trial.  The
+and nonlinear CG), when the last searches accepted their first trial
+(optim/loop.py, GROW_AFTER).  The
 paper's rule never lets the step grow again; from a small initialization EE's
 first SD steps must be short (the repulsion expands the layout), which then
 capped every later step: Fashion-MNIST 2,000, EE, step 0.008 for 300

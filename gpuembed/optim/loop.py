@@ -20,6 +20,12 @@ MAX_BACKTRACKS = 40
 # iterations of slow progress (a short accepted step) stopped s-SNE with SD on
 # rotating_objects at objective 0.544 where it goes on to 0.49.
 STOP_WINDOW = 10
+# The line search tries a doubled step only after this many searches in a row
+# accepted their first trial.  Doubling after every such search made every other
+# search backtrack once: t-SNE with SD on Fashion-MNIST 5k took 1.63 objective
+# evaluations per iteration (1.22 with 3) and 41.5 s instead of 20 s to reach the
+# classic optimizer's 1000-iteration KL.
+GROW_AFTER = 3
 
 
 @dataclass
@@ -82,7 +88,7 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
     E, G = objective.value_and_grad(X)
     d = (DIRECTIONS[direction](objective, X, **(direction_params or {}))
          if isinstance(direction, str) else direction)
-    step, grow = 1.0, False
+    step, streak = 1.0, 0
     recent = collections.deque([E], maxlen=STOP_WINDOW + 1)
     if monitor.record(0, E, 0.0, X):
         return Result(X, E, 0, monitor.history)
@@ -98,7 +104,9 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
             X_new = X + alpha * P
             E_new, G_new = objective.value_and_grad(X_new)
         else:
+            grow = streak >= GROW_AFTER
             alpha = d.initial_step(step, grow)
+            streak = 0 if grow else streak
             for backtracks in range(MAX_BACKTRACKS):
                 X_new = X + alpha * P
                 E_new, G_new = objective.value_and_grad(X_new)
@@ -107,7 +115,7 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
                 alpha *= 0.5
             else:
                 return Result(X, E, it - 1, monitor.history, converged=True)
-            step, grow = alpha, backtracks == 0
+            step, streak = alpha, (streak + 1 if backtracks == 0 else 0)
         d.update(X, X_new, G, G_new)
         recent.append(E_new)
         change = abs(recent[0] - E_new) / ((len(recent) - 1) * max(abs(E_new), 1e-300))
