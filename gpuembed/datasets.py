@@ -6,6 +6,7 @@ for a given ``random_state`` (rotating_objects is always the same set).
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import numpy as np
@@ -141,11 +142,14 @@ def digits():
 def fashion_mnist(path=None):
     """Fashion-MNIST, training and test sets together: X (70000, 784) float32 in [0, 1].
 
-    Reads the four IDX files (optionally gzipped) from ``path``, by default
+    Reads the four IDX files (optionally gzipped) from ``path``, by default the
+    folder named by the environment variable ``GPUEMBED_FASHION_MNIST``, else
     ``/usr/share/datasets/fashion-mnist`` where Debian's ``dataset-fashion-mnist``
     package installs them.
     """
-    folder = FASHION_MNIST_PATH if path is None else Path(path)
+    if path is None:
+        path = os.environ.get("GPUEMBED_FASHION_MNIST") or FASHION_MNIST_PATH
+    folder = Path(path)
     parts = []
     for prefix in ("train", "t10k"):
         images = _read_idx(_find_idx(folder, f"{prefix}-images-idx3-ubyte"))

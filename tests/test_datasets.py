@@ -70,6 +70,15 @@ def test_fashion_mnist_reader(tmp_path):
     np.testing.assert_array_equal(y, [0, 1, 2, 3, 4, 0, 1, 2])
 
 
+def test_fashion_mnist_folder_from_the_environment(tmp_path, monkeypatch):
+    for prefix, n in (("train", 2), ("t10k", 1)):
+        _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte", np.zeros((n, 28, 28), np.uint8), 0x08)
+        _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", np.arange(n, dtype=np.uint8), 0x08)
+    monkeypatch.setenv("GPUEMBED_FASHION_MNIST", str(tmp_path))
+    X, y = datasets.fashion_mnist()
+    assert X.shape == (3, 784) and y.tolist() == [0, 1, 0]
+
+
 def test_fashion_mnist_missing_says_how_to_get_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
         datasets.fashion_mnist(tmp_path)
