@@ -54,6 +54,13 @@ def ours(be, sqdist, indices, method, order, parallel=True, sync=lambda: None, r
 
 def run(n=None, sequential=True):
     _, _, sqdist, indices = fashion_mnist_knn(90, n)
+    figures = run_cpu(sqdist, indices, sequential)
+    if ge.backend.gpu_available():
+        figures.update(run_gpu(sqdist, indices))
+    return figures
+
+
+def run_cpu(sqdist, indices, sequential):
     rows = []
     cpu = ge.get_backend("cpu")
     for order in orders.ORDERS:
@@ -96,8 +103,6 @@ def run(n=None, sequential=True):
                "fastest_cpu": best, "fastest_cpu_one_thread": one,
                "speedup_vs_sklearn": t_sk / best["seconds"],
                "speedup_vs_sklearn_one_thread": t_sk / one["seconds"]}
-    if ge.backend.gpu_available():
-        figures.update(run_gpu(sqdist, indices))
     return figures
 
 
@@ -118,16 +123,21 @@ def run_gpu(sqdist, indices):
            for order in ("bounds", "dk") for method in ("newton", "euler")]
     for r in big:
         print("gpu 1M", r)
-    return {"gpu": table, "gpu_1M_rows": big}
+    return {"n": sqdist.shape[0], "k": sqdist.shape[1], "gpu": table, "gpu_1M_rows": big}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=None, help="use the first n points")
     parser.add_argument("--no-sequential", action="store_true")
+    parser.add_argument("--gpu-only", action="store_true",
+                        help="only the GPU part, written to entropic_gpu.json")
     args = parser.parse_args(argv)
-    figures = run(n=args.n, sequential=not args.no_sequential)
-    write_result("entropic", figures, suffix="" if args.n is None else f"_n{args.n}")
+    suffix = "" if args.n is None else f"_n{args.n}"
+    if args.gpu_only:
+        write_result("entropic", run_gpu(*fashion_mnist_knn(90, args.n)[2:]), suffix + "_gpu")
+    else:
+        write_result("entropic", run(n=args.n, sequential=not args.no_sequential), suffix)
 
 
 if __name__ == "__main__":

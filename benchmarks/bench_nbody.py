@@ -16,6 +16,10 @@
    is evaluated afterwards (not counted in the run's time) by the FGT at p = 12,
    whose error is below 1e-8 of the repulsion here (an exact pass would take
    ~50 s per checkpoint at N = 70,000 on 2 CPU cores).
+5. ``large`` (only when named; sized for a GPU): EE of 1,000,000 points (Fashion-MNIST
+   grown by shifted, noisy copies; 50-D) with the FGT under a 60 s budget, one EE
+   gradient there at p = 4, 6, 8, and the 10-NN accuracy against an exact-engine run
+   on a 50,000-point subset under the same budget (the issue's 50 ms and 60 s targets).
 
 Writes results/nbody[_<suffix>].json and results/nbody_scaling.png.
 """
@@ -109,6 +113,21 @@ def accuracy_sweep(be, n):
     return rows
 
 
+def ee_fixed_step(be, P, X0, method, budget, step, keep_at=()):
+    """EE by fixed-step FP with ``method``'s accuracy ramp for ``budget`` seconds:
+    the layouts at iterations ``keep_at`` and the last one, as (iteration, seconds, X)."""
+    objective = make_objective("ee", P, be, be.default_float, nbody=method)
+    kept = []
+
+    def record(iteration, elapsed, value, X):
+        if iteration in keep_at or elapsed > budget:
+            kept.append((iteration, elapsed, X.copy()))
+        return elapsed > budget
+    minimize(objective, X0, "fp", max_iter=10**6, tol=0.0, step_size=step,
+             schedule=accuracy_schedule(method, 100), monitor=Monitor([record]))
+    return kept
+
+
 def ee_fashion(be, n, budget, step):
     X, _, sqdist, indices = fashion_mnist_knn(90, n)
     P = ge.entropic_affinities(neighbors=(sqdist, indices), perplexity=30, backend=be).P
@@ -119,19 +138,64 @@ def ee_fashion(be, n, budget, step):
     checkpoints_at = {0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000}
     runs = {}
     for method in ("fgt", "bh", "exact"):
-        objective = make_objective("ee", P, be, be.default_float, nbody=method)
-        checkpoints = []
-
-        def record(iteration, elapsed, value, X):
-            if iteration in checkpoints_at or elapsed > budget:
-                checkpoints.append((iteration, elapsed, X.copy()))
-            return elapsed > budget
-        minimize(objective, X0, "fp", max_iter=10**6, tol=0.0, step_size=step,
-                 schedule=accuracy_schedule(method, 100), monitor=Monitor([record]))
+        kept = ee_fixed_step(be, P, X0, method, budget, step, checkpoints_at)
         runs[method] = [{"iter": i, "seconds": t, "objective": reference.value(Xc)}
-                        for i, t, Xc in checkpoints]
+                        for i, t, Xc in kept]
         print(method, runs[method], flush=True)
     return runs
+
+
+def fashion_grown(n, dim=50, seed=0):
+    """Fashion-MNIST grown to n points (an infinite-MNIST-like set): each new image
+    is an original shifted by up to 2 pixels each way plus noise of std 0.05,
+    and every image is projected on the originals' top ``dim`` principal axes."""
+    X, y = ge.datasets.fashion_mnist()
+    mean = X.mean(axis=0)
+    axes = np.linalg.svd(X[:20000] - mean, full_matrices=False)[2][:dim].T
+    rng = np.random.default_rng(seed)
+    pick = np.concatenate([np.arange(min(n, len(X))), rng.integers(0, len(X), max(n - len(X), 0))])
+    out = np.empty((n, dim), np.float32)
+    for start in range(0, n, 50000):
+        part = pick[start:start + 50000]
+        images = X[part].reshape(-1, 28, 28)
+        if start >= len(X):
+            shift = rng.integers(-2, 3, (2, len(part)))
+            for dy, dx in {tuple(s) for s in shift.T}:
+                sel = (shift[0] == dy) & (shift[1] == dx)
+                images[sel] = np.roll(images[sel], (dy, dx), axis=(1, 2))
+            images = images + rng.normal(0, 0.05, images.shape).astype(np.float32)
+        out[start:start + len(part)] = (images.reshape(len(part), -1) - mean) @ axes
+    return out, y[pick]
+
+
+def ee_large(be, n, budget, step, subset):
+    """The issue's large-N targets: EE of n points (Fashion-MNIST grown, 50-D) with
+    the FGT for ``budget`` seconds, k-NN and affinities timed too; one EE gradient
+    of the final layout at p = 4, 6, 8; the 10-NN accuracy against an exact-engine
+    run on the first ``subset`` points under the same budget."""
+    sync = be.xp.cuda.Device().synchronize if be.is_gpu else None
+    X, y = fashion_grown(n)
+    out = {"n": n, "subset": subset, "budget_seconds": budget, "step_size": step}
+    for name, count, method in (("large", n, "fgt"), ("subset", subset, "exact")):
+        Xd = be.asarray(X[:count])
+        t_knn, (sqdist, indices) = best_time(lambda: ge.knn(Xd, 90, backend=be), sync=sync)
+        t_aff, A = best_time(lambda: ge.entropic_affinities(
+            neighbors=(sqdist, indices), perplexity=30, backend=be), sync=sync)
+        X0 = ge.embedding.initial_layout("pca", X[:count], 2, be, be.default_float, 1.0, 0)
+        iteration, seconds, Y = ee_fixed_step(be, A.P, X0, method, budget, step)[-1]
+        out[name] = {"engine": method, "knn_seconds": t_knn, "affinity_seconds": t_aff,
+                     "iterations": iteration, "seconds": seconds,
+                     "knn_accuracy": ge.metrics.knn_accuracy(Y, y[:count], backend=be)}
+        if name == "large":
+            objective = make_objective("ee", A.P, be, be.default_float, nbody="fgt")
+            gradient = {}
+            for p in (4, 6, 8):
+                objective.accuracy = {"p": p}
+                objective.value_and_grad(Y)
+                gradient[f"p{p}"] = best_time(lambda: objective.value_and_grad(Y), 3, sync)[0]
+            out[name]["gradient_seconds"] = gradient
+        print(name, out[name], flush=True)
+    return out
 
 
 def plot(rows, path):
@@ -161,7 +225,11 @@ def main():
     parser.add_argument("--ee-n", type=int, default=70_000)
     parser.add_argument("--ee-budget", type=float, default=300.0, help="seconds per engine")
     parser.add_argument("--ee-step", type=float, default=0.5)
-    parser.add_argument("--parts", default="scaling,accuracy,crossover,ee")
+    parser.add_argument("--large-n", type=int, default=1_000_000)
+    parser.add_argument("--large-subset", type=int, default=50_000)
+    parser.add_argument("--large-budget", type=float, default=60.0, help="seconds per run")
+    parser.add_argument("--parts", default="scaling,accuracy,crossover,ee",
+                        help="comma-separated; 'large' (GPU-sized) only when named")
     parser.add_argument("--suffix", default="")
     args = parser.parse_args()
     be = get_backend(args.backend)
@@ -182,6 +250,9 @@ def main():
                                        "optimizer": "fp", "step_size": args.ee_step,
                                        "runs": ee_fashion(be, args.ee_n, args.ee_budget,
                                                           args.ee_step)}
+    if "large" in parts:
+        figures["ee_large"] = ee_large(be, args.large_n, args.large_budget, args.ee_step,
+                                       args.large_subset)
     write_result("nbody", figures, args.suffix, merge=True)
 
 
