@@ -140,11 +140,14 @@ class MultiscaleObjective(Objective):
                 self.cost == "js", self.kappa, g_edge, rs)
             if self.cost == "kl":
                 return self.constant + part, g_edge, list(rs)
-            k = self.kappa
-            rest = n - mass                                     # mass of s off the pattern
-            value = (part + (1.0 - k) * math.log(1.0 / (1.0 - k)) * rest) / (k * (1.0 - k))
-            return value, g_edge, list(rs)
+            return self._js_value(part, n - mass), g_edge, list(rs)
         return self._edge_terms_array(d_edge, scales)
+
+    def _js_value(self, on_pattern, rest):
+        """JS cost from its pattern part and the mass ``rest`` of s off the pattern,
+        where sigma = 0 and each unit of s costs (1 - kappa) log(1 / (1 - kappa))."""
+        k = self.kappa
+        return (on_pattern + (1.0 - k) * math.log(1.0 / (1.0 - k)) * rest) / (k * (1.0 - k))
 
     def _edge_terms_array(self, d_edge, scales):
         """:meth:`_edge_terms` in array code (the GPU path and the reference)."""
@@ -164,9 +167,9 @@ class MultiscaleObjective(Objective):
             z = k * sigma + (1.0 - k) * s
             off = math.log(1.0 / (1.0 - k))
             rest = 1.0 - pairs.row_sums(s)                # mass of s off the pattern
-            value = (k * float(xp.sum(sigma * xp.log(xp.where(sigma > 0, sigma, 1.0) / z)))
-                     + (1.0 - k) * (float(xp.sum(s * xp.log(s / z)))
-                                    + off * float(rest.sum()))) / (k * (1.0 - k))
+            value = self._js_value(
+                k * float(xp.sum(sigma * xp.log(xp.where(sigma > 0, sigma, 1.0) / z)))
+                + (1.0 - k) * float(xp.sum(s * xp.log(s / z))), float(rest.sum()))
             r = -(xp.log(s / z) - off) / k
         g_edge = sum((0.5 * p / H) * s_h * r for (p, *_), s_h in zip(scales, s_all))
         return value, g_edge, [pairs.row_sums(r * s_h) for s_h in s_all]
