@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_session.sh tests    # the gpu-marked tests (kernels vs NumPy references)
 #   bash benchmarks/gpu_session.sh bench    # k-NN, entropic affinities, N-body engines up to 1e6
 #   bash benchmarks/gpu_session.sh large    # EE of 1e6 points with the FGT (the 50 ms / 60 s targets)
+#   bash benchmarks/gpu_session.sh embedding  # the optimizers on Fashion-MNIST 70k, exact engine
 #
 # Fashion-MNIST travels with the working tree: before the first call, here,
 #   mkdir -p .fmnist && cp /usr/share/datasets/fashion-mnist/*.gz .fmnist/
@@ -35,8 +36,14 @@ large)
         | tee "$out/gpu_large.log"
     cp benchmarks/results/nbody_gpu.json "$out/"
     ;;
+embedding)
+    (cd benchmarks &&
+     python3 bench_embedding.py --backend gpu --n 70000 --suffix _gpu) 2>&1 \
+        | tee "$out/gpu_embedding.log"
+    cp benchmarks/results/embedding_gpu.json benchmarks/results/embedding_*70000*_gpu.png "$out/"
+    ;;
 *)
-    echo "usage: $0 tests|bench|large" >&2
+    echo "usage: $0 tests|bench|large|embedding" >&2
     exit 2
     ;;
 esac
