@@ -81,7 +81,7 @@ class MultiscaleObjective(Objective):
         self.compiled = True        # the CPU's edge sweep in msne_cpu.py; False: array code
 
     def _scales(self, X):
-        """Per scale: (p_h, Z_h, SX_h, shift m_h), and the edges' squared distances.
+        """Per scale: (p_h, Z_h, SX_h, shift m_h).
 
         Kernels are shifted by each row's nearest-neighbour distance m_i (as the
         entropic affinities shift by the row minimum): Z_hi >= 1, so nothing
@@ -93,7 +93,7 @@ class MultiscaleObjective(Objective):
             m = 0.5 * p * nearest
             Z, SXs = self._row_sums(X * c, m)
             out.append((p, Z, SXs / c, m))
-        return out, self.pairs.sqdist(X)
+        return out
 
     def _row_sums(self, Xs, m):
         """sum_k exp(-(t_ik - m_i)) (1, x_k): each row in its own shifted units."""
@@ -127,21 +127,24 @@ class MultiscaleObjective(Objective):
             S, SX = S + Si, SX + SXi
         return S, SX
 
-    def _edge_terms(self, d_edge, scales):
-        """The sparse part: (cost, dE/dd on the edges summed over scales g_edge,
-        and per scale the row sums sum_j r_ij s_hij), r = dE/ds."""
+    def _edge_terms(self, X, scales):
+        """The sparse part: (cost, per scale the row sums sum_j r_ij s_hij, and the
+        pattern's gradient sum_j 2 (g_ij + g_ji)(x_i - x_j)), r = dE/ds and g = dE/dd
+        summed over the scales."""
         if not self.be.is_gpu and self.compiled:
-            H, n = len(scales), self.n
-            g_edge = np.empty_like(d_edge)
+            H, n, pairs = len(scales), self.n, self.pairs
+            g_edge = np.empty_like(pairs.p)
             rs = np.empty((H, n))
+            lap = np.empty_like(X)
             part, mass = edge_terms(
-                self.pairs.P.indptr, self.pairs.p, d_edge, 0.5 * self.p,
+                pairs.P.indptr, pairs.P.indices, X, pairs.p, 0.5 * self.p,
                 np.stack([sc[3] for sc in scales]), np.stack([sc[1] for sc in scales]),
-                self.cost == "js", self.kappa, g_edge, rs)
-            if self.cost == "kl":
-                return self.constant + part, g_edge, list(rs)
-            return self._js_value(part, n - mass), g_edge, list(rs)
-        return self._edge_terms_array(d_edge, scales)
+                self.cost == "js", self.kappa, g_edge, rs, lap)
+            value = self.constant + part if self.cost == "kl" else self._js_value(part, n - mass)
+            return value, list(rs), 2.0 * (lap + pairs.laplacian_times(g_edge, X, transpose=True))
+        value, g_edge, rs = self._edge_terms_array(self.pairs.sqdist(X), scales)
+        return value, rs, 2.0 * (self.pairs.laplacian_times(g_edge, X)
+                                 + self.pairs.laplacian_times(g_edge, X, transpose=True))
 
     def _js_value(self, on_pattern, rest):
         """JS cost from its pattern part and the mass ``rest`` of s off the pattern,
@@ -175,11 +178,9 @@ class MultiscaleObjective(Objective):
         return value, g_edge, [pairs.row_sums(r * s_h) for s_h in s_all]
 
     def value_and_grad(self, X):
-        xp, pairs = self.be.xp, self.pairs
         H = len(self.p)
-        scales, d_edge = self._scales(X)
-        value, g_edge, row_sums = self._edge_terms(d_edge, scales)
-        grad = xp.zeros_like(X)
+        scales = self._scales(X)
+        value, row_sums, grad = self._edge_terms(X, scales)
         for (p, Z, SX, m), rs in zip(scales, row_sums):
             w = (0.5 * p / H) * rs / Z
             # Dense part of g_ik + g_ki = e_ik (w_i + w_k), e the kernel at width p,
@@ -188,9 +189,6 @@ class MultiscaleObjective(Objective):
             cs = math.sqrt(p / 2.0)
             Sw, SXw = self._column_sums(X * cs, m, w)
             grad -= 2.0 * (w[:, None] * (Z[:, None] * X - SX) + Sw[:, None] * X - SXw / cs)
-        # Sparse part: sum_k 2 (g_ik + g_ki)(x_i - x_k) over the pattern, both ways.
-        grad += 2.0 * (pairs.laplacian_times(g_edge, X)
-                       + pairs.laplacian_times(g_edge, X, transpose=True))
         return value, grad
 
 
