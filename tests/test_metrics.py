@@ -15,10 +15,12 @@ def brute_knn_accuracy(Y, labels, k):
     return correct / len(Y)
 
 
-def test_knn_accuracy_matches_brute_force(rng):
+def test_knn_accuracy_matches_brute_force(rng, backend):
     Y = rng.standard_normal((200, 2))
     labels = (Y[:, 0] > 0).astype(int) + 2 * (rng.random(200) < 0.2)
-    assert knn_accuracy(Y, labels, k=7) == pytest.approx(brute_knn_accuracy(Y, labels, 7))
+    # Device arrays in, as a GPU optimizer's layout would come.
+    got = knn_accuracy(backend.asarray(Y), backend.asarray(labels), k=7, backend=backend)
+    assert got == pytest.approx(brute_knn_accuracy(Y, labels, 7))
 
 
 def test_knn_accuracy_extremes(rng):
