@@ -224,7 +224,7 @@ def main():
     parser.add_argument("--exact-max-n", type=int, default=40_000)
     parser.add_argument("--ee-n", type=int, default=70_000)
     parser.add_argument("--ee-budget", type=float, default=300.0, help="seconds per engine")
-    parser.add_argument("--ee-step", type=float, default=0.5)
+    parser.add_argument("--ee-step", type=float, default=0.3)
     parser.add_argument("--large-n", type=int, default=1_000_000)
     parser.add_argument("--large-subset", type=int, default=50_000)
     parser.add_argument("--large-budget", type=float, default=60.0, help="seconds per run")
