@@ -143,7 +143,6 @@ def test_line_search_doubles_after_three_first_trial_acceptances():
 
     class Quadratic:
         be = get_backend("cpu")
-        attractive_curvature_is_bound = False
 
         def value_and_grad(self, X):
             return 0.5e-3 * float((X * X).sum()), 1e-3 * X
