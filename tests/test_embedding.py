@@ -152,6 +152,35 @@ def test_line_search_doubles_after_three_first_trial_acceptances():
     assert steps == [1, 1, 1, 2, 2, 2, 4, 4, 4, 8]
 
 
+def test_early_exaggeration_for_line_search_optimizers(small):
+    X, _, A = small
+    fit = lambda **kw: ge.TSNE(affinities=A, optimizer="sd", max_iter=60, tol=0, random_state=0,
+                               backend="cpu", **kw).fit(X)
+    plain = fit()
+    layouts = []
+    model = fit(early_exaggeration=4.0, exaggeration_iter=20,
+                callbacks=[lambda it, t, e, Y: layouts.append(Y.copy())])
+    stages = [h["exaggeration"] for h in model.history_]
+    assert stages == [4.0] * 21 + [1.0] * 41        # iterations 0-20, then 0-40 again
+    assert model.n_iter_ == 60
+    # At the switch (same layout) the exaggerated value exceeds the plain one by
+    # 3 sum p log(1 + d^2); objective_ is the plain value at the end.
+    Y = layouts[20]
+    np.testing.assert_array_equal(Y, layouts[21])
+    P = A.P.tocoo()
+    e_plus = (P.data * np.log1p(((Y[P.row] - Y[P.col]) ** 2).sum(axis=1))).sum()
+    E, _ = objectives.value_and_grad("tsne", Y, A.P)
+    assert model.history_[21]["objective"] == pytest.approx(E, rel=1e-10)
+    assert model.history_[20]["objective"] == pytest.approx(E + 3.0 * e_plus, rel=1e-10)
+    E, _ = objectives.value_and_grad("tsne", model.embedding_, A.P)
+    assert model.objective_ == pytest.approx(E, rel=1e-10)
+    assert not np.allclose(model.embedding_, plain.embedding_)
+    with pytest.raises(TypeError, match="early_exaggeration"):
+        ge.EE(affinities=A, early_exaggeration=4.0, backend="cpu").fit(X)
+    with pytest.raises(ValueError, match="early_exaggeration"):
+        fit(early_exaggeration=0.5)
+
+
 def test_tsne_on_digits(digits):
     X, y = digits
     model = ge.TSNE(optimizer="sd", tol=1e-4, backend="cpu").fit(X)
