@@ -120,7 +120,7 @@ class _Embedding:
         # Opt-in for the line-search optimizers: a first stage on the exaggerated
         # objective, then the plain one, each with its own direction.
         alpha = check_float(p["early_exaggeration"], "early_exaggeration", 1.0)
-        stage = check_int(p.get("exaggeration_iter", 250), "exaggeration_iter", 1, max_iter)
+        stage = min(check_int(p.get("exaggeration_iter", 250), "exaggeration_iter", 1), max_iter)
         objective.exaggeration = alpha
         monitor.extra = {"exaggeration": alpha}
         first = run(X0, stage, 0.0)
