@@ -321,9 +321,9 @@ class TSNE(_Embedding):
     The line-search optimizers use no exaggeration (seed 002) unless
     ``early_exaggeration=`` is given: then the first ``exaggeration_iter``
     iterations (default 250) minimize the objective with the attractive term
-    multiplied by it (Fashion-MNIST 5k, SD, 2 for 200 iterations then 400 plain:
-    KL 1.239 and 10-NN accuracy 0.806 in 24 s, against 1.257 and 0.800 after
-    1,000 plain iterations in 39 s; the classic optimizer 1.267 and 0.807 in 27 s)."""
+    multiplied by it (Fashion-MNIST 5k, SD, 2 for the first 200 of 1,000
+    iterations: KL 1.231 and 10-NN accuracy 0.807, against 1.257 and 0.800
+    without; the classic optimizer 1.267 and 0.807, benchmarks/bench_embedding.py)."""
 
     objective_name = "tsne"
     optimizers = tuple(DIRECTIONS) + ("tsne",)
