@@ -17,7 +17,7 @@ import time
 import numba
 import numpy as np
 
-from common import best_time, fashion_mnist_knn, write_result
+from common import best_time, device_sync, fashion_mnist_knn, write_result
 import gpuembed as ge
 from gpuembed.affinities import orders, rootfinding
 from gpuembed.affinities.entropic import solve_rows
@@ -108,7 +108,7 @@ def run_cpu(sqdist, indices, sequential):
 
 def run_gpu(sqdist, indices):
     be = ge.get_backend("gpu")
-    sync = be.xp.cuda.Device().synchronize
+    sync = device_sync(be)
     ours(be, sqdist[:1000], indices[:1000] % 1000, "newton", "bounds", sync=sync)   # compile
     table = []
     for order in orders.ORDERS:

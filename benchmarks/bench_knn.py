@@ -10,7 +10,7 @@ import argparse
 
 import numpy as np
 
-from common import best_time, write_result
+from common import best_time, device_sync, write_result
 import gpuembed as ge
 
 
@@ -57,7 +57,7 @@ def run_gpu(X, k, cpu_indices):
     be = ge.get_backend("gpu")
     Xg = be.asarray(X)
     ge.knn(Xg, k, backend=be)                      # compile + warm up
-    sync = be.xp.cuda.Device().synchronize
+    sync = device_sync(be)
     t_gpu, (_, ig) = best_time(lambda: ge.knn(Xg, k, backend=be), repeat=3, sync=sync)
     figures = {"gpuembed_gpu_seconds": t_gpu,
                "gpu_index_agreement_with_cpu": float((be.to_host(ig) == cpu_indices).mean())}

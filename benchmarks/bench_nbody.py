@@ -29,7 +29,7 @@ import argparse
 
 import numpy as np
 
-from common import RESULTS, best_time, fashion_mnist_knn, pyplot, write_result
+from common import RESULTS, best_time, device_sync, fashion_mnist_knn, pyplot, write_result
 import gpuembed as ge
 from gpuembed.backend import get_backend
 from gpuembed.nbody import engine_sums
@@ -53,7 +53,7 @@ def crossover(be, sizes):
     configs = [(("gaussian",), 4.0, "fgt", {"p": 8}), (("gaussian",), 10.0, "fgt", {"p": 8}),
                (("student", "student2"), 20.0, "bh", {"theta": 0.5})]
     rows, first_win = [], {}
-    sync = be.xp.cuda.Device().synchronize if be.is_gpu else None
+    sync = device_sync(be)
     for kernels, spread, fast, accuracy in configs:
         name = f"{'+'.join(kernels)} spread {spread:g}: exact vs {fast} {accuracy}"
         for n in sizes:
@@ -75,7 +75,7 @@ def scaling(be, sizes, exact_max, fast_max):
                ("bh", {"theta": 0.5}, ("gaussian",)), ("bh", {"theta": 1.0}, ("gaussian",)),
                ("bh", {"theta": 0.5}, ("student", "student2"))]
     rows = []
-    sync = be.xp.cuda.Device().synchronize if be.is_gpu else None
+    sync = device_sync(be)
     for method, accuracy, kernels in configs:
         limit = exact_max if method == "exact" else fast_max
         for n in [n for n in sizes if n <= limit]:
@@ -173,7 +173,7 @@ def ee_large(be, n, budget, step, subset):
     the FGT for ``budget`` seconds, k-NN and affinities timed too; one EE gradient
     of the final layout at p = 4, 6, 8; the 10-NN accuracy against an exact-engine
     run on the first ``subset`` points under the same budget."""
-    sync = be.xp.cuda.Device().synchronize if be.is_gpu else None
+    sync = device_sync(be)
     X, y = fashion_grown(n)
     out = {"n": n, "subset": subset, "budget_seconds": budget, "step_size": step}
     for name, count, method in (("large", n, "fgt"), ("subset", subset, "exact")):

@@ -76,6 +76,11 @@ def best_time(fn, repeat=1, sync=None):
     return best, result
 
 
+def device_sync(be):
+    """The ``sync`` for best_time: wait for the GPU's queued work (None on the CPU)."""
+    return be.xp.cuda.Device().synchronize if be.is_gpu else None
+
+
 def warm_up_exact_engine(dim=2):
     """Compile the CPU exact engine's numba loops for ``dim`` (about 1 s per kernel
     on first use) so that the first timed run does not pay for it."""

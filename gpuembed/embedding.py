@@ -73,8 +73,7 @@ class _Embedding:
         max_iter = check_int(self.max_iter, "max_iter", 1)
         tol = check_float(self.tol, "tol", 0.0)
         check_choice(self.optimizer, "optimizer", self.optimizers)
-        if self.objective_name != "tsne" and "early_exaggeration" in self.method_params:
-            raise TypeError(f"early_exaggeration applies to TSNE only, not {type(self).__name__}")
+        self._exaggeration = self._exaggeration_stage(max_iter)
         dtype = np.dtype(self.dtype) if self.dtype is not None else be.default_float
         if dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {dtype}")
@@ -115,12 +114,11 @@ class _Embedding:
             objective, X, self.optimizer, max_iter=n_iter, tol=run_tol,
             step_size=p.get("step_size"), monitor=monitor,
             direction_params=self._direction_params(), schedule=self._schedule(objective))
-        if "early_exaggeration" not in p:
+        if self._exaggeration is None:
             return run(X0, max_iter, tol)
         # Opt-in for the line-search optimizers: a first stage on the exaggerated
         # objective, then the plain one, each with its own direction.
-        alpha = check_float(p["early_exaggeration"], "early_exaggeration", 1.0)
-        stage = min(check_int(p.get("exaggeration_iter", 250), "exaggeration_iter", 1), max_iter)
+        alpha, stage = self._exaggeration
         objective.exaggeration = alpha
         monitor.extra = {"exaggeration": alpha}
         first = run(X0, stage, 0.0)
@@ -132,6 +130,18 @@ class _Embedding:
         second = run(first.X, max_iter - first.n_iter, tol)
         second.n_iter += first.n_iter
         return second
+
+    def _exaggeration_stage(self, max_iter):
+        """(factor, iterations) of the opt-in early exaggeration of the line-search
+        optimizers, or None; checked before the affinities are computed."""
+        p = self.method_params
+        if "early_exaggeration" not in p or self.optimizer == "tsne":
+            return None
+        if self.objective_name != "tsne":
+            raise TypeError(f"early_exaggeration applies to TSNE only, not {type(self).__name__}")
+        alpha = check_float(p["early_exaggeration"], "early_exaggeration", 1.0)
+        stage = check_int(p.get("exaggeration_iter", 250), "exaggeration_iter", 1)
+        return alpha, min(stage, max_iter)
 
     def _schedule(self, objective):
         """The accuracy ramp of method_params ``accuracy_schedule`` (its length in
