@@ -118,8 +118,8 @@ def curves(Y, embedding, mapping, macs, chain_engines, chain_max_iter, chain_dir
 def _direct_fit(pe, Y, Z):
     """The MLP's direct fit, refit the way MAC's first F step did it."""
     params = {k: getattr(pe.mapping_, k) for k in ("hidden", "epochs", "initial_epochs",
-                                                   "batch_size", "learning_rate", "weight_decay",
-                                                   "random_state")}
+                                                   "batch_size", "learning_rate", "power_t",
+                                                   "weight_decay", "random_state")}
     return MLPMapping(**params).fit(Y, Z)
 
 

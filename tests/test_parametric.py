@@ -60,6 +60,22 @@ def test_mlp_mapping_learns_and_warm_starts(rng):
     assert ((m.predict(Y) - Z) ** 2).mean() < mse
 
 
+def test_mlp_warm_starts_decay_the_learning_rate(rng):
+    Y, Z = rng.normal(size=(50, 3)), rng.normal(size=(50, 2))
+    m = MLPMapping(hidden=(4,), initial_epochs=1, epochs=1, learning_rate=0.01,
+                   random_state=0).fit(Y, Z)
+    assert m.learning_rate_ == 0.01
+    for k in (1, 2, 3):
+        m.fit(Y, Z, warm_start=True)
+        assert m.learning_rate_ == pytest.approx(0.01 / np.sqrt(1 + k), rel=1e-15)
+    assert m.fit(Y, Z).learning_rate_ == 0.01                 # a cold fit starts over
+    m.power_t = 0.0
+    assert m.fit(Y, Z, warm_start=True).learning_rate_ == 0.01
+    m.power_t = -0.5
+    with pytest.raises(ValueError, match="power_t"):
+        m.fit(Y, Z, warm_start=True)
+
+
 def test_mlp_backpropagation_matches_finite_differences(rng):
     Y, Z = rng.normal(size=(40, 3)), rng.normal(size=(40, 2))
     m = MLPMapping(hidden=(8, 5), initial_epochs=0, random_state=0).fit(Y, Z)
