@@ -51,6 +51,7 @@ def blobs(n, spread, seed=0):
 
 def crossover(be, sizes):
     configs = [(("gaussian",), 4.0, "fgt", {"p": 8}), (("gaussian",), 10.0, "fgt", {"p": 8}),
+               (("gaussian",), 10.0, "bh", {"theta": 0.5}),
                (("student", "student2"), 20.0, "bh", {"theta": 0.5})]
     rows, first_win = [], {}
     sync = device_sync(be)

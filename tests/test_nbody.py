@@ -12,6 +12,7 @@ import gpuembed as ge
 from gpuembed.backend import get_backend
 from gpuembed.nbody import (bh_sums, check_accuracy, engine_sums, error_bound, exact_sums,
                             fgt_sums, resolve_method)
+from gpuembed.nbody.barneshut import MAX_DEPTH, _spread_bits, vectorized_bh_sums
 from gpuembed.nbody.exact import KERNEL_CODES, blocked_sums
 from gpuembed.nbody.fgt import order_for_tolerance
 from gpuembed.objectives import make_objective
@@ -164,6 +165,36 @@ def test_barnes_hut_theta_zero_is_exact_and_error_grows_with_theta(d, rng):
     assert errors[0] < 5e-3
 
 
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_compiled_barnes_hut_equals_the_vectorized_traversal(d, rng):
+    # The CPU's compiled depth-first walk must take every decision the array code
+    # (the GPU path) takes: same leaves, same opened cells, same far-field terms.
+    X = np.concatenate([rng.normal(size=(700, d)) * 4, rng.normal(size=(100, d)) * 0.01])
+    w = rng.uniform(0.5, 2.0, len(X))
+    Y = rng.normal(size=(90, d)) * 4
+    for kernels in [("gaussian",), ("student",), ("student", "student2"), ("student2",)]:
+        for theta in (0.0, 0.5, 1.5):
+            for targets in (None, Y):
+                fast = bh_sums(CPU, X, kernels, Y=targets, weights=w, theta=theta)
+                ref = vectorized_bh_sums(CPU, X, kernels, Y=targets, weights=w, theta=theta)
+                assert len(fast) == len(ref) == len(kernels)
+                for (S, SX), (S0, SX0) in zip(fast, ref):
+                    assert rel(S, S0) < 1e-13 and rel(SX, SX0) < 1e-13
+
+
+def test_morton_code_bit_spreading(rng):
+    cells = rng.integers(0, 2**MAX_DEPTH, size=(2000, 3))
+    cells[0], cells[1] = 0, 2**MAX_DEPTH - 1
+    for d in (1, 2, 3):
+        loop = np.zeros(len(cells), dtype=np.int64)
+        spread = np.zeros(len(cells), dtype=np.int64)
+        for i in range(d):
+            for bit in range(MAX_DEPTH):
+                loop |= ((cells[:, i] >> bit) & 1) << (bit * d + d - 1 - i)
+            spread |= _spread_bits(cells[:, i], d) << (d - 1 - i)
+        np.testing.assert_array_equal(spread, loop)
+
+
 def test_barnes_hut_with_duplicate_points(rng):
     # Exact duplicates end in deepest-level leaves, summed exactly (self excluded).
     X = np.repeat(rng.normal(size=(50, 2)), 3, axis=0)
@@ -188,9 +219,11 @@ def test_engine_choice_and_bad_input():
     assert resolve_method("auto", 1000, 2, "gaussian", CPU) == "exact"
     assert resolve_method("auto", 10**6, 2, "gaussian", CPU) == "fgt"
     assert resolve_method("auto", 10**6, 2, "student", CPU) == "bh"
-    # the compiled exact Student-t pair beats Barnes-Hut far longer than the Gaussian the FGT
-    assert resolve_method("auto", 20_000, 2, "student", CPU) == "exact"
-    assert resolve_method("auto", 20_000, 2, "student2", CPU) == "exact"
+    # the compiled Barnes-Hut walk overtakes the exact Student-t pair sooner than the
+    # FGT the exact Gaussian
+    assert resolve_method("auto", 4_000, 2, "student", CPU) == "exact"
+    assert resolve_method("auto", 8_000, 2, "student2", CPU) == "bh"
+    assert resolve_method("auto", 8_000, 2, "gaussian", CPU) == "exact"
     assert resolve_method("auto", 20_000, 2, "gaussian", CPU) == "fgt"
     assert resolve_method("auto", 10**6, 5, "gaussian", CPU) == "exact"
     with pytest.raises(ValueError, match="n_components"):

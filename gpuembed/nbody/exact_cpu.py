@@ -43,13 +43,30 @@ def sums(XT, w, TT, skip, ts, ss, S, SX):
 {kernel}
 {store}
 """
-_KERNELS = {
-    0: "                k = w[j] * expneg(t)\n                s += k\n{acc_k}",
-    1: "                k = w[j] / (1.0 + t)\n                s += k\n{acc_k}",
-    2: ("                k = 1.0 / (1.0 + t)\n                k2 = w[j] * k * k\n"
-        "                k *= w[j]\n                s += k\n                s2 += k2\n"
-        "{acc_k}{acc_k2}"),
-}
+
+
+def kernel_lines(code, dim, weight, coord, indent):
+    """Source lines adding ``weight`` K(t) to s (and ``weight`` K(t)^2 to s2 for
+    code 2) and the same times ``coord`` (a format string in {c}) to a{c} (b{c})."""
+    pad = " " * indent
+    scaled = lambda acc, k: "".join(f"{pad}{acc}{c} += {k} * {coord.format(c=c)}\n"
+                                    for c in range(dim))
+    if code == 2:
+        body = ["k = 1.0 / (1.0 + t)", f"k2 = {weight} * k * k", f"k *= {weight}", "s += k",
+                "s2 += k2"]
+        return "".join(pad + line + "\n" for line in body) + scaled("a", "k") + scaled("b", "k2")
+    kernel = f"{weight} * expneg(t)" if code == 0 else f"{weight} / (1.0 + t)"
+    return f"{pad}k = {kernel}\n{pad}s += k\n" + scaled("a", "k")
+
+
+def store_lines(code, dim, indent):
+    """Source lines writing s, a{c} (and s2, b{c}) to S[:, i], SX[:, i]."""
+    pad = " " * indent
+    out = f"{pad}S[0, i] = s\n" + "".join(f"{pad}SX[0, i, {c}] = a{c}\n" for c in range(dim))
+    if code == 2:
+        out += f"{pad}S[1, i] = s2\n" + "".join(f"{pad}SX[1, i, {c}] = b{c}\n"
+                                                for c in range(dim))
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,18 +75,13 @@ def _compiled(dim, code, target_shift, source_shift):
     the per-target and per-source shifts of the distance, compiled."""
     coords = range(dim)
     lines = lambda fmt, indent: "".join(" " * indent + fmt.format(c=c) + "\n" for c in coords)
-    acc_k = lines("a{c} += k * XT[{c}, j]", 16)
-    acc_k2 = lines("b{c} += k2 * XT[{c}, j]", 16)
-    store = "        S[0, i] = s\n" + lines("SX[0, i, {c}] = a{c}", 8)
-    if code == 2:
-        store += "        S[1, i] = s2\n" + lines("SX[1, i, {c}] = b{c}", 8)
     source = _TEMPLATE.format(
         load=lines("y{c} = TT[{c}, i]", 8) + ("        m = ts[i]\n" if target_shift else ""),
         zero=lines("a{c} = 0.0", 8) + lines("b{c} = 0.0", 8),
         distance=(" + ".join(f"(y{c} - XT[{c}, j]) ** 2" for c in coords)
                   + " - m" * target_shift + " - ss[j]" * source_shift),
-        kernel=_KERNELS[code].format(acc_k=acc_k, acc_k2=acc_k2),
-        store=store.rstrip("\n"))
+        kernel=kernel_lines(code, dim, "w[j]", "XT[{c}, j]", 16).rstrip("\n"),
+        store=store_lines(code, dim, 8).rstrip("\n"))
     namespace = {"prange": prange, "expneg": expneg}
     exec(source, namespace)
     return njit(parallel=True, fastmath=True)(namespace["sums"])
