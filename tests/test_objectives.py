@@ -79,6 +79,22 @@ def test_hessian_diagonal_matches_finite_differences(problem, name):
     np.testing.assert_allclose(H, num, rtol=1e-5, atol=1e-6 * np.abs(num).max())
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compiled_attraction_equals_the_array_code(problem, dtype):
+    # The CPU's one-pass sweep against the reference (the GPU's array code), on the
+    # conditional affinities (rows differ from columns) and in 3-D.
+    _, Pc, _ = problem
+    pairs = objectives.base.PairSet(ge.get_backend("cpu"), Pc, dtype)
+    Y = np.random.default_rng(5).normal(size=(Pc.shape[0], 3)).astype(dtype) * 2
+    for student in (False, True):
+        value, G = pairs.attraction(Y, student)
+        value0, G0 = pairs.attraction_arrays(Y, student)
+        assert G.dtype == dtype
+        tol = 1e-12 if dtype == np.float64 else 1e-5
+        assert value == pytest.approx(value0, rel=tol)
+        np.testing.assert_allclose(G, G0, rtol=tol, atol=tol * np.abs(G0).max())
+
+
 def test_exact_engine_against_brute_force(rng):
     be = ge.get_backend("cpu")
     for d in (1, 2, 3, 7):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..nbody import engine_sums
+from .attraction_cpu import attraction
 from ..nbody.exact import xx_terms
 
 
@@ -39,6 +40,27 @@ class PairSet:
             diff = x[self.rows] - x[self.cols]
             out = out + diff * diff
         return out
+
+    def attraction(self, X, student=False):
+        """(sum_nm p_nm phi(d_nm^2), G) with G_n = sum_m w_nm (x_n - x_m): phi = d^2
+        and w = p, or with ``student`` phi = log(1 + d^2) and w = p / (1 + d^2).
+        Compiled on the CPU (attraction_cpu.py), array code on the GPU."""
+        if self.be.is_gpu:
+            return self.attraction_arrays(X, student)
+        X64 = np.ascontiguousarray(X, dtype=np.float64)
+        grad = np.zeros_like(X64)
+        value = attraction(self.P.indptr, self.P.indices, self.p.astype(np.float64, copy=False),
+                           X64, student, grad)
+        return float(value), grad.astype(X.dtype, copy=False)
+
+    def attraction_arrays(self, X, student=False):
+        """:meth:`attraction` by NumPy/CuPy array code (the reference)."""
+        d2 = self.sqdist(X)
+        if student:
+            value, w = (self.p * self.be.xp.log1p(d2)).sum(), self.p / (1.0 + d2)
+        else:
+            value, w = (self.p * d2).sum(), self.p
+        return float(value), self.laplacian_times(w, X)
 
     def weights(self, w):
         """Sparse matrix with edge values w on P's pattern."""

@@ -30,8 +30,8 @@ class ElasticEmbedding(Objective):
 
     def value_and_grad(self, X):
         pairs = self.pairs
-        e_plus = float((pairs.p * pairs.sqdist(X)).sum())
-        grad = 4.0 * pairs.laplacian_times(pairs.p, X)
+        e_plus, grad = pairs.attraction(X)
+        grad *= 4.0
         (S, SX), = self.sums(X, ("gaussian",))
         grad -= (4.0 * self.lambda_) * (S[:, None] * X - SX)
         return e_plus + self.lambda_ * float(S.sum()), grad

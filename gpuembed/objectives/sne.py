@@ -21,9 +21,11 @@ class SNEObjective(Objective):
         self.sym = PairSet(backend, P + P.T, self.dtype)
 
     def value_and_grad(self, X):
-        xp, pairs = self.be.xp, self.pairs
-        e_plus = float((pairs.p * pairs.sqdist(X)).sum())
-        grad = 2.0 * self.sym.laplacian_times(self.sym.p, X)
+        xp = self.be.xp
+        # sum (P + P^T) d^2 counts every p_{m|n} d^2 twice.
+        e_plus, grad = self.sym.attraction(X)
+        e_plus *= 0.5
+        grad *= 2.0
         (S, SX), = self.sums(X, ("gaussian",))
         # sum_m q_{n|m} (x_n - x_m): source weights 1 / Z_m.
         (Sw, SXw), = self.sums(X, ("gaussian",), weights=1.0 / S)

@@ -16,8 +16,8 @@ class SymmetricSNE(Objective):
 
     def value_and_grad(self, X):
         xp, pairs = self.be.xp, self.pairs
-        e_plus = float((pairs.p * pairs.sqdist(X)).sum())
-        grad = 4.0 * pairs.laplacian_times(pairs.p, X)
+        e_plus, grad = pairs.attraction(X)
+        grad *= 4.0
         (S, SX), = self.sums(X, ("gaussian",))
         Z = float(S.sum())
         grad -= (4.0 / Z) * (S[:, None] * X - SX)

@@ -22,9 +22,8 @@ class TSNEObjective(Objective):
 
     def value_and_grad(self, X):
         xp, pairs = self.be.xp, self.pairs
-        d2 = pairs.sqdist(X)
-        e_plus = float((pairs.p * xp.log1p(d2)).sum())
-        grad = (4.0 * self.exaggeration) * pairs.laplacian_times(pairs.p / (1.0 + d2), X)
+        e_plus, grad = pairs.attraction(X, student=True)
+        grad *= 4.0 * self.exaggeration
         (S1, _), (S2, SX2) = self.sums(X, ("student", "student2"))
         Z = float(S1.sum())
         grad -= (4.0 / Z) * (S2[:, None] * X - SX2)
