@@ -71,33 +71,35 @@ class Tree:
         cw = xp.concatenate([xp.zeros(1), xp.cumsum(w)])
         cwx = xp.concatenate([xp.zeros((1, d)), xp.cumsum(w[:, None] * self.points, axis=0)])
 
-        starts, counts, levels = [], [], []
+        # A point stays active while its cell holds others: a single-point cell is a
+        # leaf, so its copies at deeper levels would never be visited (uniform
+        # points at 200,000 made ~12 levels of such copies, 2.4M cells).
+        starts, counts, first, n_children = [], [], [], []
+        active = xp.ones(n, dtype=bool)
+        offset = 0                          # index of the level's first cell
         for level in range(MAX_DEPTH + 1):
             prefix = code >> (d * (MAX_DEPTH - level))
-            new = xp.ones(n, dtype=bool)
-            new[1:] = prefix[1:] != prefix[:-1]
+            new = active.copy()
+            new[1:] &= prefix[1:] != prefix[:-1]
+            cell_of = xp.cumsum(new) - 1    # each active sorted point's cell at this level
             start = xp.flatnonzero(new)
-            count = xp.diff(xp.concatenate([start, xp.asarray([n])]))
+            count = xp.bincount(cell_of[active], minlength=len(start))
+            offset += len(start)
+            if starts:
+                # Children of the previous level's cells: the cells of its first and
+                # last point here, and all between.
+                s, c = starts[-1], counts[-1]
+                split = c > 1
+                first[-1] = xp.where(split, cell_of[s] + (offset - len(start)), 0)
+                n_children[-1] = xp.where(split, cell_of[s + c - 1] - cell_of[s] + 1, 0)
             starts.append(start)
             counts.append(count)
-            levels.append(level)
-            if int(count.max()) == 1:
+            first.append(xp.zeros(len(start), dtype=xp.int64))
+            n_children.append(xp.zeros(len(start), dtype=xp.int64))
+            active &= count[xp.maximum(cell_of, 0)] > 1
+            if not bool(active.any()):
                 break
-        offsets = [0]
-        for s in starts:
-            offsets.append(offsets[-1] + len(s))
-        first, n_children = [], []
-        for i, (s, c) in enumerate(zip(starts, counts)):
-            if i + 1 < len(starts):
-                lo_child = xp.searchsorted(starts[i + 1], s)
-                hi_child = xp.searchsorted(starts[i + 1], s + c)
-                # Single-point cells are leaves: their one child is not visited.
-                n_child = xp.where(c > 1, hi_child - lo_child, 0)
-                first.append(lo_child + offsets[i + 1])
-            else:
-                n_child = xp.zeros(len(s), dtype=xp.int64)
-                first.append(xp.zeros(len(s), dtype=xp.int64))
-            n_children.append(n_child)
+        levels = range(len(starts))
         self.start = xp.concatenate(starts)
         self.count = xp.concatenate(counts)
         self.first_child = xp.concatenate(first)
