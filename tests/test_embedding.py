@@ -61,6 +61,23 @@ def test_sd_solvers_agree(small):
                                atol=1e-8 * np.abs(chol).max())
 
 
+def test_sd_sparsifies_large_graphs_by_default(small, monkeypatch):
+    from gpuembed.optim import directions
+    _, _, A = small
+    obj = objectives.make_objective("ee", A.P, ge.get_backend("cpu"), np.float64)
+    Y = np.zeros((120, 2))
+    full = directions.Spectral(obj, Y).B                  # 120 points: the full L+
+    assert full.nnz == (A.P + scipy.sparse.identity(120)).nnz
+    monkeypatch.setattr(directions.Spectral, "FULL_LAPLACIAN_MAX_N", 100)
+    monkeypatch.setattr(directions.Spectral, "AUTO_KAPPA", 3)
+    auto = directions.Spectral(obj, Y).B
+    assert (auto != directions.Spectral(obj, Y, kappa=3).B).nnz == 0
+    assert auto.nnz < full.nnz / 2
+    P, B = A.P.toarray(), auto.toarray()
+    for i in range(120):                                   # each row's 3 largest affinities stay
+        assert np.all(B[i, np.argsort(P[i])[-3:]] < 0)
+
+
 @pytest.mark.parametrize("library", ["cholmod", "superlu"])
 def test_cpu_factorization_solves_against_dense(monkeypatch, library):
     from gpuembed.optim import directions

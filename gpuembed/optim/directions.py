@@ -173,6 +173,15 @@ class Spectral(Direction):
     ``curvature_shift`` (MAC's Z step: L + (mu/2) I in the paper's scaling);
     mu = 1e-10 min diag.
 
+    ``kappa=None``: the full L+ up to FULL_LAPLACIAN_MAX_N points, AUTO_KAPPA
+    beyond.  The full L+ of perplexity-30 affinities fills the factor: t-SNE on
+    Fashion-MNIST 20k factorized in 26.7 s (4.3 s at kappa = 15) and solved in
+    48 ms (18 ms); on Fashion-MNIST 5k (Barnes-Hut) 500 iterations at kappa = 15
+    took 10.5 s to KL 1.258 against 16 s to 1.260 with the full L+.  On small
+    manifold-like data the full L+ converges much better and costs little
+    (rotating_objects, 720 points: KL 0.778 after 500 iterations against 0.954
+    at kappa = 7).
+
     ``solver="cholesky"``: one sparse factorization cached for all iterations
     (on the CPU see :func:`factorize_cpu`; on the GPU cupyx's ``factorized``).
     ``solver="cg"``: Jacobi-preconditioned CG warm-started from the previous direction.  "auto":
@@ -181,6 +190,8 @@ class Spectral(Direction):
     """
 
     CHOLESKY_MAX_N = 20000
+    FULL_LAPLACIAN_MAX_N = 2000
+    AUTO_KAPPA = 15
     scaled_by_attractive_curvature = True
     SOLVERS = ("auto", "cholesky", "cg")
 
@@ -190,6 +201,8 @@ class Spectral(Direction):
         check_choice(solver, "sd_solver", self.SOLVERS)
         if kappa is not None:
             kappa = check_int(kappa, "kappa", 1)
+        elif X.shape[0] > self.FULL_LAPLACIAN_MAX_N:
+            kappa = self.AUTO_KAPPA
         W = sparsify(be, objective.attractive_weights(), kappa)
         L4 = 4.0 * laplacian(be, W)
         if objective.curvature_shift:
