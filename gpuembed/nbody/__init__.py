@@ -25,8 +25,9 @@ MAX_DIM = 3
 # layouts of 10 blobs): the FGT (p = 8) at 10,000 points for blobs of extent std 4
 # and at 20,000 for std 10 (a Fashion-MNIST 5k EE embedding has std 12, where
 # exact is 2.8x faster).  The compiled Barnes-Hut walk (theta = 0.5) already
-# matches the exact Student-t pair at 2,500 points and takes half its time at
-# 5,000 (max relative error 1.7% at 20,000, t-SNE's usual accuracy); for the
+# beats the exact Student-t pair at 2,500 points and takes 40% of its time
+# at 5,000 (max relative error 1.7% at 20,000, t-SNE's usual accuracy; below
+# 5,000 the exact sums take a few ms and keep line searches exact); for the
 # Gaussian its error at theta = 0.5 is 3%, so the FGT stays.  GPU: a guess from
 # the tiled kernel's expected ~1e12 pairs/s against the launch-bound array code
 # of the fast engines; not yet measured.
