@@ -1,4 +1,4 @@
-"""exp of negative arguments for numba-compiled CPU loops, in forms LLVM vectorizes.
+"""exp of negative arguments, and log, for numba-compiled CPU loops, in forms LLVM vectorizes.
 
 LLVM does not vectorize calls to libm's exp, so loops dominated by it run at
 ~4 ns per element.  ``negexp`` (arrays; the entropic root finding) computes
@@ -9,11 +9,21 @@ inlined into a loop that keeps everything in registers; the Gaussian N-body
 sums) cannot reach a double's bits, so it uses exp(-t) = p(-t / 1024)^1024 with
 a degree-11 Taylor p: relative error below 1e-12 for t < 40, i.e. wherever
 exp(-t) is not negligible against a self-pair scale term of 1.
+
+``logpos`` (one scalar; t-SNE's attractive sum p log(1 + d^2)) reads and writes
+a double's bits through LLVM bitcasts (``_as_int`` / ``_as_float``), which
+vectorize: y = 2^e m with m in [sqrt(2)/2, sqrt(2)), log m = 2 atanh(s) with
+s = (m - 1) / (m + 1) by its odd series to s^19.  0.5 ns per element against
+7 ns for libm's log1p (2 cores), within 1e-15 absolute of NumPy's log.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.6931471803691238          # ln 2 split so n * _LN2_HI is exact for |n| < 2^21
@@ -56,3 +66,35 @@ def expneg(t):
     for _ in range(10):
         p = p * p
     return p
+
+
+@intrinsic
+def _as_int(typingctx, x):
+    """The bits of a float64 as an int64."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def _as_float(typingctx, x):
+    """The float64 with the bits of an int64."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+    return types.float64(types.int64), codegen
+
+
+_LN2 = math.log(2.0)
+_HALF_SQRT2_BITS = 0x3FE6A09E667F3BCD     # the bits of sqrt(2) / 2
+
+
+@njit(inline="always", fastmath=True)
+def logpos(y):
+    """log(y) for one positive normal y."""
+    bits = _as_int(y)
+    e = (bits - _HALF_SQRT2_BITS) >> 52             # y / 2^e lands in [sqrt(2)/2, sqrt(2))
+    m = _as_float(bits - (e << 52))
+    s = (m - 1.0) / (m + 1.0)
+    z = s * s
+    return e * _LN2 + 2.0 * s * (1.0 + z * (1 / 3 + z * (1 / 5 + z * (1 / 7 + z * (1 / 9 + z * (
+        1 / 11 + z * (1 / 13 + z * (1 / 15 + z * (1 / 17 + z / 19)))))))))

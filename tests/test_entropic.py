@@ -1,6 +1,7 @@
 """Entropic affinities (../shared/papers/003_e1371111a5435f8e.txt; dissertation ch. 2)."""
 import warnings
 
+import numba
 import numpy as np
 import pytest
 import scipy.optimize
@@ -8,7 +9,7 @@ import scipy.optimize
 import gpuembed as ge
 from gpuembed.affinities import orders, rootfinding, rootfinding_cpu
 from gpuembed.affinities.entropic import solve_rows
-from gpuembed.fastexp import negexp
+from gpuembed.fastexp import logpos, negexp
 
 LOG = np.log
 
@@ -290,6 +291,21 @@ def test_compiled_negexp_is_within_two_ulp_of_numpy_exp(rng):
         assert (np.abs(out - ref) / ref).max() <= 2 * np.finfo(float).eps
     negexp(1.0, np.array([800.0, 1e300]), out[:2], bits[:2])
     assert np.all((out[:2] > 0) & (out[:2] <= np.exp(-708.0) * (1 + 1e-15)))    # clamped
+
+
+def test_compiled_logpos_matches_numpy_log(rng):
+    y = np.concatenate([10 ** rng.uniform(-300, 300, 20000), 1 + rng.uniform(0, 1e-6, 2000),
+                        rng.uniform(0.5, 2.0, 20000), [1.0, 2.0, 0.5, np.sqrt(2), np.sqrt(0.5)]])
+
+    @numba.njit
+    def apply(y, out):
+        for i in range(y.size):
+            out[i] = logpos(y[i])
+    out = np.empty_like(y)
+    apply(y, out)
+    ref = np.log(y)
+    assert np.all(np.abs(out - ref) <= 4 * np.finfo(float).eps * np.maximum(1.0, np.abs(ref)))
+    assert out[-5] == 0.0
 
 
 def test_row_extent_compiled_equals_array_code(rng):

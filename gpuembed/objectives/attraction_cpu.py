@@ -6,14 +6,16 @@ attraction of EE, s-SNE and SNE (phi = d^2, w = p) and t-SNE's
 The array code of base.PairSet (the reference, and the GPU path) gathers both
 endpoints of every edge, writes the squared distances and weights and goes
 through a sparse product: for t-SNE on Fashion-MNIST 10k (1.3M edges) that was
-22 ms of an evaluation, as much as the Barnes-Hut repulsion.
+22 ms of an evaluation, as much as the Barnes-Hut repulsion.  t-SNE's log uses
+``fastexp.logpos``: with libm's log1p, which does not vectorize, the pass took
+15 ms instead of EE's 3.4 ms.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit, prange
+
+from ..fastexp import logpos
 
 
 @njit(parallel=True, fastmath=True, cache=True)    # compiling takes ~3 s: cache it on disk
@@ -31,7 +33,7 @@ def attraction(indptr, indices, p, X, student, grad):
                 d2 += diff * diff
             if student:
                 w = p[e] / (1.0 + d2)
-                acc += p[e] * math.log1p(d2)
+                acc += p[e] * logpos(1.0 + d2)
             else:
                 w = p[e]
                 acc += p[e] * d2
