@@ -18,7 +18,7 @@ theta = 0 opens every inner cell, so it equals the exact sums up to rounding.
 Any kernel of exact.py works; several kernels share one traversal.  This
 level-synchronous traversal is the GPU path and the reference; on the CPU the
 kernel sets of the compiled exact loop walk the same tree in compiled code
-(barneshut_cpu.py), 17x faster for the Student-t pair at 40,000 points.
+(barneshut_cpu.py), about 40x faster for the Student-t pair at 40,000 points.
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..nbody import engine_sums
-from .attraction_cpu import attraction
 from ..nbody.exact import xx_terms
+from .attraction_cpu import attraction
 
 
 class PairSet:
