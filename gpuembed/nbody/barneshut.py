@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from .barneshut_cpu import traverse_cpu
-from .exact import KERNEL_CODES, kernel_values
+from .exact import KERNEL_CODES, compiled_results, kernel_values
 from .segments import expand
 
 MAX_DEPTH = 21                 # 3 x 21 bits of Morton code fit in an int64
@@ -126,8 +126,7 @@ def bh_sums(be, X, kernels, Y=None, weights=None, theta=DEFAULT_THETA):
     tree = Tree(be, X, weights)
     targets = np.asarray(X if Y is None else Y, dtype=np.float64)
     S, SX = traverse_cpu(tree, targets, KERNEL_CODES[kernels], theta, Y is None)
-    results = [(s.astype(X.dtype), sx.astype(X.dtype)) for s, sx in zip(S, SX)]
-    return results[1:] if kernels == ("student2",) else results
+    return compiled_results(kernels, S.astype(X.dtype), SX.astype(X.dtype))
 
 
 def vectorized_bh_sums(be, X, kernels, Y=None, weights=None, theta=DEFAULT_THETA):

@@ -81,6 +81,13 @@ def _blocks(be, n_rows, n_cols, itemsize, block_bytes, fn):
         list(pool.map(lambda span: fn(*span), spans))
 
 
+def compiled_results(kernels, S, SX):
+    """[(S, SX) for each kernel] from a compiled code's stacked outputs (code 2
+    gives "student" then "student2"; "student2" alone keeps the second)."""
+    results = list(zip(S, SX))
+    return results[1:] if kernels == ("student2",) else results
+
+
 def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_shift=None,
                source_shift=None, exclude=None):
     """[(S, SX) for each kernel in ``kernels``] over all pairs, in one pass.
@@ -103,8 +110,7 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_sh
             S, SX = _exact_gpu(be, X, code, Y, weights)
         else:
             S, SX = exact_sums_cpu(X, code, Y, weights, target_shift, source_shift, exclude)
-        results = list(zip(S, SX))
-        return results[1:] if kernels == ("student2",) else results
+        return compiled_results(kernels, S, SX)
     return blocked_sums(be, X, kernels, Y, weights, block_bytes, target_shift, source_shift,
                         exclude)
 

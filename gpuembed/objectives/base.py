@@ -10,6 +10,8 @@ X is (N, d), one row per point (the papers' X is its transpose).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..nbody import engine_sums
@@ -49,9 +51,13 @@ class PairSet:
             return self.attraction_arrays(X, student)
         X64 = np.ascontiguousarray(X, dtype=np.float64)
         grad = np.zeros_like(X64)
-        value = attraction(self.P.indptr, self.P.indices, self.p.astype(np.float64, copy=False),
-                           X64, student, grad)
+        value = attraction(self.P.indptr, self.P.indices, self._p64, X64, student, grad)
         return float(value), grad.astype(X.dtype, copy=False)
+
+    @functools.cached_property
+    def _p64(self):
+        """The edge values in float64, for the compiled pass (float32 objectives)."""
+        return self.p.astype(np.float64, copy=False)
 
     def attraction_arrays(self, X, student=False):
         """:meth:`attraction` by NumPy/CuPy array code (the reference)."""

@@ -158,7 +158,7 @@ class MLPMapping:
                                   xp.zeros(b, dtype=Y.dtype)])
         self._adam = ([[(xp.zeros_like(p), xp.zeros_like(p)) for p in layer]
                        for layer in self.weights_], 0)
-        self.n_warm_starts_ = -1        # the cold fit counts as warm start -1 + 1 = 0
+        self.n_warm_starts_ = 0
 
     def _forward(self, xp, U):
         activations = [U]
@@ -175,11 +175,12 @@ class MLPMapping:
         if not (warm_start and hasattr(self, "weights_")):
             self._init(xp, Y, Z)
             epochs = self.initial_epochs
+        else:
+            self.n_warm_starts_ += 1
         check_int(epochs, "epochs", 0)
         batch = check_int(self.batch_size, "batch_size", 1)
         lr = check_float(self.learning_rate, "learning_rate", 0.0, low_open=True)
         power_t = check_float(self.power_t, "power_t", 0.0)
-        self.n_warm_starts_ += 1
         self.learning_rate_ = lr = lr / (1.0 + self.n_warm_starts_) ** power_t
         U = (Y - self.y_mean_) / self.y_std_
         T = (Z - self.z_mean_) / self.z_std_
