@@ -119,8 +119,9 @@ def test_gpu_objective_equals_cpu(rng, cost, kappa):
 
 @pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
 def test_compiled_edge_sweep_matches_array_code(rng, cost, kappa):
-    """msne_cpu.edge_terms (the CPU path) against the array code (the GPU path),
-    with fine scales where every unshifted kernel would underflow."""
+    """msne_cpu.edge_terms (the CPU's sweep beside the FGT and Barnes-Hut) against
+    the array code (the GPU path), with fine scales where every unshifted kernel
+    would underflow; then the CPU's whole exact evaluation against the array code."""
     Y, _, _, obj = random_objective(rng, 300, 5e4, cost, kappa)
     scales = obj._scales(Y)
     assert obj.compiled
@@ -137,6 +138,35 @@ def test_compiled_edge_sweep_matches_array_code(rng, cost, kappa):
     E2, G2 = obj.value_and_grad(Y)
     assert E1 == pytest.approx(E2, rel=1e-12)
     np.testing.assert_allclose(G1, G2, rtol=1e-9, atol=1e-12 * np.abs(G1).max())
+
+
+@pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
+@pytest.mark.parametrize("n_scales", [None, 3])
+def test_fused_exact_sweep_matches_the_split_computation(rng, cost, kappa, n_scales):
+    """msne_cpu.fused_exact (the CPU's exact engine: every kernel computed once)
+    against the exact sums plus the compiled edge sweep, on a dense pattern (all
+    scales) and a sparse one (3 scales), with fine scales where unshifted kernels
+    underflow; and against the array code in float32."""
+    X = rng.standard_normal((300, 6))
+    Y = rng.standard_normal((300, 2))
+    M = ge.multiscale_affinities(X, 2.0, n_scales=n_scales, symmetrize=False, backend="cpu")
+    p = np.geomspace(0.5, 5e4, len(M.perplexities))
+    be = ge.get_backend("cpu")
+    obj = MultiscaleObjective(M.conditionals, be, np.float64, p, cost, kappa)
+    assert (obj.pairs.P.nnz == 300 * 299) == (n_scales is None)
+    E, G = obj.value_and_grad(Y)
+    split = MultiscaleObjective(M.conditionals, be, np.float64, p, cost, kappa)
+    E0, rs, g_pattern = split._edge_terms(Y, split._scales(Y))
+    assert E == pytest.approx(E0, rel=1e-12)
+    split.compiled = False
+    E1, G1 = split.value_and_grad(Y)
+    assert E == pytest.approx(E1, rel=1e-12)
+    np.testing.assert_allclose(G, G1, rtol=1e-9, atol=1e-11 * np.abs(G1).max())
+    obj32 = MultiscaleObjective(M.conditionals, be, np.float32, p, cost, kappa)
+    E32, G32 = obj32.value_and_grad(Y.astype(np.float32))
+    assert G32.dtype == np.float32
+    assert E32 == pytest.approx(E, rel=1e-6)
+    np.testing.assert_allclose(G32, G, rtol=1e-3, atol=1e-5 * np.abs(G).max())
 
 
 @pytest.mark.parametrize("cost", ["kl", "js"])

@@ -35,10 +35,13 @@ AUTO_EXACT_BELOW = {"cpu": {"gaussian": 10_000, "student": 5_000},
                     "gpu": {"gaussian": 200_000, "student": 200_000}}
 
 
-def resolve_method(method, n, dim, kernel, backend):
-    """The engine for ``nbody=method`` ("auto" picks by N, kernel, dimension, device)."""
+def resolve_method(method, n, dim, kernel, backend, exact_below=None):
+    """The engine for ``nbody=method`` ("auto" picks by N, kernel, dimension, device;
+    ``exact_below`` replaces the table's threshold for an objective whose exact
+    evaluation is cheaper than generic sums)."""
     if method == "auto":
-        below = AUTO_EXACT_BELOW[backend.name]["gaussian" if kernel == "gaussian" else "student"]
+        below = exact_below or AUTO_EXACT_BELOW[backend.name][
+            "gaussian" if kernel == "gaussian" else "student"]
         if dim > MAX_DIM or n < below:
             return "exact"
         return "fgt" if kernel == "gaussian" else "bh"

@@ -12,7 +12,8 @@ precision p_h per scale.  Costs: "kl" = sum_i KL(sigma_i || s_i) (eq. 2.3) and
 With a_ij = dE/ds_ij, dE/dd_ik = (1/H) sum_h (-p_h / 2) s_hik (a_ik - sum_j a_ij s_hij).
 For both costs a_ij is a constant off the sparse pattern (0 for KL, log(1/(1-kappa))
 / kappa for JS), so the gradient splits into a sparse attractive part and, per
-scale, Gaussian N-body sums at width p_h: O(nnz H) plus 2 H engine passes.
+scale, Gaussian N-body sums at width p_h: O(nnz H) plus 2 H engine passes.  With the
+exact engine on the CPU all of it is one compiled sweep (msne_cpu.fused_exact).
 
 Each row's kernels are shifted by its nearest-neighbour distance (exp(-(t - m))),
 so the finest scales cannot underflow.  The exact engine takes the shift
@@ -25,16 +26,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba import get_num_threads
 
 from ..nbody import exact_sums
 from ..neighbors import knn
 from .base import Objective
-from .msne_cpu import edge_terms
+from .msne_cpu import edge_terms, fused_exact
 
 COSTS = ("kl", "js")
 # Shift (in kernel units) beyond which a row's sums go to the exact engine: e^m
 # would amplify the fast engines' absolute error past their relative accuracy.
 ISOLATED = 2.0
+# nbody="auto" on the CPU: the fused exact sweep (msne_cpu.fused_exact) up to here.
+# With 6 scales it took 0.52 s per evaluation at 10,000 points and 2.1 s at 20,000,
+# against 1.16 s and 1.60 s for the FGT (benchmarks/bench_msne.py --scaling): the
+# quadratic and the ~N^0.5 curves cross near 17,000.
+AUTO_EXACT_BELOW_CPU = 15_000
 
 
 def ld_precisions(perplexities, X, U=1.0):
@@ -178,6 +185,8 @@ class MultiscaleObjective(Objective):
         return value, g_edge, [pairs.row_sums(r * s_h) for s_h in s_all]
 
     def value_and_grad(self, X):
+        if self.nbody == "exact" and not self.be.is_gpu and self.compiled:
+            return self._fused_value_and_grad(X)
         H = len(self.p)
         scales = self._scales(X)
         value, row_sums, grad = self._edge_terms(X, scales)
@@ -190,6 +199,22 @@ class MultiscaleObjective(Objective):
             Sw, SXw = self._column_sums(X * cs, m, w)
             grad -= 2.0 * (w[:, None] * (Z[:, None] * X - SX) + Sw[:, None] * X - SXw / cs)
         return value, grad
+
+    def _fused_value_and_grad(self, X):
+        """The exact engine's cost and gradient in one compiled sweep over the rows
+        (msne_cpu.fused_exact): a quarter of the exps of the exact sums plus the
+        edge sweep when the pattern is dense."""
+        n, d = X.shape
+        threads = get_num_threads()
+        XT = np.ascontiguousarray(X.T, dtype=np.float64)
+        grad = np.empty((n, d))
+        part, mass = fused_exact(
+            self.pairs.P.indptr, self.pairs.P.indices, XT, self.pairs._p64, 0.5 * self.p,
+            _nearest_sqdist(X, self.be), self.cost == "js", self.kappa,
+            np.empty((threads, self.p.size, n)), np.empty((threads, 6, n)),
+            np.empty((threads, d, n)), grad)
+        value = self.constant + part if self.cost == "kl" else self._js_value(part, n - mass)
+        return value, grad.astype(X.dtype, copy=False)
 
 
 def _nearest_sqdist(X, be):
