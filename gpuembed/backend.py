@@ -7,6 +7,7 @@ CPU path never needs it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 
@@ -69,6 +70,17 @@ class Backend:
             out = a.get()
             return out.tocsr() if hasattr(out, "tocsr") else out
         return np.asarray(a)
+
+    def serial_blas(self):
+        """Context in which NumPy's BLAS runs on one thread (the CPU; no-op on the
+        GPU), for loops that interleave small BLAS calls (dot products of N x d
+        arrays) with numba's parallel sweeps: OpenBLAS's workers busy-wait after
+        each threaded call and take the cores from numba's threads.  In t-SNE's SD
+        on Fashion-MNIST 20k that made the attractive sweep 32 ms instead of 13 ms."""
+        if self.is_gpu:
+            return contextlib.nullcontext()
+        from threadpoolctl import threadpool_limits
+        return threadpool_limits(1, user_api="blas")
 
     def scatter_add(self, target, indices, values):
         """``target[indices] += values`` with repeated indices accumulated."""

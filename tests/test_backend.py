@@ -101,3 +101,22 @@ def test_gpu_backend_round_trip():
     np.testing.assert_array_equal(be.to_host(a), np.arange(5.0))
     out = be.scatter_add(be.xp.zeros(3), be.asarray(np.array([0, 2, 0])), be.asarray([1.0, 2.0, 3.0]))
     np.testing.assert_array_equal(be.to_host(out), [4.0, 0.0, 2.0])
+
+
+def test_minimize_runs_blas_on_one_thread(rng):
+    """OpenBLAS workers that busy-wait between the loop's dot products slowed
+    numba's parallel sweeps 2x; minimize holds BLAS at one thread, and gives the
+    threads back after."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads():
+        return [p["num_threads"] for p in threadpoolctl.threadpool_info()
+                if p["user_api"] == "blas"]
+
+    before = blas_threads()
+    seen = []
+    X = rng.standard_normal((60, 5))
+    ge.TSNE(perplexity=10, optimizer="lbfgs", max_iter=5, backend="cpu",
+            callbacks=[lambda *args: seen.append(blas_threads())]).fit(X)
+    assert seen and all(threads == [1] * len(before) for threads in seen)
+    assert blas_threads() == before

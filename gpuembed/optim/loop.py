@@ -7,6 +7,7 @@ van der Maaten & Hinton as used by openTSNE and scikit-learn.
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -69,7 +70,7 @@ def _set_accuracy(objective, schedule, iteration):
 
 
 def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_size=None,
-             monitor=None, direction_params=None, schedule=None):
+             monitor=None, direction_params=None, schedule=None, serial_blas=True):
     """Descent with ``direction`` (a name in DIRECTIONS, or a Direction built
     earlier for an objective with the same curvature, to reuse its factorization
     or memory) and an Armijo backtracking line search.
@@ -80,7 +81,17 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
     decrease per iteration, averaged over the last STOP_WINDOW iterations, falls
     below ``tol``, when the line search finds no decrease, after ``max_iter``
     iterations, or when a callback returns True.
+
+    ``serial_blas``: run NumPy's BLAS on one thread meanwhile (see
+    Backend.serial_blas); False for objectives whose evaluation is mostly BLAS.
     """
+    with objective.be.serial_blas() if serial_blas else contextlib.nullcontext():
+        return _minimize(objective, X0, direction, max_iter, tol, step_size, monitor,
+                         direction_params, schedule)
+
+
+def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direction_params,
+              schedule):
     xp = objective.be.xp
     monitor = monitor or Monitor()
     X = X0.copy()
