@@ -394,9 +394,10 @@ class MultiscaleSNE:
     from the embedding's spread at every stage.  ``fit_exponent`` estimates
     Lee et al.'s exponent U from the HD precisions (else U = 1).  The per-scale
     Gaussian sums go through the N-body engine ``nbody`` ("auto": exact below
-    15,000 points on the CPU, where one compiled sweep computes every kernel once,
-    or in more than 3 dimensions, else the FGT), so an iteration costs
-    O(N H) = O(N log N) with the FGT or Barnes-Hut on top of the affinities' O(N k H).  All floor(log2(N / K*)) scales (``n_scales="all"``)
+    10,000 points on the CPU, where one compiled sweep computes every kernel once,
+    or in more than 3 dimensions, else the FGT; the two cross near 8,000 points),
+    so an iteration costs O(N H) = O(N log N) with the FGT or Barnes-Hut on top of
+    the affinities' O(N k H).  All floor(log2(N / K*)) scales (``n_scales="all"``)
     make the largest perplexity about N / 2 and the k-NN graph (3 x that) dense;
     ``n_scales=H`` keeps the H smallest scales, and the default keeps as many as
     fit a k-NN graph of 2e7 entries (all scales up to N of about 4,000; six, up to
@@ -429,8 +430,7 @@ class MultiscaleSNE:
 
     def fit(self, X):
         from .affinities import multiscale_affinities
-        from .objectives.msne import (AUTO_EXACT_BELOW_CPU, COSTS, MultiscaleObjective,
-                                      intrinsic_exponent, ld_precisions)
+        from .objectives.msne import COSTS, MultiscaleObjective, intrinsic_exponent, ld_precisions
 
         be = get_backend(self.backend)
         X = check_data(X, be, min_samples=5)
@@ -442,8 +442,7 @@ class MultiscaleSNE:
         check_choice(self.cost, "cost", COSTS)
         kappa = check_float(self.kappa, "kappa", 0.0, 1.0, low_open=True, high_open=True)
         dtype = np.dtype(self.dtype) if self.dtype is not None else be.default_float
-        nbody = resolve_method(self.nbody, n, d, "gaussian", be,
-                               exact_below=None if be.is_gpu else AUTO_EXACT_BELOW_CPU)
+        nbody = resolve_method(self.nbody, n, d, "gaussian", be)
         M = multiscale_affinities(X, self.perplexity, n_scales=self.n_scales,
                                   n_neighbors=self.n_neighbors, symmetrize=False, backend=be)
         U = intrinsic_exponent(be.to_host(M.beta), d) if self.fit_exponent else 1.0

@@ -150,6 +150,30 @@ def test_fgt_case_mix_dense_and_sparse_regions(rng):
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("p", [1, 3, 8])
+def test_fgt_compiled_cases_match_array_code(d, p, rng, monkeypatch):
+    """fgt_cpu (Hermite coefficients; cases I and II per target; case IV with the
+    offsets' table, pairs grouped by box and first-dimension offset; Taylor
+    series at the targets) against the array code (the NumPy reference, and the
+    GPU's case IV), on a dense cluster, a wider one and a sparse halo, so that
+    every case has many box pairs; with separate targets too."""
+    from gpuembed.nbody import fgt as fgt_module
+    X = np.concatenate([rng.normal(size=(1500, d)), rng.normal(size=(500, d)) * 3.0 + 4.0,
+                        rng.uniform(-20, 20, (300, d))])
+    Y = rng.uniform(-6, 8, (400, d))
+    q = rng.normal(size=(len(X), 3))
+    pairs = []
+    compiled = fgt_module._hermite_to_taylor_cpu
+    monkeypatch.setattr(fgt_module, "_hermite_to_taylor_cpu",
+                        lambda *args: (pairs.append(len(args[4])), compiled(*args)))
+    for targets in (None, Y):
+        G = fgt_module.fgt(CPU, X, q, Y=targets, p=p)
+        G0 = fgt_module.fgt(CPU, X, q, Y=targets, p=p, reference=True)
+        np.testing.assert_allclose(G, G0, rtol=1e-11, atol=1e-12 * np.abs(G0).max())
+    assert sum(pairs) > 100
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
 def test_barnes_hut_theta_zero_is_exact_and_error_grows_with_theta(d, rng):
     X = rng.normal(size=(600, d)) * 4.0
     w = rng.uniform(0.5, 2.0, 600)

@@ -22,9 +22,9 @@ MAX_DIM = 3
 # nbody="auto" uses the exact engine below these sizes (per device and kernel).
 # CPU: where the fast engine first beats one exact kernel sum (S, SX) with the
 # compiled loop (benchmarks/bench_nbody.py --parts crossover; 2-core EPYC, 2-D
-# layouts of 10 blobs): the FGT (p = 8) at 10,000 points for blobs of extent std 4
-# and at 20,000 for std 10 (a Fashion-MNIST 5k EE embedding has std 12, where
-# exact is 2.8x faster).  The compiled Barnes-Hut walk (theta = 0.5) already
+# layouts of 10 blobs): the compiled FGT (p = 8) at 5,000 points for blobs of
+# extent std 4 and at 10,000 for std 10 (1.5x faster there; exact is 1.7x faster
+# at 5,000; a Fashion-MNIST 5k EE embedding has std 12).  The compiled Barnes-Hut walk (theta = 0.5) already
 # beats the exact Student-t pair at 2,500 points and takes 40% of its time
 # at 5,000 (max relative error 1.7% at 20,000, t-SNE's usual accuracy; below
 # 5,000 the exact sums take a few ms and keep line searches exact); for the
@@ -35,13 +35,10 @@ AUTO_EXACT_BELOW = {"cpu": {"gaussian": 10_000, "student": 5_000},
                     "gpu": {"gaussian": 200_000, "student": 200_000}}
 
 
-def resolve_method(method, n, dim, kernel, backend, exact_below=None):
-    """The engine for ``nbody=method`` ("auto" picks by N, kernel, dimension, device;
-    ``exact_below`` replaces the table's threshold for an objective whose exact
-    evaluation is cheaper than generic sums)."""
+def resolve_method(method, n, dim, kernel, backend):
+    """The engine for ``nbody=method`` ("auto" picks by N, kernel, dimension, device)."""
     if method == "auto":
-        below = exact_below or AUTO_EXACT_BELOW[backend.name][
-            "gaussian" if kernel == "gaussian" else "student"]
+        below = AUTO_EXACT_BELOW[backend.name]["gaussian" if kernel == "gaussian" else "student"]
         if dim > MAX_DIM or n < below:
             return "exact"
         return "fgt" if kernel == "gaussian" else "bh"

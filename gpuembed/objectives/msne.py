@@ -37,11 +37,6 @@ COSTS = ("kl", "js")
 # Shift (in kernel units) beyond which a row's sums go to the exact engine: e^m
 # would amplify the fast engines' absolute error past their relative accuracy.
 ISOLATED = 2.0
-# nbody="auto" on the CPU: the fused exact sweep (msne_cpu.fused_exact) up to here.
-# With 6 scales it took 0.52 s per evaluation at 10,000 points and 2.1 s at 20,000,
-# against 1.16 s and 1.60 s for the FGT (benchmarks/bench_msne.py --scaling): the
-# quadratic and the ~N^0.5 curves cross near 17,000.
-AUTO_EXACT_BELOW_CPU = 15_000
 
 
 def ld_precisions(perplexities, X, U=1.0):
