@@ -49,9 +49,9 @@ class PairSet:
         Compiled on the CPU (attraction_cpu.py), array code on the GPU."""
         if self.be.is_gpu:
             return self.attraction_arrays(X, student)
-        X64 = np.ascontiguousarray(X, dtype=np.float64)
-        grad = np.zeros_like(X64)
-        value = attraction(self.P.indptr, self.P.indices, self._p64, X64, student, grad)
+        grad = np.zeros(X.shape)
+        value = attraction(self.P.indptr, self.P.indices, self._p64,
+                           np.ascontiguousarray(X.T, dtype=np.float64), student, grad)
         return float(value), grad.astype(X.dtype, copy=False)
 
     @functools.cached_property
