@@ -152,11 +152,11 @@ def test_fgt_case_mix_dense_and_sparse_regions(rng):
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("p", [1, 3, 8])
 def test_fgt_compiled_cases_match_array_code(d, p, rng, monkeypatch):
-    """fgt_cpu (Hermite coefficients; cases I and II per target; case IV with the
-    offsets' table, pairs grouped by box and first-dimension offset; Taylor
-    series at the targets) against the array code (the NumPy reference, and the
-    GPU's case IV), on a dense cluster, a wider one and a sparse halo, so that
-    every case has many box pairs; with separate targets too."""
+    """fgt_cpu (Hermite coefficients; cases I and II per target; case III; case IV
+    with the offsets' table, pairs grouped by box and first-dimension offset;
+    Taylor series at the targets) against the array code (the NumPy reference,
+    and the GPU's cases III and IV), on a dense cluster, a wider one and a sparse
+    halo, so that every case has many box pairs; with separate targets too."""
     from gpuembed.nbody import fgt as fgt_module
     X = np.concatenate([rng.normal(size=(1500, d)), rng.normal(size=(500, d)) * 3.0 + 4.0,
                         rng.uniform(-20, 20, (300, d))])

@@ -23,8 +23,8 @@ MAX_DIM = 3
 # CPU: where the fast engine first beats one exact kernel sum (S, SX) with the
 # compiled loop (benchmarks/bench_nbody.py --parts crossover; 2-core EPYC, 2-D
 # layouts of 10 blobs): the compiled FGT (p = 8) at 5,000 points for blobs of
-# extent std 4 and at 10,000 for std 10 (1.5x faster there; exact is 1.7x faster
-# at 5,000; a Fashion-MNIST 5k EE embedding has std 12).  The compiled Barnes-Hut walk (theta = 0.5) already
+# extent std 4 and at 10,000 for std 10 (1.6x faster there, about even at 5,000;
+# a Fashion-MNIST 5k EE embedding has std 12).  The compiled Barnes-Hut walk (theta = 0.5) already
 # beats the exact Student-t pair at 2,500 points and takes 40% of its time
 # at 5,000 (max relative error 1.7% at 20,000, t-SNE's usual accuracy; below
 # 5,000 the exact sums take a few ms and keep line searches exact); for the

@@ -21,8 +21,8 @@ vectorized over box pairs and points (no Python loop over points), in chunks
 of bounded memory, against ``xp``: the same code runs with NumPy and CuPy, and
 all of it is the reference (``reference=True``).  The GPU runs cases I and II
 and the Taylor series at the targets per target in kernels/fgt.cu; the CPU
-runs those, the Hermite coefficients and case IV compiled (fgt_cpu.py; 4-6x
-the array code on 200,000 points at p = 8), and only case III as arrays.
+runs everything compiled (fgt_cpu.py; 6-8x the array code on 200,000 points
+at p = 8).
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ import math
 
 import numpy as np
 
-from .fgt_cpu import hermite_coefficients, hermite_to_taylor, small_targets, taylor_targets
+from .fgt_cpu import (hermite_coefficients, hermite_to_taylor, small_targets, taylor_from_sources,
+                      taylor_targets)
 from .segments import expand
 
 R = 0.5
@@ -172,9 +173,9 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False):
     and targets Y (M, d) (default: X, self pair included), d <= 3, by the FGT of order p.
 
     Cases I and II run per target (kernels/fgt.cu on the GPU, fgt_cpu.py on the
-    CPU); on the CPU the Hermite coefficients, case IV and the Taylor series at
-    the targets are compiled too.  ``reference=True`` runs everything by the
-    array code (the NumPy reference of both)."""
+    CPU); on the CPU the Hermite coefficients, cases III and IV and the Taylor
+    series at the targets are compiled too.  ``reference=True`` runs everything
+    by the array code (the NumPy reference of both)."""
     xp = be.xp
     targets = X if Y is None else Y
     d = X.shape[1]
@@ -210,7 +211,7 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False):
         c = xp.broadcast_to(boxes_c[chunk, None], hit.shape)[hit]
         b = pos[hit]
         sb, tb = src.big[b], tgt.big[c]
-        cases = [(_taylor_accumulate, ~sb & tb),
+        cases = [(_taylor_accumulate if array_code else _taylor_accumulate_cpu, ~sb & tb),
                  (_hermite_to_taylor if array_code else _hermite_to_taylor_cpu, sb & tb)]
         if reference:
             cases += [(_direct, ~sb & ~tb), (_hermite_eval, sb & ~tb)]
@@ -323,6 +324,22 @@ def _hermite_to_taylor(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out)
         taylor += _group_sum(be, tgt.big_index[cc], C.reshape(n, p**d, n_q), tgt.n_big)
 
 
+def _runs(keys):
+    """Start of every run of equal sorted ``keys``, and len(keys) at the end."""
+    return np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1], [True]]))
+
+
+def _taylor_accumulate_cpu(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out):
+    """Case III compiled (fgt_cpu.py): the pairs grouped by target box, each
+    box's coefficients accumulated by one thread."""
+    order = np.argsort(c, kind="stable")
+    b, c = b[order], c[order]
+    first = _runs(c)
+    boxes = c[first[:-1]]
+    taylor_from_sources(first, b, src.start, src.count, src.points, tgt.center[boxes], q,
+                        inv_fact, tgt.big_index[boxes], taylor)
+
+
 def _hermite_to_taylor_cpu(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out):
     """Case IV compiled (fgt_cpu.py): the pairs grouped by target box, each
     box's coefficients accumulated by one thread.  Box centres differ by whole
@@ -332,7 +349,7 @@ def _hermite_to_taylor_cpu(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, 
     offset = tgt.cell[c] - src.cell[b]
     order = np.lexsort((offset[:, 0], c))                      # by box, then first offset
     b, c, offset = b[order], c[order], offset[order]
-    first = np.flatnonzero(np.concatenate([[True], c[1:] != c[:-1], [True]]))
+    first = _runs(c)
     reach = int(np.abs(offset).max())
     h = _hermite_functions(np, np.arange(-reach, reach + 1) * SIDE, 2 * p - 1)
     ab = np.arange(p)[:, None] + np.arange(p)[None, :]               # alpha + beta

@@ -1,8 +1,10 @@
 """Compiled CPU parts of the FGT (fgt.py): the Hermite coefficients, cases I and II
-per target, case IV (the Hermite-to-Taylor translation, eq. 5.4) and the Taylor
-series at the targets.  The array code of fgt.py stays the reference and the
-GPU's case IV; these loops do the same sums one box or one target per
-iteration, with every intermediate in small buffers.
+per target, cases III and IV, and the Taylor series at the targets.  The array
+code of fgt.py stays the reference and the GPU's cases III and IV; these loops
+do the same sums one box or one target per iteration, with every intermediate
+in small buffers, and each point's p^d tensor terms built by expanding one
+dimension at a time (digit arithmetic per term made case III slower than the
+array code).
 
 Case IV in the array code gathers each box pair's coefficients, contracts them
 by batched matrix products with a transposing reshape after each dimension,
@@ -15,7 +17,8 @@ between box centres, and pairs that share the first dimension's offset share
 its contraction.  On 200,000 uniform 2-D points at p = 8 (1.8M box pairs) the
 case takes 0.9 s against 5.5 s.  Cases I and II are the twin of kernels/fgt.cu's
 fgt_small_targets; at 2 points per unit area they were two thirds of the
-array code's 3.2 s, and the whole transform now takes 0.54 s.
+array code's 3.2 s.  The whole transform: 0.5 s against 3-4 s at 2 points per
+unit area, 1.2 s against 6.8-7 s at 20.
 """
 from __future__ import annotations
 
@@ -26,15 +29,19 @@ from ..fastexp import expneg
 
 
 @njit(inline="always")
-def _term(factors, alpha):
-    """prod_i factors[i, alpha_i] for the flat multi-index alpha (digits in base
-    p, the first dimension most significant, as fgt._tensor)."""
+def _tensor_row(factors, out):
+    """out[alpha] = prod_i factors[i, alpha_i] for every flat multi-index alpha
+    (digits in base p, the first dimension most significant, as fgt._tensor),
+    expanded one dimension at a time in place, from the back."""
     d, p = factors.shape
-    prod = 1.0
-    for i in range(d - 1, -1, -1):
-        prod *= factors[i, alpha % p]
-        alpha //= p
-    return prod
+    size = 1
+    out[0] = 1.0
+    for i in range(d):
+        for a in range(size - 1, -1, -1):
+            v = out[a]
+            for k in range(p):
+                out[a * p + k] = v * factors[i, k]
+        size *= p
 
 
 @njit(inline="always")
@@ -146,6 +153,7 @@ def small_targets(members, points, box_of, cell, src_key, src_start, src_count, 
         acc = np.zeros(n_q)
         h = np.empty((d, p))
         u = np.empty(d)
+        T = np.empty(pd)
         for o in range(offsets.shape[0]):
             key = 0
             inside = True
@@ -162,11 +170,11 @@ def small_targets(members, points, box_of, cell, src_key, src_start, src_count, 
                 for i in range(d):
                     u[i] = points[t, i] - src_center[b, i]
                 _hermite_factors(u, h)
+                _tensor_row(h, T)
                 A = hermite[src_big_index[b]]
                 for alpha in range(pd):
-                    prod = _term(h, alpha)
                     for j in range(n_q):
-                        acc[j] += prod * A[alpha, j]
+                        acc[j] += T[alpha] * A[alpha, j]
             else:
                 for s in range(src_start[b], src_start[b] + src_count[b]):
                     r2 = 0.0
@@ -190,14 +198,15 @@ def hermite_coefficients(big, start, count, points, center, charges, inv_fact, A
         b = big[g]
         f = np.empty((d, p))
         u = np.empty(d)
+        T = np.empty(pd)
         for m in range(start[b], start[b] + count[b]):
             for i in range(d):
                 u[i] = points[m, i] - center[b, i]
             _power_factors(u, inv_fact, f)
+            _tensor_row(f, T)
             for alpha in range(pd):
-                prod = _term(f, alpha)
                 for j in range(n_q):
-                    A[g, alpha, j] += prod * charges[m, j]
+                    A[g, alpha, j] += T[alpha] * charges[m, j]
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -213,11 +222,41 @@ def taylor_targets(members, points, box_of, center, big_index, taylor, out):
         b = box_of[t]
         f = np.empty((d, p))
         u = np.empty(d)
+        T = np.empty(pd)
         for i in range(d):
             u[i] = points[t, i] - center[b, i]
         _power_factors(u, ones, f)
+        _tensor_row(f, T)
         C = taylor[big_index[b]]
         for alpha in range(pd):
-            prod = _term(f, alpha)
             for j in range(n_q):
-                out[t, j] += prod * C[alpha, j]
+                out[t, j] += T[alpha] * C[alpha, j]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def taylor_from_sources(first, source, start, count, points, centers, charges, inv_fact,
+                        target, taylor):
+    """Case III (eq. 5.3): taylor[target[g]] += q_m h_beta(x_m - t_g) / beta! for
+    every point m of the small source boxes source[k], k in first[g] ..
+    first[g + 1] - 1, about the target box centre centers[g]; one target box per
+    iteration (taylor (boxes, p^d, Q), flattened as fgt._tensor)."""
+    d, p = points.shape[1], inv_fact.size
+    n_q, pd = charges.shape[1], taylor.shape[1]
+    for g in prange(first.size - 1):
+        C = taylor[target[g]]
+        h = np.empty((d, p))
+        u = np.empty(d)
+        T = np.empty(pd)
+        for k in range(first[g], first[g + 1]):
+            b = source[k]
+            for m in range(start[b], start[b] + count[b]):
+                for i in range(d):
+                    u[i] = points[m, i] - centers[g, i]
+                _hermite_factors(u, h)
+                for i in range(d):
+                    for j in range(p):
+                        h[i, j] *= inv_fact[j]
+                _tensor_row(h, T)
+                for alpha in range(pd):
+                    for j in range(n_q):
+                        C[alpha, j] += T[alpha] * charges[m, j]
