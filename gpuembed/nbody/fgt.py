@@ -202,6 +202,7 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False):
     # Box pairs (b, c) from the target boxes' occupied neighbours (the offsets are
     # symmetric); when cases I and II run per target, only big target boxes.
     boxes_c = xp.arange(len(tgt.key)) if reference else xp.flatnonzero(tgt.big)
+    pairs = []
     for chunk in _spans(len(boxes_c), len(offsets)):
         cand = tgt.cell[boxes_c[chunk], None, :] + offsets[None, :, :]
         inside = ((cand >= 0) & (cand < shape_arr)).all(axis=2)
@@ -211,12 +212,19 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False):
         c = xp.broadcast_to(boxes_c[chunk, None], hit.shape)[hit]
         b = pos[hit]
         sb, tb = src.big[b], tgt.big[c]
-        cases = [(_taylor_accumulate if array_code else _taylor_accumulate_cpu, ~sb & tb),
-                 (_hermite_to_taylor if array_code else _hermite_to_taylor_cpu, sb & tb)]
+        if not array_code:          # the compiled cases take all pairs at once, below
+            pairs.append((b, c, sb))
+            continue
+        cases = [(_taylor_accumulate, ~sb & tb), (_hermite_to_taylor, sb & tb)]
         if reference:
             cases += [(_direct, ~sb & ~tb), (_hermite_eval, sb & ~tb)]
         for case, mask in cases:
             if bool(mask.any()):
+                case(be, src, tgt, q, b[mask], c[mask], p, inv_fact, hermite, taylor, out)
+    if pairs:
+        b, c, sb = (np.concatenate(parts) for parts in zip(*pairs))
+        for case, mask in ((_taylor_accumulate_cpu, ~sb), (_hermite_to_taylor_cpu, sb)):
+            if mask.any():
                 case(be, src, tgt, q, b[mask], c[mask], p, inv_fact, hermite, taylor, out)
 
     if reference:
@@ -227,9 +235,9 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False):
         in_big = tgt.big[tgt.box_of]
         small_targets(np.flatnonzero(~in_big), tgt.points, tgt.box_of, tgt.cell, src.key,
                       src.start, src.count, src.center, src.big_index, src.big, src.points, q,
-                      hermite, offsets, shape_arr, out)
+                      hermite, offsets, shape_arr, p, out)
         taylor_targets(np.flatnonzero(in_big), tgt.points, tgt.box_of, tgt.center,
-                       tgt.big_index, taylor, out)
+                       tgt.big_index, taylor, p, out)
     result = xp.empty_like(out)
     result[tgt.order] = out
     return result
@@ -301,14 +309,20 @@ def _taylor_accumulate(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out)
         taylor += _group_outer(be, tgt.big_index[box], h, q[s], tgt.n_big)
 
 
+def _translation_matrices(xp, x, p, inv_fact):
+    """M[n, beta, alpha] = (-1)^beta / beta! h_{alpha+beta}(x_n): case IV's 1-D
+    factor for the centre offsets x along one dimension."""
+    ab = xp.arange(p)[:, None] + xp.arange(p)[None, :]               # alpha + beta
+    sign = xp.asarray([(-1.0) ** k for k in range(p)], dtype=inv_fact.dtype) * inv_fact
+    return _hermite_functions(xp, x, 2 * p - 1)[:, ab] * sign[None, :, None]
+
+
 def _hermite_to_taylor(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out):
     """Case IV: B's Hermite series re-expanded about C's centre (eq. 5.4),
     C_beta += sum_alpha A_alpha (-1)^beta / beta! h_{alpha+beta}(t_C - s_B),
     applied one dimension at a time (the translation is a tensor product)."""
     xp = be.xp
     d, n_q = src.points.shape[1], q.shape[1]
-    ab = xp.arange(p)[:, None] + xp.arange(p)[None, :]               # alpha + beta
-    sign = xp.asarray([(-1.0) ** k for k in range(p)], dtype=src.points.dtype) * inv_fact
     for span in _spans(len(b), 2 * p**d * n_q):
         bb, cc = b[span], c[span]
         n = len(bb)
@@ -317,8 +331,7 @@ def _hermite_to_taylor(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out)
         for i in range(d):
             # Contract the leading index (dimension i) by a batched matmul, then
             # rotate it behind the others: after d steps the order is restored.
-            h = _hermite_functions(xp, delta[:, i], 2 * p - 1)       # (n, 2p - 1)
-            M = h[:, ab] * sign[None, :, None]                       # M[n, beta, alpha]
+            M = _translation_matrices(xp, delta[:, i], p, inv_fact)
             C = xp.matmul(M, C.reshape(n, p, -1))
             C = C.reshape(n, p, p ** (d - 1), n_q).transpose(0, 2, 1, 3)
         taylor += _group_sum(be, tgt.big_index[cc], C.reshape(n, p**d, n_q), tgt.n_big)
@@ -351,13 +364,11 @@ def _hermite_to_taylor_cpu(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, 
     b, c, offset = b[order], c[order], offset[order]
     first = _runs(c)
     reach = int(np.abs(offset).max())
-    h = _hermite_functions(np, np.arange(-reach, reach + 1) * SIDE, 2 * p - 1)
-    ab = np.arange(p)[:, None] + np.arange(p)[None, :]               # alpha + beta
-    sign = np.asarray([(-1.0) ** k for k in range(p)]) * inv_fact
-    M = h[:, ab] * sign[None, :, None]                             # M[o, beta, alpha]
+    M = _translation_matrices(np, np.arange(-reach, reach + 1) * SIDE, p, inv_fact)
     T = np.ascontiguousarray(taylor.transpose(0, 2, 1))
     hermite_to_taylor(first, src.big_index[b], offset + reach,
-                      np.ascontiguousarray(hermite.transpose(0, 2, 1)), M, tgt.big_index[c[first[:-1]]], T)
+                      np.ascontiguousarray(hermite.transpose(0, 2, 1)), M,
+                      tgt.big_index[c[first[:-1]]], T)
     taylor[...] = T.transpose(0, 2, 1)
 
 

@@ -138,7 +138,7 @@ def hermite_to_taylor(first, source, offset, hermite, M, target, taylor):
 
 @njit(parallel=True, fastmath=True, cache=True)
 def small_targets(members, points, box_of, cell, src_key, src_start, src_count, src_center,
-                  src_big_index, src_big, src_points, charges, hermite, offsets, shape, out):
+                  src_big_index, src_big, src_points, charges, hermite, offsets, shape, p, out):
     """Cases I and II for every target ``members`` (indices into the sorted
     targets ``points``) in a small box, one target per iteration (the twin of
     kernels/fgt.cu's fgt_small_targets): each neighbouring box offset, the
@@ -147,7 +147,6 @@ def small_targets(members, points, box_of, cell, src_key, src_start, src_count, 
     hermite (boxes, p^d, Q) flattened as fgt._tensor."""
     d = points.shape[1]
     n_q, pd = charges.shape[1], hermite.shape[1]
-    p = int(round(pd ** (1.0 / d)))
     for idx in prange(members.size):
         t = members[idx]
         acc = np.zeros(n_q)
@@ -210,12 +209,11 @@ def hermite_coefficients(big, start, count, points, center, charges, inv_fact, A
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def taylor_targets(members, points, box_of, center, big_index, taylor, out):
+def taylor_targets(members, points, box_of, center, big_index, taylor, p, out):
     """out[t] += sum_beta C_beta (y_t - t_C)^beta for every target ``members`` in a
     big box C (cases III and IV, accumulated beforehand; taylor (boxes, p^d, Q))."""
     d = points.shape[1]
     n_q, pd = taylor.shape[2], taylor.shape[1]
-    p = int(round(pd ** (1.0 / d)))
     ones = np.ones(p)
     for idx in prange(members.size):
         t = members[idx]
