@@ -78,6 +78,28 @@ def test_sd_sparsifies_large_graphs_by_default(small, monkeypatch):
         assert np.all(B[i, np.argsort(P[i])[-3:]] < 0)
 
 
+def test_sparsify_keeps_each_rows_largest_weights(rng):
+    """Against a dense per-row reference: rows shorter than kappa kept whole, ties
+    (weights drawn from a few values) resolved to the earlier column, then the
+    symmetric maximum."""
+    from gpuembed.optim.directions import sparsify
+    n, kappa = 60, 4
+    W = scipy.sparse.random(n, n, density=0.05, random_state=7, format="csr")
+    W.data = rng.choice([0.1, 0.2, 0.3], size=W.nnz)
+    W = (W + W.T).tocsr()
+    W.sort_indices()
+    dense = W.toarray()
+    S = np.zeros_like(dense)
+    for i in range(n):
+        cols = np.flatnonzero(dense[i])
+        top = cols[np.argsort(-dense[i, cols], kind="stable")[:kappa]]
+        S[i, top] = dense[i, top]
+    expected = np.maximum(S, S.T)
+    got = sparsify(ge.get_backend("cpu"), W, kappa)
+    np.testing.assert_array_equal(got.toarray(), expected)
+    assert np.diff(W.indptr).min() < kappa < np.diff(W.indptr).max()
+
+
 @pytest.mark.parametrize("library", ["cholmod", "superlu"])
 def test_cpu_factorization_solves_against_dense(monkeypatch, library):
     from gpuembed.optim import directions

@@ -34,6 +34,7 @@ import scipy.sparse.csgraph
 import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
+from .sparsify_cpu import largest_per_row
 
 try:
     import cholespy as _cholespy
@@ -53,14 +54,8 @@ def sparsify(be, W, kappa):
     W = scipy.sparse.csr_matrix(be.to_host(W))
     if kappa is None or kappa >= np.diff(W.indptr).max():
         return be.sparse.csr_matrix(W)
-    n = W.shape[0]
-    rows, cols, vals = [], [], []
-    counts = np.diff(W.indptr)
-    # Rank entries within each row by weight, descending, without a Python loop.
-    row_of = np.repeat(np.arange(n), counts)
-    order = np.lexsort((-W.data, row_of))
-    rank = np.arange(W.nnz) - np.repeat(W.indptr[:-1], counts)
-    keep = order[rank < kappa]
+    keep = largest_per_row(W.indptr, W.data, kappa)
+    row_of = np.repeat(np.arange(W.shape[0]), np.diff(W.indptr))
     S = scipy.sparse.csr_matrix((W.data[keep], (row_of[keep], W.indices[keep])), shape=W.shape)
     return be.sparse.csr_matrix(S.maximum(S.T))
 

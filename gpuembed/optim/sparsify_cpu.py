@@ -1,0 +1,26 @@
+"""Compiled selection of each CSR row's largest entries (the SD matrix's sparsification).
+
+The array code it replaces ranked all entries with one ``np.lexsort`` over
+(row, -weight): 1.0 s for t-SNE's 2.7M affinities on Fashion-MNIST 20k, paid
+again for every mu of a MAC run, each of which builds its own direction.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(parallel=True, cache=True)
+def largest_per_row(indptr, data, kappa):
+    """Boolean mask over the entries: each row's ``kappa`` largest values (all of a
+    row with fewer); among equal values the earlier stored ones."""
+    keep = np.zeros(data.shape[0], dtype=np.bool_)
+    for i in prange(indptr.shape[0] - 1):
+        lo, hi = indptr[i], indptr[i + 1]
+        if hi - lo <= kappa:
+            keep[lo:hi] = True
+        else:
+            order = np.argsort(-data[lo:hi], kind="mergesort")
+            for j in order[:kappa]:
+                keep[lo + j] = True
+    return keep
