@@ -81,17 +81,6 @@ def device_sync(be):
     return be.xp.cuda.Device().synchronize if be.is_gpu else None
 
 
-def warm_up_exact_engine(dim=2):
-    """Compile the CPU exact engine's numba loops for ``dim`` (about 1 s per kernel
-    on first use) so that the first timed run does not pay for it."""
-    from gpuembed.backend import get_backend
-    from gpuembed.nbody import exact_sums
-
-    X = np.random.default_rng(0).normal(size=(50, dim))
-    for kernels in (("gaussian",), ("student", "student2")):
-        exact_sums(get_backend("cpu"), X, kernels)
-
-
 def pyplot():
     """matplotlib.pyplot on the file-only Agg backend, or None without matplotlib."""
     try:
