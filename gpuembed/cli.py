@@ -36,7 +36,8 @@ def _embed_spectral(X, n_components, backend, args):
 def _estimator(cls):
     def embed(X, n_components, backend, args):
         model = cls(n_components, _perplexity(args, X.shape[0]), optimizer=args.optimizer,
-                    nbody=args.nbody, tol=args.tol, backend=backend, verbose=args.verbose)
+                    nbody=args.nbody, max_iter=args.max_iter, tol=args.tol,
+                    random_state=args.random_state, backend=backend, verbose=args.verbose)
         return model.fit_transform(X)
     return embed
 
@@ -161,8 +162,11 @@ def _method_options(parser):
     parser.add_argument("--method", choices=sorted(METHODS), default="tsne")
     parser.add_argument("--perplexity", type=float, default=30.0)
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sd")
+    parser.add_argument("--max-iter", type=int, default=1000, help="at most this many iterations")
     parser.add_argument("--tol", type=float, default=1e-4,
                         help="stop when the relative objective decrease is below this")
+    parser.add_argument("--random-state", type=int, default=None,
+                        help="seed of the random parts (init random, landmarks)")
     parser.add_argument("--nbody", choices=("auto", "exact", "fgt", "bh"), default="auto",
                         help="N-body engine of the repulsive sums (fgt: Gaussian kernels only)")
     parser.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")

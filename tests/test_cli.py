@@ -48,6 +48,24 @@ def test_embed_file(tmp_path):
     assert out.returncode == 1 and "Gaussian" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_embed_passes_iteration_limit_and_seed(tmp_path):
+    """The CLI's result equals the estimator's with the same settings."""
+    import gpuembed as ge
+
+    X = np.random.default_rng(0).standard_normal((120, 5))
+    np.save(tmp_path / "x.npy", X)
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"),
+                  "--backend", "cpu", "--method", "ee", "--perplexity", "10", "--max-iter", "3",
+                  "--random-state", "4")
+    assert out.returncode == 0, out.stderr
+    expected = ge.EE(2, 10.0, max_iter=3, tol=1e-4, random_state=4,
+                     backend="cpu").fit_transform(X)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-12)
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"),
+                  "--backend", "cpu", "--max-iter", "0")
+    assert out.returncode == 1 and "max_iter" in out.stderr and "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize("args", [[], ["nonsense"], ["demo", "--dataset", "nope"],
                                   ["embed"], ["demo", "--backend", "tpu"],
                                   ["demo", "--perplexity", "abc"], ["demo", "--optimizer", "adam"]])
