@@ -61,6 +61,23 @@ def test_sd_solvers_agree(small):
                                atol=1e-8 * np.abs(chol).max())
 
 
+def test_sd_auto_solver_factorizes_small_problems_only(small, monkeypatch):
+    """Cholesky up to CHOLESKY_MAX_N points, or CHOLESKY_MAX_N_BOUND where the
+    curvature is only a bound (t-SNE); CG beyond."""
+    from gpuembed.optim import directions
+    _, _, A = small
+    monkeypatch.setattr(directions.Spectral, "CHOLESKY_MAX_N", 200)
+    monkeypatch.setattr(directions.Spectral, "CHOLESKY_MAX_N_BOUND", 100)
+    Y = np.random.default_rng(0).standard_normal((120, 2))
+    be = ge.get_backend("cpu")
+    chosen = {name: directions.Spectral(objectives.make_objective(name, A.P, be, np.float64),
+                                        Y).solver for name in ("ee", "ssne", "tsne")}
+    assert chosen == {"ee": "cholesky", "ssne": "cholesky", "tsne": "cg"}
+    monkeypatch.setattr(directions.Spectral, "CHOLESKY_MAX_N", 100)
+    assert directions.Spectral(objectives.make_objective("ee", A.P, be, np.float64),
+                               Y).solver == "cg"
+
+
 def test_sd_sparsifies_large_graphs_by_default(small, monkeypatch):
     from gpuembed.optim import directions
     _, _, A = small
