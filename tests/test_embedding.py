@@ -49,6 +49,22 @@ def test_every_direction_descends(small, name, direction):
         Y = Y_new
 
 
+def test_lbfgs_step_grows_freely_until_it_has_curvature(small):
+    """Without a curvature pair L-BFGS steps along -G, whose step may grow past 1
+    (t-SNE's saddle at X = 0 rejects the first pairs); with one, the trial is
+    capped at the natural step 1."""
+    _, _, A = small
+    obj = objectives.make_objective("ee", A.P, ge.get_backend("cpu"), np.float64)
+    Y = np.random.default_rng(1).standard_normal((120, 2))
+    d = DIRECTIONS["lbfgs"](obj, Y)
+    assert d.initial_step(4.0, grow=True) == 8.0 and d.initial_step(4.0, grow=False) == 4.0
+    _, G = obj.value_and_grad(Y)
+    Y_new = Y - 1e-3 * G
+    d.update(Y, Y_new, G, obj.value_and_grad(Y_new)[1])
+    assert len(d.s) == 1
+    assert d.initial_step(4.0, grow=True) == 1.0 and d.initial_step(0.25, grow=True) == 0.5
+
+
 def test_sd_solvers_agree(small):
     X, _, A = small
     obj = objectives.make_objective("ee", A.P, ge.get_backend("cpu"), np.float64)
