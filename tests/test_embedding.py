@@ -111,6 +111,18 @@ def test_sd_sparsifies_large_graphs_by_default(small, monkeypatch):
         assert np.all(B[i, np.argsort(P[i])[-3:]] < 0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_compiled_csr_product_equals_scipy(rng, dtype, k):
+    from gpuembed.optim.sparse_cpu import csr_times
+    B = scipy.sparse.random(200, 200, density=0.05, random_state=3, format="csr", dtype=dtype)
+    V = rng.standard_normal((200, k)).astype(dtype)
+    out = csr_times(B.indptr, B.indices, B.data, V)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out, B @ V, rtol=1e-5 if dtype == np.float32 else 1e-12,
+                               atol=1e-6 if dtype == np.float32 else 1e-14)
+
+
 def test_sparsify_keeps_each_rows_largest_weights(rng):
     """Against a dense per-row reference: rows shorter than kappa kept whole, ties
     (weights drawn from a few values) resolved to the earlier column, then the

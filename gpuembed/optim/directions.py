@@ -34,7 +34,7 @@ import scipy.sparse.csgraph
 import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
-from .sparsify_cpu import largest_per_row
+from .sparse_cpu import csr_times, largest_per_row
 
 try:
     import cholespy as _cholespy
@@ -63,21 +63,24 @@ def sparsify(be, W, kappa):
 def pcg(xp, matvec, B, X0, precond, rtol, maxiter):
     """Preconditioned linear CG for A X = B, all columns at once (independent
     systems sharing A), warm-started from X0; ``precond(R)`` applies M^-1."""
+    # Column dot products by einsum: (R * R).sum(axis=0) on an (N, 2) array
+    # makes a temporary and reduces across the short axis, 3.5x slower at 70,000.
+    coldot = lambda U, V: xp.einsum("ij,ij->j", U, V)
     X = X0.copy()
     R = B - matvec(X)
     Z = precond(R)
     P = Z.copy()
-    rz = (R * Z).sum(axis=0)
-    target = rtol * xp.sqrt((B * B).sum(axis=0))
+    rz = coldot(R, Z)
+    target = rtol * xp.sqrt(coldot(B, B))
     for _ in range(maxiter):
-        if bool((xp.sqrt((R * R).sum(axis=0)) <= target).all()):
+        if bool((xp.sqrt(coldot(R, R)) <= target).all()):
             break
         AP = matvec(P)
-        alpha = rz / xp.maximum((P * AP).sum(axis=0), 1e-300)
+        alpha = rz / xp.maximum(coldot(P, AP), 1e-300)
         X += alpha * P
         R -= alpha * AP
         Z = precond(R)
-        rz_new = (R * Z).sum(axis=0)
+        rz_new = coldot(R, Z)
         P = Z + (rz_new / xp.maximum(rz, 1e-300)) * P
         rz = rz_new
     return X
@@ -239,6 +242,14 @@ class Spectral(Direction):
             self.solve = (be.sparse_linalg.factorized(self.B) if be.is_gpu
                           else factorize_cpu(self.B))
 
+    def times_B(self, V):
+        """B V, on all cores on the CPU (SciPy's product runs on one).  With it and
+        pcg's einsum dot products the CG of EE on Fashion-MNIST 20k (27 products
+        per iteration) took 3.0 s per 100 iterations instead of 6.1 s."""
+        if self.be.is_gpu:
+            return self.B @ V
+        return csr_times(self.B.indptr, self.B.indices, self.B.data, V)
+
     def _component_mean(self, V):
         sums = self.be.xp.zeros((self.counts.shape[0], V.shape[1]), dtype=V.dtype)
         self.be.scatter_add(sums, self.labels, V)
@@ -264,7 +275,7 @@ class Spectral(Direction):
                 P = -self.solve(np.ascontiguousarray(G))
         else:
             x0 = self.previous if self.previous is not None else -G / self.diag[:, None]
-            P = pcg(self.be.xp, lambda V: self.B @ V, -G, x0, lambda R: R / self.diag[:, None],
+            P = pcg(self.be.xp, self.times_B, -G, x0, lambda R: R / self.diag[:, None],
                     self.cg_tol, self.cg_maxiter)
         self.previous = P = self._join(P, translation)
         return P
@@ -285,7 +296,7 @@ class SpectralMinus(Spectral):
         diag = self.diag[:, None] + obj.xx_times(X, coef)
         G, translation = self._split(G)
         x0 = self.previous if self.previous is not None else -G / diag
-        P = pcg(self.be.xp, lambda V: self.B @ V + obj.xx_times(X, coef, V), -G, x0,
+        P = pcg(self.be.xp, lambda V: self.times_B(V) + obj.xx_times(X, coef, V), -G, x0,
                 lambda R: R / diag, self.cg_tol, self.cg_maxiter)
         self.previous = P = self._join(P, translation)
         return P
