@@ -4,10 +4,10 @@ Each direction is a class built once per optimization from the objective and
 the initial X, called as ``direction(X, G) -> P`` every iteration, and told the
 accepted step through ``update(X_old, X_new, G_old, G_new)`` (L-BFGS and CG keep
 memory).  ``initial_step(previous, grow)`` is the line search's first trial:
-the previously accepted step (seed 002's adaptive strategy), doubled, up to the
-direction's natural step (1 for the Hessian-scaled ones and L-BFGS, none for GD
-and nonlinear CG), when the last searches accepted their first trial
-(optim/loop.py, GROW_AFTER).  The paper's rule never lets the step grow
+the previously accepted step (seed 002's adaptive strategy), doubled when the
+last searches accepted their first trial (optim/loop.py, GROW_AFTER), and never
+beyond the direction's natural step (1 for the Hessian-scaled ones and for
+L-BFGS once it holds a curvature pair, none for GD and nonlinear CG).  The paper's rule never lets the step grow
 again; from a small initialization EE's
 first SD steps must be short (the repulsion expands the layout), which then
 capped every later step: Fashion-MNIST 2,000, EE, step 0.008 for 300
@@ -60,6 +60,11 @@ def sparsify(be, W, kappa):
     return be.sparse.csr_matrix(S.maximum(S.T))
 
 
+# SD's and SD-'s linear CG: relative residual and step limit (seed 002's SD-;
+# for SD see Spectral's docstring).
+CG_TOL, CG_MAXITER = 0.1, 50
+
+
 def pcg(xp, matvec, B, X0, precond, rtol, maxiter):
     """Preconditioned linear CG for A X = B, all columns at once (independent
     systems sharing A), warm-started from X0; ``precond(R)`` applies M^-1."""
@@ -97,7 +102,7 @@ class Direction:
             self.natural_step = math.inf
 
     def initial_step(self, previous, grow):
-        return min(self.natural_step, 2.0 * previous) if grow else previous
+        return min(self.natural_step, 2.0 * previous if grow else previous)
 
     def update(self, X_old, X_new, G_old, G_new):
         pass
@@ -207,7 +212,8 @@ class Spectral(Direction):
     scaled_by_attractive_curvature = True
     SOLVERS = ("auto", "cholesky", "cg")
 
-    def __init__(self, objective, X, kappa=None, solver="auto", cg_tol=0.1, cg_maxiter=50):
+    def __init__(self, objective, X, kappa=None, solver="auto", cg_tol=CG_TOL,
+                 cg_maxiter=CG_MAXITER):
         super().__init__(objective, X)
         be = self.be
         check_choice(solver, "sd_solver", self.SOLVERS)
@@ -285,7 +291,7 @@ class SpectralMinus(Spectral):
     """SD-: B = 4 L+ + mu I + 8 L^xx_ii (the psd block-diagonal repulsive part),
     solved by warm-started linear CG (relative tolerance 0.1, 50 iterations)."""
 
-    def __init__(self, objective, X, kappa=None, cg_tol=0.1, cg_maxiter=50):
+    def __init__(self, objective, X, kappa=None, cg_tol=CG_TOL, cg_maxiter=CG_MAXITER):
         super().__init__(objective, X, kappa=kappa, solver="cg", cg_tol=cg_tol,
                          cg_maxiter=cg_maxiter)
         objective.xx_coefficients(X)      # fails early for objectives without the term
@@ -310,13 +316,13 @@ class LBFGS(Direction):
         self.m = check_int(m, "m", 1)
         self.s, self.y = [], []
 
-    def initial_step(self, previous, grow):
+    @property
+    def natural_step(self):
         # With no curvature pair the direction is the raw gradient, which has no
         # natural step: let it grow as GD's does.  Near t-SNE's X = 0 saddle the
         # curvature is negative and rejects every pair; capped at 1 there, L-BFGS
         # crawled (Fashion-MNIST 5k: KL 4.75 after 1,000 iterations).
-        trial = 2.0 * previous if grow else previous
-        return min(self.natural_step, trial) if self.s else trial
+        return 1.0 if self.s else math.inf
 
     def __call__(self, X, G):
         xp = self.be.xp
