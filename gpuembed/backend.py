@@ -84,7 +84,7 @@ class Backend:
 
     def scatter_add(self, target, indices, values):
         """``target[indices] += values`` with repeated indices accumulated."""
-        if self.is_gpu:
+        if self.xp is not np:
             import cupyx
 
             cupyx.scatter_add(target, indices, values)

@@ -1,16 +1,35 @@
 """Shared fixtures: every test marked ``gpu`` is skipped without CuPy and a
 CUDA device, and the ``backend`` fixture runs a test once per available
-backend (inputs are always drawn with NumPy, then moved to the device)."""
+backend (inputs are always drawn with NumPy, then moved to the device).
+
+``pytest -m gpu --emulated-gpu`` runs the gpu tests without a GPU: the "gpu"
+backend becomes tests/emulated_cuda.py's, NumPy arrays with the CUDA kernels
+emulated on the CPU ("auto" resolves to it too, so select the gpu tests)."""
 import numpy as np
 import pytest
 
+import gpuembed.backend
 from gpuembed.backend import get_backend, gpu_available
 
 HAS_GPU = gpu_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--emulated-gpu", action="store_true",
+                     help="run the gpu tests on NumPy arrays with the CUDA kernels emulated "
+                          "on the CPU (tests/emulated_cuda.py)")
+
+
+def pytest_configure(config):
+    if config.getoption("--emulated-gpu"):
+        from emulated_cuda import EmulatedBackend
+
+        emulated = EmulatedBackend()
+        gpuembed.backend._gpu_backend = lambda: emulated
+
+
 def pytest_collection_modifyitems(config, items):
-    if HAS_GPU:
+    if gpu_available():
         return
     skip = pytest.mark.skip(reason="needs CuPy and a CUDA device")
     for item in items:

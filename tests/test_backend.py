@@ -96,6 +96,8 @@ def test_kernel_compiles_with_nvcc(name, tmp_path):
 @pytest.mark.gpu
 def test_gpu_backend_round_trip():
     be = ge.get_backend("gpu")
+    if be.xp is np:
+        pytest.skip("the CUDA emulator's backend holds NumPy arrays")
     a = be.asarray(np.arange(5.0))
     assert type(a).__module__.startswith("cupy")
     np.testing.assert_array_equal(be.to_host(a), np.arange(5.0))

@@ -1,0 +1,147 @@
+"""The CUDA kernels of kernels/*.cu run on the CPU, for tests without a GPU.
+
+:class:`EmulatedBackend` is the "gpu" backend with NumPy arrays: code that
+branches on ``be.is_gpu`` takes its GPU path, and ``be.kernel(...)`` returns the
+kernel compiled by g++ against tests/cuda_emulator.h (every CUDA thread a fiber;
+``__syncthreads`` and warp shuffles are real barriers) instead of a CuPy
+RawModule.  The launch code in gpuembed therefore runs unchanged, with its grid,
+block, shared-memory size and arguments, and each launch is checked the way a
+GPU would fail or silently misbehave: argument count, scalar types and array
+dtypes against the kernel's parameters, contiguity, writable outputs, launch
+limits.  What it cannot show: timing, float32 fast-math rounding (``__expf``
+runs as ``expf``), races between blocks, and CuPy's own API.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse
+import scipy.sparse.linalg
+
+from gpuembed.backend import _CTYPES, Backend, kernel_source
+
+HEADER = Path(__file__).with_name("cuda_emulator.h")
+CACHE = Path(tempfile.gettempdir()) / f"gpuembed-cuda-emulator-{os.getuid()}"
+COMPILER = shutil.which("g++")
+MAX_SHARED_BYTES = 48 * 1024        # without the opt-in attribute, as CuPy launches
+MAX_GRID = (2**31 - 1, 65535, 65535)
+
+_DTYPES = {"f4": np.float32, "f8": np.float64, "i8": np.int64, "i4": np.int32,
+           "u4": np.uint32, "b1": np.bool_, "u1": np.uint8}
+_SCALARS = {"f4": ctypes.c_float, "f8": ctypes.c_double, "i8": ctypes.c_longlong,
+            "i4": ctypes.c_int, "u4": ctypes.c_uint, "b1": ctypes.c_bool}
+
+
+class EmulatedBackend(Backend):
+    """The GPU backend's code paths on NumPy arrays, kernels emulated on the CPU."""
+
+    def __init__(self):
+        super().__init__("gpu", np, scipy.sparse, scipy.sparse.linalg, np.float32,
+                         "CUDA emulator on the CPU")
+
+    def kernel(self, filename, name, dtype, defines=None):
+        ctype = _CTYPES[np.dtype(dtype)]
+        return _kernel(filename, name, ctype, tuple(sorted((defines or {}).items())))
+
+
+def _translate(source):
+    """Dynamic shared memory (``extern __shared__ T name[];``) from the emulator."""
+    return re.sub(r"extern\s+__shared__\s+(\w[\w ]*?)\s+(\w+)\s*\[\s*\]\s*;",
+                  r"\1* \2 = reinterpret_cast<\1*>(emu::shared_memory());", source)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(filename, name, ctype, defines_key):
+    return compile_kernel(kernel_source(filename, dict(defines_key)), f"{name}<{ctype}>")
+
+
+def compile_kernel(source, function):
+    """:class:`EmulatedKernel` for ``function`` (e.g. "name<float>") of CUDA ``source``;
+    the shared library is cached by content."""
+    if COMPILER is None:
+        raise RuntimeError("the CUDA emulator needs g++")
+    source = _translate(source) + f"\nEMU_EXPORT({function})\n"
+    digest = hashlib.sha256((HEADER.read_text() + source).encode()).hexdigest()[:20]
+    library = CACHE / f"{digest}.so"
+    if not library.exists():
+        CACHE.mkdir(exist_ok=True)
+        cpp = CACHE / f"{digest}.{os.getpid()}.cpp"
+        cpp.write_text(f'#include "{HEADER}"\n{source}')
+        partial = cpp.with_suffix(".so")
+        run = subprocess.run([COMPILER, "-std=c++17", "-O1", "-shared", "-fPIC", "-o",
+                              str(partial), str(cpp)], capture_output=True, text=True)
+        if run.returncode:
+            raise RuntimeError(f"g++ failed on {function}:\n{run.stderr}")
+        os.replace(partial, library)    # atomic: parallel test runs never load half a file
+        cpp.unlink()
+    return EmulatedKernel(function, ctypes.CDLL(str(library)))
+
+
+def _dims(value, what, limits):
+    dims = tuple(value) if isinstance(value, tuple) else (value,)
+    if not 1 <= len(dims) <= 3 or not all(isinstance(v, (int, np.integer)) for v in dims):
+        raise TypeError(f"{what} must be 1 to 3 integers, got {value!r}")
+    dims = tuple(int(v) for v in dims) + (1,) * (3 - len(dims))
+    if any(v < 1 or v > hi for v, hi in zip(dims, limits)):
+        raise ValueError(f"{what} {dims} outside 1..{limits} (CUDA: invalid configuration)")
+    return (ctypes.c_uint * 3)(*dims)
+
+
+class EmulatedKernel:
+    """Callable like a CuPy RawKernel function: ``f(grid, block, args, shared_mem=0)``."""
+
+    def __init__(self, name, library):
+        self.name = name
+        self._library = library
+        library.emu_signature.restype = ctypes.c_char_p
+        self.signature = library.emu_signature().decode().split(",")
+        library.emu_launch.restype = ctypes.c_int
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        grid = _dims(grid, "grid", MAX_GRID)
+        block = _dims(block, "block", (1024, 1024, 64))
+        if block[0] * block[1] * block[2] > 1024:
+            raise ValueError(f"block {tuple(block)} has more than 1024 threads")
+        if not 0 <= shared_mem <= MAX_SHARED_BYTES:
+            raise ValueError(f"shared_mem={shared_mem} above {MAX_SHARED_BYTES} bytes")
+        args = tuple(args)
+        if len(args) != len(self.signature):
+            raise TypeError(f"{self.name} takes {len(self.signature)} arguments, "
+                            f"got {len(args)}")
+        holders = [self._marshal(i, a, code) for i, (a, code) in
+                   enumerate(zip(args, self.signature))]
+        pointers = (ctypes.c_void_p * len(args))(
+            *(ctypes.cast(ctypes.pointer(h), ctypes.c_void_p) for h in holders))
+        message = ctypes.create_string_buffer(512)
+        if self._library.emu_launch(grid, block, ctypes.c_size_t(shared_mem), pointers,
+                                    message, ctypes.c_size_t(len(message))):
+            raise RuntimeError(f"{self.name}: {message.value.decode()}")
+
+    def _marshal(self, i, a, code):
+        where = f"{self.name} argument {i}"
+        if "*" in code:
+            const, dtype = code.startswith("c"), np.dtype(_DTYPES[code.split("*")[1]])
+            if not isinstance(a, np.ndarray):
+                raise TypeError(f"{where} is a {dtype} pointer; got {type(a).__name__}")
+            if a.dtype != dtype:
+                raise TypeError(f"{where} points to {dtype}; got an array of {a.dtype}")
+            if not a.flags.c_contiguous:
+                raise ValueError(f"{where}: the kernel indexes a C-contiguous array")
+            if not const and not a.flags.writeable:
+                raise ValueError(f"{where}: the kernel writes to a read-only array")
+            return ctypes.c_void_p(a.ctypes.data)
+        # CuPy passes a Python int as int64 and a float as float64 whatever the
+        # parameter is, so only NumPy scalars of the exact type are safe.
+        if not isinstance(a, np.generic) or a.dtype != np.dtype(_DTYPES[code]):
+            raise TypeError(f"{where} must be a NumPy {np.dtype(_DTYPES[code])} scalar; "
+                            f"got {a!r} ({type(a).__name__})")
+        return _SCALARS[code](a.item())
