@@ -386,10 +386,12 @@ def test_bad_data_and_unknown_parameters(small):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cls,optimizer", [(ge.TSNE, "sd"), (ge.TSNE, "tsne"), (ge.EE, "sd"),
                                            (ge.SSNE, "lbfgs")])
-def test_gpu_matches_cpu(small, cls, optimizer):
+def test_gpu_matches_cpu(cls, optimizer):
     """Same problem on both backends in float64: the first iterations agree closely
-    (SD through the same CG on both: "auto" factorizes on the CPU only)."""
-    X, y, _ = small
+    (SD through the same CG on both: "auto" factorizes on the CPU only).  The data
+    is one connected manifold: separated clusters drift apart under forces near
+    zero, so their positions would amplify every rounding difference."""
+    X, _ = ge.datasets.swiss_roll(200, random_state=0)
     kwargs = dict(optimizer=optimizer, max_iter=20, tol=0, dtype=np.float64, init="pca",
                   sd_solver="cg")
     cpu = cls(backend="cpu", **kwargs).fit(X)
@@ -397,5 +399,5 @@ def test_gpu_matches_cpu(small, cls, optimizer):
     gpu = cls(backend="gpu", **kwargs).fit(be.asarray(X))
     np.testing.assert_allclose([h["objective"] for h in gpu.history_],
                                [h["objective"] for h in cpu.history_], rtol=1e-6)
-    np.testing.assert_allclose(gpu.embedding_, cpu.embedding_, rtol=1e-4,
-                               atol=1e-6 * np.abs(cpu.embedding_).max())
+    np.testing.assert_allclose(gpu.embedding_, cpu.embedding_, rtol=1e-6,
+                               atol=1e-8 * np.abs(cpu.embedding_).max())

@@ -108,6 +108,26 @@ def test_gpu_equals_cpu(rng, dtype):
     assert (gpu[1] == cpu[1]).mean() > 0.999
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 40])
+def test_gpu_selection_kernel_equals_cpu_selection(rng, m):
+    """kernels/knn_select.cu against _select_cpu, with rows whose m smallest
+    entries all sit in one lane's columns (j = 5 mod 32), so that one lane's
+    list supplies every winner, rows with ties, and columns fewer than 32 m."""
+    from gpuembed.neighbors import _select_cpu, _select_gpu
+
+    be = ge.get_backend("gpu")
+    for n in (2000, 20 * m + 3):
+        D = rng.random((9, n))
+        D[0, 5::32][:m] = -1.0 - rng.random(min(m, len(D[0, 5::32])))
+        D[1] = np.round(D[1] * 4) / 4                     # ties, broken by column
+        got = np.sort(be.to_host(_select_gpu(be, be.asarray(D), m)), axis=1)
+        want = np.sort(_select_cpu(D, m), axis=1)
+        if (D[1] == np.sort(D[1])[m - 1]).sum() > 1:      # CPU keeps any m of a tie
+            got, want = got[[0, *range(2, 9)]], want[[0, *range(2, 9)]]
+        np.testing.assert_array_equal(got, want)
+
+
 def test_knn_query_matches_brute_force(backend, rng):
     X = rng.standard_normal((300, 7))
     Q = np.concatenate([rng.standard_normal((40, 7)), X[:5]])   # includes training points
