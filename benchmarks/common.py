@@ -77,8 +77,9 @@ def best_time(fn, repeat=1, sync=None):
 
 
 def device_sync(be):
-    """The ``sync`` for best_time: wait for the GPU's queued work (None on the CPU)."""
-    return be.xp.cuda.Device().synchronize if be.is_gpu else None
+    """The ``sync`` for best_time: wait for the GPU's queued work (nothing to wait
+    for with NumPy arrays, the CPU's and the CUDA emulator's)."""
+    return be.xp.cuda.Device().synchronize if be.xp is not np else (lambda: None)
 
 
 def pyplot():
