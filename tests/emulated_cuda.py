@@ -32,6 +32,9 @@ from gpuembed.backend import _CTYPES, Backend, kernel_source
 HEADER = Path(__file__).with_name("cuda_emulator.h")
 CACHE = Path(tempfile.gettempdir()) / f"gpuembed-cuda-emulator-{os.getuid()}"
 COMPILER = shutil.which("g++")
+# Extra g++ flags, e.g. "-fsanitize=address" (then run Python with libasan in
+# LD_PRELOAD and ASAN_OPTIONS=detect_leaks=0) to catch out-of-bounds accesses.
+EXTRA_FLAGS = os.environ.get("GPUEMBED_EMULATOR_CFLAGS", "").split()
 MAX_SHARED_BYTES = 48 * 1024        # without the opt-in attribute, as CuPy launches
 MAX_GRID = (2**31 - 1, 65535, 65535)
 
@@ -70,15 +73,16 @@ def compile_kernel(source, function):
     if COMPILER is None:
         raise RuntimeError("the CUDA emulator needs g++")
     source = _translate(source) + f"\nEMU_EXPORT({function})\n"
-    digest = hashlib.sha256((HEADER.read_text() + source).encode()).hexdigest()[:20]
+    digest = hashlib.sha256(
+        "\n".join([HEADER.read_text(), source, *EXTRA_FLAGS]).encode()).hexdigest()[:20]
     library = CACHE / f"{digest}.so"
     if not library.exists():
         CACHE.mkdir(exist_ok=True)
         cpp = CACHE / f"{digest}.{os.getpid()}.cpp"
         cpp.write_text(f'#include "{HEADER}"\n{source}')
         partial = cpp.with_suffix(".so")
-        run = subprocess.run([COMPILER, "-std=c++17", "-O1", "-shared", "-fPIC", "-o",
-                              str(partial), str(cpp)], capture_output=True, text=True)
+        run = subprocess.run([COMPILER, "-std=c++17", "-O1", "-shared", "-fPIC", *EXTRA_FLAGS,
+                              "-o", str(partial), str(cpp)], capture_output=True, text=True)
         if run.returncode:
             raise RuntimeError(f"g++ failed on {function}:\n{run.stderr}")
         os.replace(partial, library)    # atomic: parallel test runs never load half a file
