@@ -383,6 +383,32 @@ def test_bad_data_and_unknown_parameters(small):
         ge.TSNE().transform(X)
 
 
+@pytest.mark.parametrize("cls,optimizer,params", [
+    (ge.TSNE, "sd", {"sd_solver": "cholesky"}), (ge.TSNE, "sd", {"sd_solver": "cg"}),
+    (ge.EE, "sd", {"nbody": "fgt"}), (ge.EE, "sd-", {}), (ge.SSNE, "diagh", {}),
+    (ge.SNE, "fp", {}), (ge.TSNE, "lbfgs", {"nbody": "bh"}), (ge.EE, "cg", {}),
+    (ge.TSNE, "tsne", {})])
+def test_float32_stays_float32(backend, cls, optimizer, params):
+    """Every iterate and the result keep the requested float32 (the GPU's default):
+    the spectral direction's component means once turned them float64, and its
+    factor of B with mu = 1e-10 min diag in float32 was singular."""
+    X, _ = ge.datasets.swiss_roll(250, random_state=0)
+    dtypes = set()
+    model = cls(optimizer=optimizer, max_iter=4, dtype=np.float32, backend=backend,
+                callbacks=[lambda it, t, objective, Y: dtypes.add(Y.dtype)], **params).fit(X)
+    assert dtypes == {np.dtype(np.float32)}
+    assert model.embedding_.dtype == np.float32 and np.isfinite(model.embedding_).all()
+    assert model.transform(X[:3]).dtype == np.float32
+
+
+def test_multiscale_sne_keeps_float32(backend):
+    X, _ = ge.datasets.swiss_roll(200, random_state=0)
+    for nbody in ("exact", "fgt"):
+        Y = ge.MultiscaleSNE(max_iter=3, dtype=np.float32, nbody=nbody,
+                             backend=backend).fit_transform(X)
+        assert Y.dtype == np.float32 and np.isfinite(Y).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cls,optimizer", [(ge.TSNE, "sd"), (ge.TSNE, "tsne"), (ge.EE, "sd"),
                                            (ge.SSNE, "lbfgs")])

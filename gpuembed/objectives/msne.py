@@ -193,7 +193,7 @@ class MultiscaleObjective(Objective):
             cs = math.sqrt(p / 2.0)
             Sw, SXw = self._column_sums(X * cs, m, w)
             grad -= 2.0 * (w[:, None] * (Z[:, None] * X - SX) + Sw[:, None] * X - SXw / cs)
-        return value, grad
+        return value, grad.astype(X.dtype, copy=False)
 
     def _fused_value_and_grad(self, X):
         """The exact engine's cost and gradient in one compiled sweep over the rows

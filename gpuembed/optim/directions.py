@@ -222,7 +222,10 @@ class Spectral(Direction):
         elif X.shape[0] > self.FULL_LAPLACIAN_MAX_N:
             kappa = self.AUTO_KAPPA
         W = sparsify(be, objective.attractive_weights(), kappa)
-        L4 = 4.0 * laplacian(be, W)
+        # Assembled in float64 whatever X's dtype: mu = 1e-10 min diag vanishes
+        # against the diagonal in float32, and the factor of a Laplacian without
+        # it is singular (CHOLMOD: "not positive definite").
+        L4 = 4.0 * laplacian(be, W.astype(np.float64))
         if objective.curvature_shift:
             L4 = L4 + objective.curvature_shift * be.sparse.identity(L4.shape[0], dtype=L4.dtype,
                                                                       format="csr")
@@ -247,6 +250,9 @@ class Spectral(Direction):
         if solver == "cholesky":
             self.solve = (be.sparse_linalg.factorized(self.B) if be.is_gpu
                           else factorize_cpu(self.B))
+        else:       # CG's products run in X's dtype (float32 on the GPU)
+            self.B, self.diag = self.B.astype(X.dtype), self.diag.astype(X.dtype)
+        self.component_curvature = self.component_curvature.astype(X.dtype)
 
     def times_B(self, V):
         """B V, on all cores on the CPU (SciPy's product runs on one).  With it and
@@ -259,7 +265,7 @@ class Spectral(Direction):
     def _component_mean(self, V):
         sums = self.be.xp.zeros((self.counts.shape[0], V.shape[1]), dtype=V.dtype)
         self.be.scatter_add(sums, self.labels, V)
-        return sums / self.counts[:, None]
+        return (sums / self.counts[:, None]).astype(V.dtype, copy=False)
 
     def _split(self, G):
         """G without its per-component means, and those means' FP step."""
@@ -276,7 +282,8 @@ class Spectral(Direction):
         G, translation = self._split(G)
         if self.solver == "cholesky":
             if self.be.is_gpu:
-                P = self.be.xp.stack([-self.solve(G[:, j]) for j in range(G.shape[1])], axis=1)
+                P = self.be.xp.stack([-self.solve(G[:, j]) for j in range(G.shape[1])],
+                                     axis=1).astype(G.dtype, copy=False)
             else:
                 P = -self.solve(np.ascontiguousarray(G))
         else:
