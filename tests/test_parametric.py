@@ -197,6 +197,17 @@ def test_bad_input():
         ge.ParametricEmbedding().transform(X)
 
 
+@pytest.mark.parametrize("augmented", [False, True])
+def test_float32_stays_float32(backend, augmented):
+    """A float32 embedding (the GPU's default) gives a float32 MAC path: NumPy
+    scalars of the mu schedule once promoted every Z step to float64."""
+    X, _ = ge.datasets.swiss_roll(200, random_state=0)
+    pe = ge.ParametricEmbedding(ge.TSNE(backend=backend, dtype=np.float32, max_iter=10),
+                                "linear", n_mu=2, augmented=augmented).fit(X)
+    assert pe.embedding_.dtype == pe.transform(X[:3]).dtype == np.float32
+    assert np.isfinite(pe.objective_)
+
+
 @pytest.mark.gpu
 def test_mac_gpu_matches_cpu():
     """The same MAC run on both backends, SD by CG on both ("auto" factorizes on

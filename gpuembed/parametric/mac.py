@@ -162,7 +162,7 @@ class ParametricEmbedding:
         best = (P, FY, copy.deepcopy(mapping))
         U = be.xp.zeros_like(Z) if self.augmented else 0.0   # scaled multipliers Lambda / mu
         previous_mu = None
-        for mu in schedule:
+        for mu in map(float, schedule):     # NumPy scalars would promote float32 to float64
             if previous_mu is not None:
                 U *= previous_mu / mu
             previous_mu = mu
@@ -210,4 +210,4 @@ class ParametricEmbedding:
         if Y_new.shape[1] != self.n_features_in_:
             raise ValueError(f"Y_new has {Y_new.shape[1]} features, the training data "
                              f"{self.n_features_in_}")
-        return be.to_host(be.asarray(self.mapping_.predict(Y_new)))
+        return be.to_host(be.asarray(self.mapping_.predict(Y_new), dtype=self._dtype))
