@@ -133,6 +133,13 @@ struct Fiber {
 };
 
 inline constexpr std::size_t stack_bytes = 256 * 1024;
+// Threads and blocks run in reverse order with -DEMU_REVERSE_ORDER: a result
+// that changes with it depends on an order CUDA does not promise (a race).
+#ifdef EMU_REVERSE_ORDER
+inline constexpr bool reverse_order = true;
+#else
+inline constexpr bool reverse_order = false;
+#endif
 inline Context scheduler;
 inline std::vector<Fiber> fibers;
 inline int current = 0;
@@ -214,7 +221,8 @@ inline void run_block(int n) {
     std::fill(dynamic_shared.begin(), dynamic_shared.end(), 0xff);
     for (;;) {
         bool ran = false;
-        for (int t = 0; t < n; ++t) {
+        for (int i = 0; i < n; ++i) {
+            const int t = reverse_order ? n - 1 - i : i;
             if (fibers[t].state != State::runnable) continue;
             current = t;
             threadIdx = thread_index(t);
@@ -288,12 +296,13 @@ int launch(void (*kernel)(A...), const unsigned* grid, const unsigned* block,
     for (auto& e : exchange) e.assign(n, 0);
     shuffle_parity.assign(n, 0);
     dynamic_shared.assign(shared_bytes, 0xff);
-    for (unsigned z = 0; z < grid[2] && error.empty(); ++z)
-        for (unsigned y = 0; y < grid[1] && error.empty(); ++y)
-            for (unsigned x = 0; x < grid[0] && error.empty(); ++x) {
-                blockIdx = dim3{x, y, z};
-                run_block(n);
-            }
+    const unsigned long long n_blocks = 1ull * grid[0] * grid[1] * grid[2];
+    for (unsigned long long i = 0; i < n_blocks && error.empty(); ++i) {
+        const unsigned long long b = reverse_order ? n_blocks - 1 - i : i;
+        blockIdx = dim3{unsigned(b % grid[0]), unsigned(b / grid[0] % grid[1]),
+                        unsigned(b / (1ull * grid[0] * grid[1]))};
+        run_block(n);
+    }
     std::snprintf(message, message_size, "%s", error.c_str());
     return error.empty() ? 0 : 1;
 }

@@ -32,8 +32,9 @@ from gpuembed.backend import _CTYPES, Backend, kernel_source
 HEADER = Path(__file__).with_name("cuda_emulator.h")
 CACHE = Path(tempfile.gettempdir()) / f"gpuembed-cuda-emulator-{os.getuid()}"
 COMPILER = shutil.which("g++")
-# Extra g++ flags, e.g. "-fsanitize=address" (then run Python with libasan in
-# LD_PRELOAD and ASAN_OPTIONS=detect_leaks=0) to catch out-of-bounds accesses.
+# Extra g++ flags: "-fsanitize=address" (then run Python with libasan in
+# LD_PRELOAD and ASAN_OPTIONS=detect_leaks=0) catches out-of-bounds accesses;
+# "-DEMU_REVERSE_ORDER" runs threads and blocks backwards, to expose races.
 EXTRA_FLAGS = os.environ.get("GPUEMBED_EMULATOR_CFLAGS", "").split()
 MAX_SHARED_BYTES = 48 * 1024        # without the opt-in attribute, as CuPy launches
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -67,21 +68,22 @@ def _kernel(filename, name, ctype, defines_key):
     return compile_kernel(kernel_source(filename, dict(defines_key)), f"{name}<{ctype}>")
 
 
-def compile_kernel(source, function):
-    """:class:`EmulatedKernel` for ``function`` (e.g. "name<float>") of CUDA ``source``;
-    the shared library is cached by content."""
+def compile_kernel(source, function, flags=()):
+    """:class:`EmulatedKernel` for ``function`` (e.g. "name<float>") of CUDA ``source``,
+    compiled with EXTRA_FLAGS and ``flags``; the shared library is cached by content."""
     if COMPILER is None:
         raise RuntimeError("the CUDA emulator needs g++")
     source = _translate(source) + f"\nEMU_EXPORT({function})\n"
+    flags = [*EXTRA_FLAGS, *flags]
     digest = hashlib.sha256(
-        "\n".join([HEADER.read_text(), source, *EXTRA_FLAGS]).encode()).hexdigest()[:20]
+        "\n".join([HEADER.read_text(), source, *flags]).encode()).hexdigest()[:20]
     library = CACHE / f"{digest}.so"
     if not library.exists():
         CACHE.mkdir(exist_ok=True)
         cpp = CACHE / f"{digest}.{os.getpid()}.cpp"
         cpp.write_text(f'#include "{HEADER}"\n{source}')
         partial = cpp.with_suffix(".so")
-        run = subprocess.run([COMPILER, "-std=c++17", "-O1", "-shared", "-fPIC", *EXTRA_FLAGS,
+        run = subprocess.run([COMPILER, "-std=c++17", "-O1", "-shared", "-fPIC", *flags,
                               "-o", str(partial), str(cpp)], capture_output=True, text=True)
         if run.returncode:
             raise RuntimeError(f"g++ failed on {function}:\n{run.stderr}")

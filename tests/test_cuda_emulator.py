@@ -69,6 +69,28 @@ def test_warp_shuffles_exchange_lane_values(rng):
     np.testing.assert_allclose(out, np.repeat(x.reshape(4, 32).sum(axis=1), 32), rtol=1e-5)
 
 
+READ_LEFT_NEIGHBOUR = """
+__global__ void read_left(const float* __restrict__ x, float* __restrict__ out) {
+    extern __shared__ unsigned char smem[];
+    float* buf = reinterpret_cast<float*>(smem);
+    buf[threadIdx.x] = x[threadIdx.x];
+    SYNC
+    out[threadIdx.x] = threadIdx.x ? buf[threadIdx.x - 1] : 0.0f;
+}
+"""
+
+
+def test_reverse_order_exposes_a_race_the_forward_order_hides(rng):
+    x = rng.standard_normal(64).astype(np.float32)
+    expected = np.concatenate([[0.0], x[:-1]])
+    for sync, flags, correct in (("", (), True), ("", ("-DEMU_REVERSE_ORDER",), False),
+                                 ("__syncthreads();", ("-DEMU_REVERSE_ORDER",), True)):
+        out = np.zeros_like(x)
+        kernel = compile_kernel(READ_LEFT_NEIGHBOUR.replace("SYNC", sync), "read_left", flags)
+        kernel((1,), (64,), (x, out), shared_mem=64 * 4)
+        assert np.array_equal(out, expected) == correct
+
+
 def test_undefined_behaviour_is_reported(rng):
     x = rng.standard_normal(64).astype(np.float32)
     warp_sum = compile_kernel(WARP_SUM, "warp_sum")
