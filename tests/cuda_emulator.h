@@ -336,8 +336,13 @@ T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
     return emu::shuffle(mask, value, (emu::current % warpSize) ^ lane_mask);
 }
 
-inline float __expf(float x) { return std::exp(x); }
-inline float __fdividef(float a, float b) { return a / b; }
+// The fast intrinsics as the GPU computes them: __expf is ex2.approx of x log2(e)
+// rounded to float (a relative error growing with |x|), __fdividef a reciprocal
+// then a product (two roundings, 0 for |b| > 2^126).
+inline float __expf(float x) { return std::exp2(x * 1.44269504f); }
+inline float __fdividef(float a, float b) {
+    return std::fabs(b) > 8.5070592e37f ? 0.0f : a * (1.0f / b);
+}
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }

@@ -8,8 +8,9 @@ RawModule.  The launch code in gpuembed therefore runs unchanged, with its grid,
 block, shared-memory size and arguments, and each launch is checked the way a
 GPU would fail or silently misbehave: argument count, scalar types and array
 dtypes against the kernel's parameters, contiguity, writable outputs, launch
-limits.  What it cannot show: timing, float32 fast-math rounding (``__expf``
-runs as ``expf``), races between blocks, and CuPy's own API.
+limits.  What it cannot show: timing, blocks running concurrently, the last
+bits of the GPU's special-function units (``__expf`` is modelled as exp2 of a
+float-rounded x log2(e)), and CuPy's own API.
 """
 from __future__ import annotations
 
