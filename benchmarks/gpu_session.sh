@@ -6,6 +6,11 @@
 #   bash benchmarks/gpu_session.sh large    # EE of 1e6 points with the FGT (the 50 ms / 60 s targets)
 #   bash benchmarks/gpu_session.sh embedding  # the optimizers on Fashion-MNIST 70k, exact engine
 #
+# Before spending device time, the same scripts' GPU branches can run here on the
+# CUDA emulator at small sizes, e.g.
+#   python3 benchmarks/emulated_gpu.py bench_nbody.py --backend gpu --parts large --large-n 4000
+# (every part ran that way before its first GPU call; see the README).
+#
 # Fashion-MNIST travels with the working tree: before the first call, here,
 #   mkdir -p .fmnist && cp /usr/share/datasets/fashion-mnist/*.gz .fmnist/
 # and name .fmnist in the call's carry (it is git-ignored, 31 MB).
