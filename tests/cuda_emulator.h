@@ -47,7 +47,8 @@ enum class State { runnable, at_block_barrier, at_warp_barrier, done };
 // Switching fibers: on x86-64 a few instructions that keep what the System V
 // ABI asks a call to preserve (rbx, rbp, r12-r15, the stack pointer, MXCSR and
 // the x87 control word); ucontext elsewhere and under AddressSanitizer, which
-// intercepts swapcontext (glibc's makes a system call per switch: 25x slower).
+// intercepts swapcontext (glibc's makes a system call per switch: the emulated
+// kernels of a 250-point t-SNE fit took 4.4 s with it, 0.39 s without).
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
 #define EMU_FAST_SWITCH 1
 extern "C" void emu_switch(void** save_sp, void* load_sp);
