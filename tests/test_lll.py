@@ -185,3 +185,21 @@ def test_lll_beats_landmark_only_baselines(roll):
     errors = [procrustes_error(exact, Y) for Y in (lll, lez, nys)]
     print("Procrustes error LLL, LE(Z), Nystrom:", errors)
     assert errors[0] < 0.5 * min(errors[1:])
+
+
+@pytest.mark.gpu
+def test_gpu_equals_cpu():
+    """Laplacian eigenmaps (exact and LLL) and spectral clustering with the
+    eigensolver on the GPU against the CPU's."""
+    from sklearn.metrics import adjusted_rand_score
+
+    X, _ = ge.datasets.swiss_roll(1500, random_state=0)
+    for params in ({}, {"n_landmarks": 300}):
+        Y = [ge.LaplacianEigenmaps(2, n_neighbors=15, random_state=0, backend=b,
+                                   **params).fit_transform(X) for b in ("cpu", "gpu")]
+        assert procrustes_error(Y[0], Y[1]) < 1e-5
+    X, y = ge.datasets.gaussian_clusters(1500, 4, 8, random_state=1)
+    for params in ({}, {"n_landmarks": 200}):
+        labels = [ge.SpectralClustering(4, n_neighbors=15, random_state=0, backend=b,
+                                        **params).fit_predict(X) for b in ("cpu", "gpu")]
+        assert adjusted_rand_score(labels[0], labels[1]) == 1.0
