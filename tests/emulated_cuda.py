@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import types
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +51,11 @@ class EmulatedBackend(Backend):
     """The GPU backend's code paths on NumPy arrays, kernels emulated on the CPU."""
 
     def __init__(self):
-        super().__init__("gpu", np, scipy.sparse, scipy.sparse.linalg, np.float32,
+        # cupyx's factorized converts its matrix to CSC itself; SciPy's warns.
+        sparse_linalg = types.SimpleNamespace(**{
+            **vars(scipy.sparse.linalg),
+            "factorized": lambda A: scipy.sparse.linalg.factorized(scipy.sparse.csc_matrix(A))})
+        super().__init__("gpu", np, scipy.sparse, sparse_linalg, np.float32,
                          "CUDA emulator on the CPU")
 
     def kernel(self, filename, name, dtype, defines=None):
