@@ -103,6 +103,21 @@ def test_multiscale_cost_and_gradient(rng, cost, kappa):
     np.testing.assert_allclose(G, num, rtol=1e-5, atol=1e-7 * np.abs(G).max())
 
 
+@pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
+def test_floored_similarities_do_not_pull(rng, cost, kappa):
+    """A layout spread 10x beyond its fine scales' reach: HD neighbours whose LD
+    similarity underflows at every scale sit on the floor, where the cost is
+    flat.  The compiled sweep once pulled them with exp(-708) kernels (one
+    point's gradient 50x too large); it must equal the array code."""
+    Y, M, p, obj = random_objective(rng, 300, 5e4, cost, kappa)
+    Y = 10.0 * Y
+    E, G = obj.value_and_grad(Y)
+    obj.compiled = False
+    E_array, G_array = obj.value_and_grad(Y)
+    assert E == pytest.approx(E_array, rel=1e-10)
+    np.testing.assert_allclose(G, G_array, rtol=1e-6, atol=1e-7 * np.abs(G).max())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
 def test_gpu_objective_equals_cpu(rng, cost, kappa):
@@ -115,6 +130,14 @@ def test_gpu_objective_equals_cpu(rng, cost, kappa):
     E_gpu, G_gpu = obj_gpu.value_and_grad(gpu.asarray(Y))
     assert E_gpu == pytest.approx(E, rel=1e-10)
     np.testing.assert_allclose(gpu.to_host(G_gpu), G, rtol=1e-8, atol=1e-11 * np.abs(G).max())
+    # float32 (the GPU's default) on a spread layout: evaluated in float64 inside,
+    # since float32 cannot resolve the fine scales' shifted exponents.
+    Y32 = (10.0 * Y).astype(np.float32)
+    E, G = obj.value_and_grad(Y32.astype(np.float64))
+    obj32 = MultiscaleObjective(M.conditionals, gpu, np.float32, p, cost, kappa)
+    E_gpu, G_gpu = obj32.value_and_grad(gpu.asarray(Y32))
+    assert G_gpu.dtype == np.float32 and E_gpu == pytest.approx(E, rel=1e-6)
+    np.testing.assert_allclose(gpu.to_host(G_gpu), G, rtol=1e-4, atol=1e-6 * np.abs(G).max())
 
 
 @pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])

@@ -161,8 +161,11 @@ class MultiscaleObjective(Objective):
         s_all = [xp.exp(-0.5 * p * d_edge + m[pairs.rows]) / Z[pairs.rows]
                  for p, Z, _, m in scales]
         # Floored: an HD neighbour that every LD scale has pushed out of reach
-        # (exp underflow) costs ~700 nats instead of an infinite objective.
-        s = xp.maximum(sum(s_all) / H, np.finfo(np.float64).tiny)
+        # (exp underflow) costs ~700 nats instead of an infinite objective, and
+        # pulls no more (the floored cost is flat: r = 0 there).
+        tiny = np.finfo(np.float64).tiny
+        s_raw = sum(s_all) / H
+        s = xp.maximum(s_raw, tiny)
         sigma = pairs.p
         if self.cost == "kl":
             value = self.constant - float(xp.sum(sigma * xp.log(s)))
@@ -176,12 +179,18 @@ class MultiscaleObjective(Objective):
                 k * float(xp.sum(sigma * xp.log(xp.where(sigma > 0, sigma, 1.0) / z)))
                 + (1.0 - k) * float(xp.sum(s * xp.log(s / z))), float(rest.sum()))
             r = -(xp.log(s / z) - off) / k
+        r = xp.where(s_raw < tiny, 0.0, r)
         g_edge = sum((0.5 * p / H) * s_h * r for (p, *_), s_h in zip(scales, s_all))
         return value, g_edge, [pairs.row_sums(r * s_h) for s_h in s_all]
 
-    def value_and_grad(self, X):
+    def value_and_grad(self, X_in):
         if self.nbody == "exact" and not self.be.is_gpu and self.compiled:
-            return self._fused_value_and_grad(X)
+            return self._fused_value_and_grad(X_in)
+        # In float64 whatever X's dtype (as the fused sweep): at a fine scale the
+        # shifted exponent t - m is a difference of squared distances 10^6 kernel
+        # widths large, which float32 resolves only to ~0.3 (27% kernel errors,
+        # overflow; on the GPU the float32 gradient was off by 100%).
+        X = X_in.astype(np.float64, copy=False)
         H = len(self.p)
         scales = self._scales(X)
         value, row_sums, grad = self._edge_terms(X, scales)
@@ -193,7 +202,7 @@ class MultiscaleObjective(Objective):
             cs = math.sqrt(p / 2.0)
             Sw, SXw = self._column_sums(X * cs, m, w)
             grad -= 2.0 * (w[:, None] * (Z[:, None] * X - SX) + Sw[:, None] * X - SXw / cs)
-        return value, grad.astype(X.dtype, copy=False)
+        return value, grad.astype(X_in.dtype, copy=False)
 
     def _fused_value_and_grad(self, X):
         """The exact engine's cost and gradient in one compiled sweep over the rows
@@ -218,4 +227,8 @@ def _nearest_sqdist(X, be):
     if not be.is_gpu and X.shape[1] <= 3:
         from scipy.spatial import cKDTree
         return cKDTree(X).query(X, k=2)[0][:, 1] ** 2
-    return knn(X, 1, backend=be)[0][:, 0]
+    # The distance again coordinate by coordinate: k-NN's GEMM distances err by
+    # eps |x|^2, and at a fine scale's precision that shift error alone pushed
+    # float32 kernels exp(-(t - m)) past their range.
+    diff = X - X[knn(X, 1, backend=be)[1][:, 0]]
+    return (diff * diff).sum(axis=1)

@@ -77,6 +77,8 @@ def edge_terms(indptr, indices, X, sigma, half_p, m, Z, js, kappa, g_edge, rs, l
         for e in range(hi - lo):
             se = max(s[e] / H, TINY)
             cost, r[e] = _edge_cost(sg[e], se, js, kappa, off)
+            if s[e] / H < TINY:     # the floor binds: the cost is flat there
+                r[e] = 0.0
             acc += cost
             total += se
         g = np.zeros(hi - lo)
@@ -163,11 +165,13 @@ def fused_exact(indptr, indices, XT, sigma, half_p, nearest, js, kappa, kernels,
         # Gather, a contiguous loop that LLVM vectorizes (logs and all), scatter.
         se, r = scratch[t, 4, :hi - lo], scratch[t, 5, :hi - lo]
         for e in range(hi - lo):
-            se[e] = max(S[cols[e]], TINY)
+            se[e] = S[cols[e]]
         for e in range(hi - lo):
-            cost, r[e] = _edge_cost(sg[e], se[e], js, kappa, off)
+            cost, r[e] = _edge_cost(sg[e], max(se[e], TINY), js, kappa, off)
+            if se[e] < TINY:        # the floor binds: the cost is flat there
+                r[e] = 0.0
             acc += cost
-            total += se[e]
+            total += max(se[e], TINY)
         for e in range(hi - lo):
             R[cols[e]] = r[e]
         G = S                       # S is spent: G_k = R_k V_k - sum_h b_h E_hk
