@@ -16,11 +16,9 @@ here = Path(__file__).resolve().parent
 sys.path[:0] = [str(here), str(here.parent / "tests"), str(here.parent)]
 
 import common  # noqa: E402
-import gpuembed.backend  # noqa: E402
-from emulated_cuda import EmulatedBackend  # noqa: E402
+from emulated_cuda import install  # noqa: E402
 
-emulated = EmulatedBackend()
-gpuembed.backend._gpu_backend = lambda: emulated
+install()
 common.RESULTS = Path(tempfile.mkdtemp(prefix="gpuembed-emulated-results-"))
 print(f"results of this emulated run go to {common.RESULTS}")
 script, sys.argv = here / sys.argv[1], sys.argv[1:]

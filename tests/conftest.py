@@ -8,7 +8,6 @@ emulated on the CPU ("auto" resolves to it too, so select the gpu tests)."""
 import numpy as np
 import pytest
 
-import gpuembed.backend
 from gpuembed.backend import get_backend, gpu_available
 
 HAS_GPU = gpu_available()
@@ -22,10 +21,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     if config.getoption("--emulated-gpu"):
-        from emulated_cuda import EmulatedBackend
+        from emulated_cuda import install
 
-        emulated = EmulatedBackend()
-        gpuembed.backend._gpu_backend = lambda: emulated
+        install()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -63,6 +63,16 @@ class EmulatedBackend(Backend):
         return _kernel(filename, name, ctype, tuple(sorted((defines or {}).items())))
 
 
+def install():
+    """Make :class:`EmulatedBackend` what ``get_backend("gpu")`` (and "auto")
+    returns in this process; returns it."""
+    import gpuembed.backend
+
+    emulated = EmulatedBackend()
+    gpuembed.backend._gpu_backend = lambda: emulated
+    return emulated
+
+
 def _translate(source):
     """Dynamic shared memory (``extern __shared__ T name[];``) from the emulator."""
     return re.sub(r"extern\s+__shared__\s+(\w[\w ]*?)\s+(\w+)\s*\[\s*\]\s*;",

@@ -227,8 +227,8 @@ def _nearest_sqdist(X, be):
     if not be.is_gpu and X.shape[1] <= 3:
         from scipy.spatial import cKDTree
         return cKDTree(X).query(X, k=2)[0][:, 1] ** 2
-    # The distance again coordinate by coordinate: k-NN's GEMM distances err by
-    # eps |x|^2, and at a fine scale's precision that shift error alone pushed
-    # float32 kernels exp(-(t - m)) past their range.
+    # The distance again coordinate by coordinate, as the shifted sums take it:
+    # k-NN's GEMM distances err by eps |x|^2, and the shift should make the
+    # nearest kernel exactly 1.
     diff = X - X[knn(X, 1, backend=be)[1][:, 0]]
     return (diff * diff).sum(axis=1)

@@ -26,19 +26,24 @@ TINY = np.finfo(np.float64).tiny
 
 
 @njit(inline="always")
-def _edge_cost(sg, se, js, kappa, off):
-    """One pattern edge's (cost term, r = -dE/ds up to a constant) at the HD
-    similarity sg and the (floored) LD one se.  KL: (-sg log se, sg / se);
-    JS: kappa sg log(sg / z) + (1 - kappa) se log(se / z), z = kappa sg + (1 - kappa) se,
-    and r = -(log(se / z) - off) / kappa with off = log(1 / (1 - kappa))."""
+def _edge_cost(sg, s, js, kappa, off):
+    """One pattern edge's (cost term, r = -dE/ds up to a constant, floored s) at
+    the HD similarity sg and the LD one s, floored at TINY: where the floor binds
+    the cost is flat, so r = 0 (a far HD neighbour pulls no more).
+    KL: (-sg log se, sg / se); JS: kappa sg log(sg / z) + (1 - kappa) se log(se / z),
+    z = kappa sg + (1 - kappa) se, and r = -(log(se / z) - off) / kappa with
+    off = log(1 / (1 - kappa))."""
+    se = max(s, TINY)
     if js:
         z = kappa * sg + (1.0 - kappa) * se
         log_sz = logpos(se / z)
         cost = (1.0 - kappa) * se * log_sz
         if sg > 0:
             cost += kappa * sg * logpos(sg / z)
-        return cost, -(log_sz - off) / kappa
-    return -sg * logpos(se), sg / se
+        r = -(log_sz - off) / kappa
+    else:
+        cost, r = -sg * logpos(se), sg / se
+    return cost, (r if s >= TINY else 0.0), se
 
 
 @njit(parallel=True, fastmath=True)
@@ -75,10 +80,7 @@ def edge_terms(indptr, indices, X, sigma, half_p, m, Z, js, kappa, g_edge, rs, l
         acc = 0.0
         total = 0.0
         for e in range(hi - lo):
-            se = max(s[e] / H, TINY)
-            cost, r[e] = _edge_cost(sg[e], se, js, kappa, off)
-            if s[e] / H < TINY:     # the floor binds: the cost is flat there
-                r[e] = 0.0
+            cost, r[e], se = _edge_cost(sg[e], s[e] / H, js, kappa, off)
             acc += cost
             total += se
         g = np.zeros(hi - lo)
@@ -163,15 +165,13 @@ def fused_exact(indptr, indices, XT, sigma, half_p, nearest, js, kappa, kernels,
         acc = 0.0
         total = 0.0
         # Gather, a contiguous loop that LLVM vectorizes (logs and all), scatter.
-        se, r = scratch[t, 4, :hi - lo], scratch[t, 5, :hi - lo]
+        s_edge, r = scratch[t, 4, :hi - lo], scratch[t, 5, :hi - lo]
         for e in range(hi - lo):
-            se[e] = S[cols[e]]
+            s_edge[e] = S[cols[e]]
         for e in range(hi - lo):
-            cost, r[e] = _edge_cost(sg[e], max(se[e], TINY), js, kappa, off)
-            if se[e] < TINY:        # the floor binds: the cost is flat there
-                r[e] = 0.0
+            cost, r[e], se = _edge_cost(sg[e], s_edge[e], js, kappa, off)
             acc += cost
-            total += max(se[e], TINY)
+            total += se
         for e in range(hi - lo):
             R[cols[e]] = r[e]
         G = S                       # S is spent: G_k = R_k V_k - sum_h b_h E_hk
