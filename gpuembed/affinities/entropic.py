@@ -52,7 +52,8 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
     Parameters
     ----------
     X : (N, D) data, or None when ``neighbors`` is given.
-    perplexity : float in (1, n_neighbors), or an (N,) array of per-point values.
+    perplexity : float in (1, n_neighbors), or an (N,) array of per-point values
+        (NumPy, or CuPy on the GPU).
     n_neighbors : neighbours per point; default ``min(N - 1, ceil(3 * max perplexity))``,
         the anchors' choice (scikit-learn, openTSNE), so results are comparable:
         beyond 3K neighbours the Gaussian weights are negligible for the entropy.
@@ -73,6 +74,7 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
     check_choice(method, "method", rootfinding.METHODS)
     check_choice(order, "order", _orders.ORDERS)
     tol = check_float(tol, "tol", 0.0, low_open=True)
+    perplexity = be.to_host(perplexity)     # a per-point array may live on the device
     sqdist, indices = _neighbors(X, neighbors, perplexity, n_neighbors, be)
     n, k = sqdist.shape
     K = _perplexities(perplexity, n, k)
@@ -92,7 +94,7 @@ def conditional_affinities(sqdist, perplexity, *, backend="auto"):
     e.g. of new points to training points (used by out-of-sample mappings)."""
     be = get_backend(backend)
     sqdist = check_data(sqdist, be, name="sqdist", dtype=np.float64, min_samples=1)
-    K = _perplexities(perplexity, sqdist.shape[0], sqdist.shape[1])
+    K = _perplexities(be.to_host(perplexity), sqdist.shape[0], sqdist.shape[1])
     return _calibrate(be, sqdist, None, K, "newton", "bounds", 1e-10)[3]
 
 
@@ -107,9 +109,8 @@ def _calibrate(be, sqdist, indices, K, method, order, tol):
     saturated = be.to_host(n_tied >= be.asarray(K)) & ~flat
     solvable = ~(flat | saturated)
     _warn_degenerate(flat, saturated)
-    host = (be.to_host(sqdist), None if indices is None else be.to_host(indices))
     alpha, entropy, n_iter = solve_rows(be, shifted, K, lo, hi, method, order, tol,
-                                        host_neighbors=host, rows=np.flatnonzero(solvable))
+                                        (sqdist, indices), rows=np.flatnonzero(solvable))
     beta = xp.exp(alpha)
     # Degenerate rows: the limits described in entropic_affinities' docstring.
     beta[be.asarray(flat)] = 0.0
@@ -120,9 +121,10 @@ def _calibrate(be, sqdist, indices, K, method, order, tol):
     return beta, entropy, n_iter, _row_weights(xp, shifted, beta)
 
 
-def solve_rows(be, shifted, perplexity, lo, hi, method, order, tol, host_neighbors, rows=None,
+def solve_rows(be, shifted, perplexity, lo, hi, method, order, tol, neighbors, rows=None,
                parallel=True, gpu_kernel=True):
-    """log beta, entropy and evaluations per row, following ``order``'s waves.
+    """log beta, entropy and evaluations per row, following ``order``'s waves
+    (``neighbors``: the (sqdist, indices) the order is built from, on either device).
 
     Only ``rows`` (default all) are solved; the others come back as NaN / 0.
     ``parallel=False`` runs the paper's sequential order (one point per wave),
@@ -140,7 +142,7 @@ def solve_rows(be, shifted, perplexity, lo, hi, method, order, tol, host_neighbo
     alpha = xp.full(n, xp.nan)
     entropy = xp.full(n, xp.nan)
     n_iter = xp.zeros(n, dtype=xp.int64)
-    waves = _orders.schedule(order, host_neighbors[0], host_neighbors[1], perplexity, parallel)
+    waves = _orders.schedule(order, *neighbors, perplexity, parallel, to_host=be.to_host)
     keep = np.zeros(n, dtype=bool)
     keep[rows] = True
     for wave_rows, sources in waves:
