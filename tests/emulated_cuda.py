@@ -1,16 +1,18 @@
 """The CUDA kernels of kernels/*.cu run on the CPU, for tests without a GPU.
 
-:class:`EmulatedBackend` is the "gpu" backend with NumPy arrays: code that
-branches on ``be.is_gpu`` takes its GPU path, and ``be.kernel(...)`` returns the
+:class:`EmulatedBackend` is the "gpu" backend with the emulated CuPy of
+tests/emulated_cupy.py (NumPy arrays behind CuPy's host/device boundary and
+API): code that branches on ``be.is_gpu`` takes its GPU path with device
+arrays, and ``be.kernel(...)`` returns the
 kernel compiled by g++ against tests/cuda_emulator.h (every CUDA thread a fiber;
 ``__syncthreads`` and warp shuffles are real barriers) instead of a CuPy
 RawModule.  The launch code in gpuembed therefore runs unchanged, with its grid,
 block, shared-memory size and arguments, and each launch is checked the way a
 GPU would fail or silently misbehave: argument count, scalar types and array
 dtypes against the kernel's parameters, contiguity, writable outputs, launch
-limits.  What it cannot show: timing, blocks running concurrently, the last
-bits of the GPU's special-function units (``__expf`` is modelled as exp2 of a
-float-rounded x log2(e)), and CuPy's own API.
+limits, device arrays only.  What it cannot show: timing, blocks running
+concurrently, the last bits of the GPU's special-function units (``__expf`` is
+modelled as exp2 of a float-rounded x log2(e)), and CuPy's own arithmetic.
 """
 from __future__ import annotations
 
@@ -22,13 +24,11 @@ import re
 import shutil
 import subprocess
 import tempfile
-import types
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse
-import scipy.sparse.linalg
 
+import emulated_cupy
 from gpuembed.backend import _CTYPES, Backend, kernel_source
 
 HEADER = Path(__file__).with_name("cuda_emulator.h")
@@ -51,16 +51,15 @@ class EmulatedBackend(Backend):
     """The GPU backend's code paths on NumPy arrays, kernels emulated on the CPU."""
 
     def __init__(self):
-        # cupyx's factorized converts its matrix to CSC itself; SciPy's warns.
-        sparse_linalg = types.SimpleNamespace(**{
-            **vars(scipy.sparse.linalg),
-            "factorized": lambda A: scipy.sparse.linalg.factorized(scipy.sparse.csc_matrix(A))})
-        super().__init__("gpu", np, scipy.sparse, sparse_linalg, np.float32,
-                         "CUDA emulator on the CPU")
+        super().__init__("gpu", emulated_cupy.cupy, emulated_cupy.sparse,
+                         emulated_cupy.sparse_linalg, np.float32, "CUDA emulator on the CPU")
 
     def kernel(self, filename, name, dtype, defines=None):
         ctype = _CTYPES[np.dtype(dtype)]
         return _kernel(filename, name, ctype, tuple(sorted((defines or {}).items())))
+
+    def scatter_add(self, target, indices, values):
+        return emulated_cupy.scatter_add(target, indices, values)
 
 
 def install():
@@ -81,7 +80,9 @@ def _translate(source):
 
 @functools.lru_cache(maxsize=None)
 def _kernel(filename, name, ctype, defines_key):
-    return compile_kernel(kernel_source(filename, dict(defines_key)), f"{name}<{ctype}>")
+    kernel = compile_kernel(kernel_source(filename, dict(defines_key)), f"{name}<{ctype}>")
+    kernel.device_arrays_only = True     # as launched by gpuembed through CuPy
+    return kernel
 
 
 def compile_kernel(source, function, flags=()):
@@ -119,7 +120,13 @@ def _dims(value, what, limits):
 
 
 class EmulatedKernel:
-    """Callable like a CuPy RawKernel function: ``f(grid, block, args, shared_mem=0)``."""
+    """Callable like a CuPy RawKernel function: ``f(grid, block, args, shared_mem=0)``.
+
+    Array arguments are device arrays (tests/emulated_cupy.py); NumPy arrays are
+    accepted too unless ``device_arrays_only`` (CuPy refuses them), so the
+    emulator's own tests can launch kernels on plain arrays."""
+
+    device_arrays_only = False
 
     def __init__(self, name, library):
         self.name = name
@@ -143,6 +150,8 @@ class EmulatedKernel:
                    enumerate(zip(args, self.signature))]
         pointers = (ctypes.c_void_p * len(args))(
             *(ctypes.cast(ctypes.pointer(h), ctypes.c_void_p) for h in holders))
+        if self.device_arrays_only:
+            emulated_cupy.count("kernels")
         message = ctypes.create_string_buffer(512)
         if self._library.emu_launch(grid, block, ctypes.c_size_t(shared_mem), pointers,
                                     message, ctypes.c_size_t(len(message))):
@@ -152,6 +161,11 @@ class EmulatedKernel:
         where = f"{self.name} argument {i}"
         if "*" in code:
             const, dtype = code.startswith("c"), np.dtype(_DTYPES[code.split("*")[1]])
+            if isinstance(a, emulated_cupy.DeviceArray):
+                a = a._a
+            elif self.device_arrays_only and isinstance(a, np.ndarray):
+                raise TypeError(f"{where}: Unsupported type numpy.ndarray (a host array "
+                                "passed to a CUDA kernel)")
             if not isinstance(a, np.ndarray):
                 raise TypeError(f"{where} is a {dtype} pointer; got {type(a).__name__}")
             if a.dtype != dtype:

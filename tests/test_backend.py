@@ -96,10 +96,8 @@ def test_kernel_compiles_with_nvcc(name, tmp_path):
 @pytest.mark.gpu
 def test_gpu_backend_round_trip():
     be = ge.get_backend("gpu")
-    if be.xp is np:
-        pytest.skip("the CUDA emulator's backend holds NumPy arrays")
     a = be.asarray(np.arange(5.0))
-    assert type(a).__module__.startswith("cupy")
+    assert hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray)
     np.testing.assert_array_equal(be.to_host(a), np.arange(5.0))
     out = be.scatter_add(be.xp.zeros(3), be.asarray(np.array([0, 2, 0])), be.asarray([1.0, 2.0, 3.0]))
     np.testing.assert_array_equal(be.to_host(out), [4.0, 0.0, 2.0])

@@ -130,14 +130,21 @@ def test_launches_are_checked_like_a_gpu_would_fail(rng):
 
 
 def test_backend_runs_the_shipped_kernels_from_the_gpu_code_paths(rng):
-    """The emulated backend is the "gpu" backend on NumPy arrays: a GPU entry
-    point runs its launch code and the kernel of kernels/*.cu."""
+    """The emulated backend is the "gpu" backend on emulated CuPy arrays: a GPU
+    entry point runs its launch code and the kernel of kernels/*.cu, which
+    refuses host arrays as CuPy does."""
     from gpuembed.nbody.exact import _exact_gpu, blocked_sums
 
     be = EmulatedBackend()
-    assert be.is_gpu and be.xp is np
-    X = rng.standard_normal((300, 2))
+    assert be.is_gpu and be.xp is not np
+    X = be.asarray(rng.standard_normal((300, 2)))
     S, SX = _exact_gpu(be, X, 2, None, None)
     for (s, sx), (ref_s, ref_sx) in zip(zip(S, SX), blocked_sums(be, X, ("student", "student2"))):
-        np.testing.assert_allclose(s, ref_s, rtol=1e-13)
-        np.testing.assert_allclose(sx, ref_sx, rtol=1e-12, atol=1e-13 * np.abs(ref_sx).max())
+        ref_sx = be.to_host(ref_sx)
+        np.testing.assert_allclose(be.to_host(s), be.to_host(ref_s), rtol=1e-13)
+        np.testing.assert_allclose(be.to_host(sx), ref_sx, rtol=1e-12,
+                                   atol=1e-13 * np.abs(ref_sx).max())
+    kernel = be.kernel("nbody_exact.cu", "nbody_exact", np.float64,
+                       {"NBODY_DIM": 2, "NBODY_KERNEL": 0})
+    with pytest.raises(TypeError, match="host array"):
+        kernel((1,), (32,), (np.zeros(4),) + (None,) * (len(kernel.signature) - 1))

@@ -14,15 +14,15 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import check_float, check_int
+from ..backend import get_backend
 from ..nbody.exact import squared_distances
 
 
 def array_module(a):
-    """numpy or cupy, whichever ``a`` belongs to."""
-    if type(a).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy
+    """numpy, or the GPU backend's array module for a device array (anything
+    with ``__cuda_array_interface__``: CuPy, and the tests' emulated arrays)."""
+    if hasattr(a, "__cuda_array_interface__"):
+        return get_backend("gpu").xp
     return np
 
 
