@@ -410,20 +410,26 @@ def test_multiscale_sne_keeps_float32(backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cls,optimizer", [(ge.TSNE, "sd"), (ge.TSNE, "tsne"), (ge.EE, "sd"),
-                                           (ge.SSNE, "lbfgs")])
-def test_gpu_matches_cpu(cls, optimizer):
+@pytest.mark.parametrize("cls,optimizer,params", [
+    (ge.TSNE, "sd", {}), (ge.TSNE, "tsne", {}), (ge.EE, "sd", {}), (ge.SSNE, "lbfgs", {}),
+    (ge.TSNE, "sd-", {}), (ge.TSNE, "diagh", {}), (ge.SNE, "fp", {}), (ge.EE, "cg", {}),
+    (ge.EE, "sd", {"homotopy": True, "homotopy_steps": 3, "max_iter": 7}),
+    (ge.TSNE, "gd", {"nbody": "bh", "accuracy_schedule": 10})])
+def test_gpu_matches_cpu(cls, optimizer, params):
     """Same problem on both backends in float64: the first iterations agree closely
     (SD through the same CG on both: "auto" factorizes on the CPU only).  The data
     is one connected manifold: separated clusters drift apart under forces near
     zero, so their positions would amplify every rounding difference."""
     X, _ = ge.datasets.swiss_roll(200, random_state=0)
-    kwargs = dict(optimizer=optimizer, max_iter=20, tol=0, dtype=np.float64, init="pca",
-                  sd_solver="cg")
+    kwargs = {**dict(optimizer=optimizer, max_iter=20, tol=0, dtype=np.float64, init="pca",
+                     sd_solver="cg"), **params}
     cpu = cls(backend="cpu", **kwargs).fit(X)
     be = ge.get_backend("gpu")
     gpu = cls(backend="gpu", **kwargs).fit(be.asarray(X))
     np.testing.assert_allclose([h["objective"] for h in gpu.history_],
                                [h["objective"] for h in cpu.history_], rtol=1e-6)
-    np.testing.assert_allclose(gpu.embedding_, cpu.embedding_, rtol=1e-6,
+    # t-SNE's Hessian diagonal is negative at some points (DiagH clips it there),
+    # where rounding differences of 1e-15 in it move a point by 2e-6.
+    rtol = 1e-5 if optimizer == "diagh" else 1e-6
+    np.testing.assert_allclose(gpu.embedding_, cpu.embedding_, rtol=rtol,
                                atol=1e-8 * np.abs(cpu.embedding_).max())
