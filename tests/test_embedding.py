@@ -383,6 +383,21 @@ def test_bad_data_and_unknown_parameters(small):
         ge.TSNE().transform(X)
 
 
+@pytest.mark.parametrize("cls,symmetrize", [(ge.SNE, False), (ge.TSNE, True)])
+def test_fitting_leaves_the_callers_affinities_alone(backend, cls, symmetrize):
+    """The objective sorts its copy of P's indices: it once sorted the caller's
+    indices in place under its own float32 values, so a float32 fit scrambled a
+    float64 P whose indices were unsorted (SNE's row-conditional P always is), and
+    a second fit with the same affinities ended at another objective."""
+    X, _ = ge.datasets.swiss_roll(300, random_state=0)
+    A = ge.entropic_affinities(X, 20.0, symmetrize=symmetrize, backend=backend)
+    before = backend.to_host(A.P).toarray()
+    fits = [cls(affinities=A, max_iter=5, tol=0, dtype=np.float32, backend=backend).fit(X)
+            for _ in range(2)]
+    np.testing.assert_array_equal(backend.to_host(A.P).toarray(), before)
+    assert fits[0].objective_ == fits[1].objective_
+
+
 @pytest.mark.parametrize("cls,optimizer,params", [
     (ge.TSNE, "sd", {"sd_solver": "cholesky"}), (ge.TSNE, "sd", {"sd_solver": "cg"}),
     (ge.EE, "sd", {"nbody": "fgt"}), (ge.EE, "sd-", {}), (ge.SSNE, "diagh", {}),

@@ -24,7 +24,11 @@ class PairSet:
 
     def __init__(self, be, P, dtype):
         xp = be.xp
-        P = be.sparse.csr_matrix(P, dtype=dtype)
+        # A copy: sum_duplicates sorts the indices in place, and with a new dtype
+        # the caller's matrix would share only its indices, whose reordering then
+        # scrambled it (SNE in float32 on its row-conditional P: a second fit with
+        # the same affinities ended at 833 instead of 338).
+        P = be.sparse.csr_matrix(P, dtype=dtype, copy=True)
         P.sum_duplicates()
         self.be, self.P = be, P
         self.n = P.shape[0]
