@@ -177,7 +177,11 @@ class _Embedding:
             raise ValueError(f"affinities must be a square (N, N) matrix, got shape {P.shape}")
         if P.shape[0] != n:
             raise ValueError(f"affinities are {P.shape[0]} x {P.shape[0]} but X has {n} rows")
-        P = be.sparse.csr_matrix(P if hasattr(P, "tocsr") else be.asarray(P))
+        # A canonical copy (sorted indices, no duplicates), the same whatever order
+        # the caller's entries come in, so that the objective and a spectral
+        # initialization see one matrix; the caller's stays as it is.
+        P = be.sparse.csr_matrix(P if hasattr(P, "tocsr") else be.asarray(P), copy=True)
+        P.sum_duplicates()
         data = P.data
         if not bool(be.xp.isfinite(data).all()) or bool((data < 0).any()):
             raise ValueError("affinities must be finite and non-negative")
@@ -281,7 +285,8 @@ class _OutOfSample:
                 if bool(accepted.all()):
                     break
                 trial = xp.where(accepted, trial, 0.5 * trial)
-            change = float(xp.max(xp.abs(E - E_new) / xp.maximum(xp.abs(E), 1e-300)))
+            floor = np.finfo(E.dtype).tiny          # 1e-300 would be 0 in float32
+            change = float(xp.max(xp.abs(E - E_new) / xp.maximum(xp.abs(E), floor)))
             X = X_new
             E, G = self.value_and_grad(X)
             if change < tol:

@@ -383,6 +383,18 @@ def test_bad_data_and_unknown_parameters(small):
         ge.TSNE().transform(X)
 
 
+def test_float32_cg_survives_an_already_solved_column(backend):
+    """A layout constant in one coordinate has an exactly zero gradient column,
+    which the CG has solved from the start: its 0 / 0 guard was 1e-300, which is
+    0 in float32, and the NaN direction turned SD into GD for the rest of the run
+    (KL 2.27 instead of 0.95 after 30 iterations)."""
+    X, _ = ge.datasets.swiss_roll(300, random_state=0)
+    init = np.c_[np.linspace(-1e-3, 1e-3, 300), np.zeros(300)]
+    fits = [ge.TSNE(max_iter=30, tol=0, dtype=dtype, init=init, sd_solver="cg",
+                    backend=backend).fit(X) for dtype in (np.float64, np.float32)]
+    assert fits[1].objective_ == pytest.approx(fits[0].objective_, rel=1e-2)
+
+
 @pytest.mark.parametrize("cls,symmetrize", [(ge.SNE, False), (ge.TSNE, True)])
 def test_fitting_leaves_the_callers_affinities_alone(backend, cls, symmetrize):
     """The objective sorts its copy of P's indices: it once sorted the caller's

@@ -107,7 +107,7 @@ class Tree:
         self.side = xp.concatenate([xp.full(len(s), size / 2.0**lv) for s, lv in zip(starts, levels)])
         self.mass = cw[self.start + self.count] - cw[self.start]
         self.wx = cwx[self.start + self.count] - cwx[self.start]
-        self.com = self.wx / xp.maximum(self.mass, 1e-300)[:, None]
+        self.com = self.wx / xp.maximum(self.mass, np.finfo(self.mass.dtype).tiny)[:, None]
         self.depth = len(starts) - 1
         # rank[i] = sorted position of original point i (self-pair tests).
         self.rank = xp.empty(n, dtype=xp.int64)
