@@ -380,6 +380,14 @@ class DeviceSparse:
     def get(self, stream=None):
         return self._m.copy()
 
+    def sum_duplicates(self):
+        """cupyx rebuilds the matrix with new arrays (SciPy sorts in place)."""
+        count("calls")
+        if not self._m.has_canonical_format:
+            m = self._m.copy()
+            m.sum_duplicates()
+            self._m = m
+
     def __getattr__(self, attr):
         cls = SPARSE_CLASSES[self._m.format]
         if attr not in API["sparse_classes"][cls]:
@@ -422,6 +430,9 @@ def _sparse_constructor(name):
     scipy_class = getattr(scipy.sparse, name)
 
     def make(arg1, shape=None, dtype=None, copy=False):
+        if dtype is not None and np.dtype(dtype).char not in "?fdFD":
+            raise ValueError("Only bool, float32, float64, complex64 and complex128 are "
+                             "supported")
         if isinstance(arg1, tuple):
             arg1 = _device(arg1, f"cupyx.scipy.sparse.{name}")
         elif isinstance(arg1, (DeviceArray, DeviceSparse)):
@@ -430,7 +441,11 @@ def _sparse_constructor(name):
             raise _unsupported(arg1, f"cupyx.scipy.sparse.{name}")
         elif scipy.sparse.issparse(arg1):
             copy = True                 # a host matrix is copied to the device
-        return DeviceSparse(scipy_class(arg1, shape=shape, dtype=dtype, copy=copy))
+        matrix = scipy_class(arg1, shape=shape, dtype=dtype, copy=copy)
+        if matrix.dtype.char not in "?fdFD":
+            raise ValueError("Only bool, float32, float64, complex64 and complex128 are "
+                             "supported")
+        return DeviceSparse(matrix)
     return make
 
 

@@ -113,3 +113,17 @@ def test_counting_sees_calls_reads_and_their_gpuembed_lines(a):
         squared_distances(xp, Y, X)
     assert counts["calls"] > 0 and sum(sites.values()) == counts["calls"]
     assert {site.split(":")[0] for _, site in sites} == {"nbody/exact.py"}
+
+
+def test_sparse_details_follow_cupyx():
+    """cupyx stores only bool and float data, and its sum_duplicates builds new
+    arrays where SciPy's sorts them in place."""
+    with pytest.raises(ValueError, match="Only bool, float32"):
+        emulated_cupy.sparse.csr_matrix(scipy.sparse.eye(3, dtype=np.int64, format="csr"))
+    host = scipy.sparse.csr_matrix((np.array([1.0, 2.0]), np.array([1, 0]), np.array([0, 2, 2])),
+                                   shape=(2, 2))
+    M = emulated_cupy.sparse.csr_matrix(host)
+    N = emulated_cupy.sparse.csr_matrix(M, dtype=np.float32)     # shares M's indices
+    N.sum_duplicates()
+    np.testing.assert_array_equal(M.get().toarray(), host.toarray())
+    np.testing.assert_array_equal(N.get().toarray(), host.toarray())
