@@ -306,6 +306,15 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
         check_choice(init, "init", tuple(builders))
         Y = builders[init]()
         Y = Y / max(float(np.std(Y[:, 0])), 1e-300) * std
+        if init == "spectral" and _has_duplicate_rows(Y.astype(dtype)):
+            # The leading eigenvectors of a graph of (nearly) separate clusters are
+            # (nearly) constant on each, so in float32 (the GPU's default) its
+            # points can share one position, and points in one place never
+            # separate (EE on 5 clusters: 79.0 against 10.08 in float64).  A
+            # jitter of 1e-4 of the scale, as UMAP adds to its spectral start,
+            # keeps them apart; a start without such ties is left as it is.
+            seed = 0 if random_state is None else random_state
+            Y = Y + 1e-4 * std * np.random.default_rng(seed).standard_normal(Y.shape)
     else:
         Y = be.to_host(init) if hasattr(init, "shape") else np.asarray(init)
         if Y.shape != (n, d):
@@ -313,6 +322,10 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
         if not np.all(np.isfinite(Y)):
             raise ValueError("init array contains NaN or infinite values")
     return be.asarray(Y, dtype=dtype)
+
+
+def _has_duplicate_rows(Y):
+    return np.unique(Y, axis=0).shape[0] < Y.shape[0]
 
 
 def _pca(X, d):

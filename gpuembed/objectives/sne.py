@@ -7,6 +7,11 @@ Z_n = sum_{m != n} exp(-|x_n - x_m|^2):
 """
 from __future__ import annotations
 
+import contextlib
+import math
+
+import numpy as np
+
 from .base import Objective, PairSet
 
 
@@ -27,10 +32,19 @@ class SNEObjective(Objective):
         e_plus *= 0.5
         grad *= 2.0
         (S, SX), = self.sums(X, ("gaussian",))
-        # sum_m q_{n|m} (x_n - x_m): source weights 1 / Z_m.
-        (Sw, SXw), = self.sums(X, ("gaussian",), weights=1.0 / S)
-        grad -= 2.0 * ((S[:, None] * X - SX) / S[:, None] + Sw[:, None] * X - SXw)
-        return self.constant + e_plus + float(xp.log(S).sum()), grad
+        # The FGT's error is absolute: an isolated point's Z_n (tiny) can come out
+        # <= 0, and far enough from all others it underflows to 0 even exactly.
+        # Then the value is +inf, which the line search rejects (it shortens the
+        # step), instead of log giving -inf, which it accepted.
+        valid = bool((S > 0).all())
+        S = xp.maximum(S, np.finfo(S.dtype).tiny)
+        # sum_m q_{n|m} (x_n - x_m): source weights 1 / Z_m (which overflow past an
+        # invalid Z_n: quietly, the value is +inf anyway).
+        with contextlib.nullcontext() if valid else np.errstate(over="ignore", invalid="ignore"):
+            (Sw, SXw), = self.sums(X, ("gaussian",), weights=1.0 / S)
+            grad -= 2.0 * ((S[:, None] * X - SX) / S[:, None] + Sw[:, None] * X - SXw)
+        value = self.constant + e_plus + float(xp.log(S).sum()) if valid else math.inf
+        return value, grad
 
     def attractive_weights(self):
         # grad+ = 2 L(P + P^T) X = 4 L((P + P^T) / 2) X.

@@ -353,8 +353,10 @@ class LBFGS(Direction):
     def update(self, X_old, X_new, G_old, G_new):
         xp = self.be.xp
         s, y = X_new - X_old, G_new - G_old
-        sy = float(xp.vdot(s, y))
-        if sy > 1e-10 * float(xp.linalg.norm(s)) * float(xp.linalg.norm(y)):
+        sy, yy = float(xp.vdot(s, y)), float(xp.vdot(y, y))
+        # yy > 0 as well: in float32 a tiny y squares to 0 while s.y does not, and
+        # the pair's scaling s.y / y.y divided by zero (EE on separated clusters).
+        if yy > 0 and sy > 1e-10 * math.sqrt(float(xp.vdot(s, s)) * yy):
             self.s.append(s)
             self.y.append(y)
             if len(self.s) > self.m:
@@ -377,7 +379,9 @@ class NonlinearCG(Direction):
         if self.p is None:
             p = -G
         else:
-            beta = max(0.0, float(xp.vdot(G, G - self.g)) / float(xp.vdot(self.g, self.g)))
+            gg = float(xp.vdot(self.g, self.g))
+            # A previous gradient of exactly 0 (underflow in float32): restart.
+            beta = max(0.0, float(xp.vdot(G, G - self.g)) / gg) if gg > 0 else 0.0
             p = -G + beta * self.p
         self.p, self.g = p, G
         return p

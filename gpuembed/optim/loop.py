@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -121,7 +122,10 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
             for backtracks in range(MAX_BACKTRACKS):
                 X_new = X + alpha * P
                 E_new, G_new = objective.value_and_grad(X_new)
-                if E_new <= E + ARMIJO_C1 * alpha * slope:
+                # A non-finite value is an approximation failing, never a decrease: the
+                # FGT's absolute error made one point's normalizer of SNE <= 0, log gave
+                # -inf, and the accepted step ended in NaN coordinates.
+                if math.isfinite(E_new) and E_new <= E + ARMIJO_C1 * alpha * slope:
                     break
                 alpha *= 0.5
             else:
