@@ -48,7 +48,7 @@ _SCALARS = {"f4": ctypes.c_float, "f8": ctypes.c_double, "i8": ctypes.c_longlong
 
 
 class EmulatedBackend(Backend):
-    """The GPU backend's code paths on NumPy arrays, kernels emulated on the CPU."""
+    """The GPU backend's code paths on emulated CuPy arrays, kernels emulated on the CPU."""
 
     def __init__(self):
         super().__init__("gpu", emulated_cupy.cupy, emulated_cupy.sparse,

@@ -121,9 +121,7 @@ def _device(obj, where, sequences=True):
 
 def _wrap(value):
     """NumPy/SciPy results as device objects (NumPy scalars become 0-d arrays)."""
-    if isinstance(value, np.matrix):
-        return DeviceArray(np.asarray(value))
-    if isinstance(value, (np.ndarray, np.generic)):
+    if isinstance(value, (np.ndarray, np.generic)):      # np.matrix too: cupyx gives arrays
         return DeviceArray(np.asarray(value))
     if scipy.sparse.issparse(value):
         return DeviceSparse(value)
@@ -352,6 +350,11 @@ for _name, _ufunc in {"add": np.add, "sub": np.subtract, "mul": np.multiply,
     setattr(DeviceArray, f"__{_name}__", _operator(_ufunc))
     setattr(DeviceArray, f"__r{_name}__", _operator(_ufunc, reflected=True))
     setattr(DeviceArray, f"__i{_name}__", _in_place(_ufunc))
+for _name, _ufunc in {"lt": np.less, "le": np.less_equal, "gt": np.greater,
+                      "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal}.items():
+    setattr(DeviceArray, f"__{_name}__", _operator(_ufunc))
+
+
 def _read(convert):
     """bool(), int(), float(), complex(): the host reads a device value."""
     def read(self):
@@ -362,9 +365,6 @@ def _read(convert):
 
 for _convert in (bool, int, float, complex):
     setattr(DeviceArray, f"__{_convert.__name__}__", _read(_convert))
-for _name, _ufunc in {"lt": np.less, "le": np.less_equal, "gt": np.greater,
-                      "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal}.items():
-    setattr(DeviceArray, f"__{_name}__", _operator(_ufunc))
 
 
 class DeviceSparse:
@@ -430,9 +430,6 @@ def _sparse_constructor(name):
     scipy_class = getattr(scipy.sparse, name)
 
     def make(arg1, shape=None, dtype=None, copy=False):
-        if dtype is not None and np.dtype(dtype).char not in "?fdFD":
-            raise ValueError("Only bool, float32, float64, complex64 and complex128 are "
-                             "supported")
         if isinstance(arg1, tuple):
             arg1 = _device(arg1, f"cupyx.scipy.sparse.{name}")
         elif isinstance(arg1, (DeviceArray, DeviceSparse)):
@@ -461,7 +458,7 @@ class SparseNamespace(Namespace):
 cupy = Namespace("cupy")
 # The one CUDA-runtime piece gpuembed and its benchmarks touch (a device's id
 # and synchronize) has nothing to emulate.
-cupy.__dict__["cuda"] = types.SimpleNamespace(
+cupy.cuda = types.SimpleNamespace(
     Device=lambda device=None: types.SimpleNamespace(id=0, synchronize=lambda: None))
 sparse = SparseNamespace("cupyx.scipy.sparse")
 sparse_linalg = Namespace("cupyx.scipy.sparse.linalg")
