@@ -114,6 +114,8 @@ class Objective:
     # True where attractive_weights give the attractive Hessian's upper bound
     # (t-SNE: at X = 0) rather than the exact constant one (optim/directions.py).
     attractive_curvature_is_bound = False
+    # X is a layout of points (the line search's trust region, optim/loop.py).
+    is_layout = True
 
     def __init__(self, P, backend, dtype, nbody="exact", accuracy=None):
         self.be = backend
