@@ -22,7 +22,7 @@ unit step is short everywhere else: those directions get no step cap there
 rotating_objects stayed at step 1 and ended at KL 0.958 (10-NN accuracy 0.83)
 after 1,000 iterations, worse than gradient descent's 0.798; uncapped it ends
 at 0.772 (accuracy 1.0), and on Fashion-MNIST 5k at 1.257 against 1.295
-(benchmarks/results/embedding.json).
+(benchmarks/results/embedding.json at the time).
 """
 from __future__ import annotations
 
