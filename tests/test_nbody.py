@@ -12,7 +12,7 @@ import gpuembed as ge
 from gpuembed.backend import get_backend
 from gpuembed.nbody import (bh_sums, check_accuracy, engine_sums, error_bound, exact_sums,
                             fgt_sums, resolve_method)
-from gpuembed.nbody.barneshut import MAX_DEPTH, _spread_bits, vectorized_bh_sums
+from gpuembed.nbody.barneshut import MAX_DEPTH, Tree, _spread_bits, vectorized_bh_sums
 from gpuembed.nbody.exact import KERNEL_CODES, blocked_sums
 from gpuembed.nbody.fgt import order_for_tolerance
 from gpuembed.objectives import make_objective
@@ -194,20 +194,46 @@ def test_barnes_hut_theta_zero_is_exact_and_error_grows_with_theta(d, rng):
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])
-def test_compiled_barnes_hut_equals_the_vectorized_traversal(d, rng):
-    # The CPU's compiled depth-first walk must take every decision the array code
-    # (the GPU path) takes: same leaves, same opened cells, same far-field terms.
+def test_compiled_barnes_hut_equals_the_vectorized_traversal(d, backend, rng):
+    # The compiled depth-first walks (numba on the CPU, kernels/barneshut.cu on the
+    # GPU) must take every decision the array code takes: same leaves, same opened
+    # cells, same far-field terms.  The clump 0.01 wide makes deep cells, the
+    # duplicates multi-point leaves at the deepest level.
     X = np.concatenate([rng.normal(size=(700, d)) * 4, rng.normal(size=(100, d)) * 0.01])
+    X = np.concatenate([X, X[690:710]])
     w = rng.uniform(0.5, 2.0, len(X))
     Y = rng.normal(size=(90, d)) * 4
+    dev = backend.asarray
     for kernels in [("gaussian",), ("student",), ("student", "student2"), ("student2",)]:
         for theta in (0.0, 0.5, 1.5):
             for targets in (None, Y):
-                fast = bh_sums(CPU, X, kernels, Y=targets, weights=w, theta=theta)
                 ref = vectorized_bh_sums(CPU, X, kernels, Y=targets, weights=w, theta=theta)
-                assert len(fast) == len(ref) == len(kernels)
-                for (S, SX), (S0, SX0) in zip(fast, ref):
-                    assert rel(S, S0) < 1e-13 and rel(SX, SX0) < 1e-13
+                # float32 (the GPU's default) to 1e-4 of the largest sum: its rounded
+                # distances may flip an opening test at the threshold.
+                for dtype, tol in ((np.float64, 1e-13), (np.float32, 1e-4)):
+                    fast = bh_sums(backend, dev(X, dtype), kernels,
+                                   Y=None if targets is None else dev(targets, dtype),
+                                   weights=dev(w, dtype), theta=theta)
+                    assert len(fast) == len(ref) == len(kernels)
+                    for (S, SX), (S0, SX0) in zip(fast, ref):
+                        assert S.dtype == dtype
+                        S, SX = backend.to_host(S), backend.to_host(SX)
+                        assert rel(S, S0) < tol and rel(SX, SX0) < tol
+
+
+def test_barnes_hut_walk_on_the_deepest_tree(backend):
+    # An octree of the full depth whose every level has 8 children, the last in
+    # Morton order (walked last) holding the deeper levels: a depth-first walk
+    # from that corner keeps 7 waiting siblings per level, close to its stack
+    # bound (barneshut.cu's BH_STACK).  (1, 1, 1) twice ends in the deepest leaf.
+    offsets = np.array(np.meshgrid(*[[0.5, 1.5]] * 3, indexing="ij")).reshape(3, -1).T[:-1]
+    X = np.concatenate([1.0 - 2.0**-s + offsets * 2.0**-(s + 1) for s in range(MAX_DEPTH)]
+                       + [np.zeros((1, 3)), np.ones((2, 3))])
+    assert (Tree(CPU, X).n_children == 8).sum() == MAX_DEPTH
+    for theta, (S0, SX0) in ((0.0, brute(X, "student")),
+                             (0.5, vectorized_bh_sums(CPU, X, ("student",), theta=0.5)[0])):
+        (S, SX), = bh_sums(backend, backend.asarray(X), ("student",), theta=theta)
+        assert rel(backend.to_host(S), S0) < 1e-12 and rel(backend.to_host(SX), SX0) < 1e-12
 
 
 def test_morton_code_bit_spreading(rng):

@@ -16,9 +16,12 @@ targets at a time:
 
 theta = 0 opens every inner cell, so it equals the exact sums up to rounding.
 Any kernel of exact.py works; several kernels share one traversal.  This
-level-synchronous traversal is the GPU path and the reference; on the CPU the
-kernel sets of the compiled exact loop walk the same tree in compiled code
-(barneshut_cpu.py), about 40x faster for the Student-t pair at 40,000 points.
+level-synchronous traversal is the reference.  The kernel sets of the compiled
+exact loop walk the same tree depth first, one target per thread: on the CPU in
+numba (barneshut_cpu.py, about 40x faster than the array code for the Student-t
+pair at 40,000 points), on the GPU in kernels/barneshut.cu, one launch per sum
+where the array code made about 2,100 CuPy calls and 70 host reads per t-SNE
+iteration (benchmarks/gpu_call_counts.py).
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from .segments import expand
 MAX_DEPTH = 21                 # 3 x 21 bits of Morton code fit in an int64
 DEFAULT_THETA = 0.5
 BUDGET = 2**22                 # (target, cell) pairs per traversal chunk
+GPU_THREADS = 128              # threads per block of kernels/barneshut.cu
 
 
 # Shift-and-mask steps moving bit b of a 21-bit integer to bit d b (d = 2, 3).
@@ -117,16 +121,45 @@ class Tree:
 def bh_sums(be, X, kernels, Y=None, weights=None, theta=DEFAULT_THETA):
     """[(S, SX) for each kernel] by Barnes-Hut; the exact engine's contract.
 
-    On the CPU the kernel sets of the compiled exact loop (KERNEL_CODES) use the
-    compiled traversal (barneshut_cpu.py), others and the GPU the vectorized one.
+    The kernel sets of the compiled exact loop (KERNEL_CODES) use the compiled
+    walks (barneshut_cpu.py on the CPU, kernels/barneshut.cu on the GPU), others
+    the vectorized traversal.
     """
     kernels = tuple(kernels)
-    if be.is_gpu or kernels not in KERNEL_CODES:
+    if kernels not in KERNEL_CODES:
         return vectorized_bh_sums(be, X, kernels, Y, weights, theta)
     tree = Tree(be, X, weights)
-    targets = np.asarray(X if Y is None else Y, dtype=np.float64)
-    S, SX = traverse_cpu(tree, targets, KERNEL_CODES[kernels], theta, Y is None)
+    code = KERNEL_CODES[kernels]
+    if be.is_gpu:
+        S, SX = _walk_gpu(tree, X if Y is None else Y, code, theta, Y is None)
+    else:
+        targets = np.asarray(X if Y is None else Y, dtype=np.float64)
+        S, SX = traverse_cpu(tree, targets, code, theta, Y is None)
     return compiled_results(kernels, S.astype(X.dtype), SX.astype(X.dtype))
+
+
+def _walk_gpu(tree, targets, code, theta, self_pairs):
+    """S (outs, N_t) and SX (outs, N_t, d) in the targets' dtype by
+    kernels/barneshut.cu (the tree's float64 arrays cast to that dtype)."""
+    be, xp = tree.be, tree.be.xp
+    dtype = targets.dtype
+    n_t, d = targets.shape
+    outs = 2 if code == 2 else 1
+    S = xp.empty((outs, n_t), dtype=dtype)
+    SX = xp.empty((outs, n_t, d), dtype=dtype)
+    if self_pairs:
+        visit, rank = tree.order, tree.rank
+    else:
+        visit, rank = xp.arange(n_t), xp.full(n_t, -1, dtype=xp.int64)
+    cast = lambda a: xp.ascontiguousarray(a, dtype=dtype)
+    # Stack bound of a depth-first walk: at most 2^d - 1 siblings wait per level.
+    defines = {"BH_DIM": d, "BH_KERNEL": code, "BH_STACK": (2**d - 1) * (MAX_DEPTH + 1) + 1}
+    walk = be.kernel("barneshut.cu", "bh_walk", dtype, defines)
+    walk((max(1, (n_t + GPU_THREADS - 1) // GPU_THREADS),), (GPU_THREADS,),
+         (cast(tree.points), cast(tree.weights), cast(targets), visit, rank, tree.start,
+          tree.count, tree.first_child, tree.n_children, cast(tree.side ** 2), cast(tree.mass),
+          cast(tree.com), dtype.type(theta * theta), np.int64(n_t), S, SX))
+    return S, SX
 
 
 def vectorized_bh_sums(be, X, kernels, Y=None, weights=None, theta=DEFAULT_THETA):
