@@ -221,6 +221,21 @@ def test_compiled_barnes_hut_equals_the_vectorized_traversal(d, backend, rng):
                         assert rel(S, S0) < tol and rel(SX, SX0) < tol
 
 
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_compiled_tree_equals_the_array_code(d, rng):
+    # barneshut_cpu.build_tree against Tree's array code (the GPU's): every array
+    # equal, on spread points, duplicates (deepest-level leaves) and scales 1e9
+    # apart (long single-child chains), with and without weights.
+    for X in (rng.normal(size=(3000, d)), np.repeat(rng.normal(size=(300, d)), 4, axis=0),
+              np.concatenate([rng.normal(size=(500, d)) * 1e-7, rng.normal(size=(500, d)) * 100])):
+        for w in (None, rng.uniform(0.5, 2.0, len(X))):
+            fast, ref = Tree(CPU, X, w), Tree(CPU, X, w, reference=True)
+            assert fast.depth == ref.depth
+            for name in ("order", "points", "weights", "start", "count", "first_child",
+                         "n_children", "side", "mass", "wx", "com", "rank"):
+                np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name), name)
+
+
 def test_barnes_hut_walk_on_the_deepest_tree(backend):
     # An octree of the full depth whose every level has 8 children, the last in
     # Morton order (walked last) holding the deeper levels: a depth-first walk

@@ -5,7 +5,8 @@ Morton code on a 2^21 grid over the bounding cube, and the cells of level l
 are the runs of equal code prefixes (d l bits), so every cell is a contiguous
 range of sorted points and its children are the next level's cells inside that
 range.  A cell stores its point count, its mass sum_m w_m, centre of mass and
-side.  Descent is breadth-first over (target, cell) pairs for a chunk of
+side.  The array code below builds it on the GPU; on the CPU a compiled twin
+(barneshut_cpu.build_tree) makes the same arrays in half the time.  Descent is breadth-first over (target, cell) pairs for a chunk of
 targets at a time:
 
 - a leaf (one point, or the deepest level) is summed exactly over its points;
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .barneshut_cpu import traverse_cpu
+from .barneshut_cpu import build_tree, traverse_cpu
 from .exact import KERNEL_CODES, compiled_results, kernel_values
 from .segments import expand
 
@@ -53,12 +54,19 @@ def _spread_bits(v, d):
 
 class Tree:
     """Cells of all levels in one set of arrays (level by level, each level
-    sorted by its first point)."""
+    sorted by its first point).  Built by array code on the GPU (and with
+    ``reference=True``), in compiled code on the CPU (barneshut_cpu.build_tree)."""
 
-    def __init__(self, be, X, weights=None):
-        xp = be.xp
+    def __init__(self, be, X, weights=None, reference=False):
+        self.be, self.d = be, X.shape[1]
+        if be.is_gpu or reference:
+            self._build(be.xp, X, weights)
+        else:
+            for name, value in build_tree(X, weights, MAX_DEPTH, _SPREAD).items():
+                setattr(self, name, value)
+
+    def _build(self, xp, X, weights):
         n, d = X.shape
-        self.be, self.d = be, d
         lo = X.min(axis=0)
         size = float((X.max(axis=0) - lo).max())
         size = size * (1.0 + 1e-12) if size > 0 else 1.0
