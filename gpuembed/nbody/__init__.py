@@ -25,12 +25,13 @@ MAX_DIM = 3
 # layouts of 10 blobs): the compiled FGT (p = 8) at 5,000 points for blobs of
 # extent std 4 and at 10,000 for std 10 (1.6x faster there, about even at 5,000;
 # a Fashion-MNIST 5k EE embedding has std 12).  The compiled Barnes-Hut walk (theta = 0.5) already
-# beats the exact Student-t pair at 2,500 points and takes 40% of its time
+# beats the exact Student-t pair at 2,500 points and takes a quarter of its time
 # at 5,000 (max relative error 1.7% at 20,000, t-SNE's usual accuracy; below
 # 5,000 the exact sums take a few ms and keep line searches exact); for the
 # Gaussian its error at theta = 0.5 is 3%, so the FGT stays.  GPU: a guess from
-# the tiled kernel's expected ~1e12 pairs/s against the launch-bound array code
-# of the fast engines; not yet measured.
+# the tiled kernel's expected ~1e12 pairs/s against the fast engines' per-call
+# overheads (their tree and boxes are built by array code; Barnes-Hut walks in one
+# kernel, the FGT's cases III and IV are array code); not yet measured.
 AUTO_EXACT_BELOW = {"cpu": {"gaussian": 10_000, "student": 5_000},
                     "gpu": {"gaussian": 200_000, "student": 200_000}}
 
