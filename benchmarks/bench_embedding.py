@@ -144,9 +144,9 @@ def large(n, backend="cpu"):
 
 
 def first_time_below(curve, goal):
-    """Seconds into a fit when its own objective (the fit's engine, Barnes-Hut
-    here) first reaches ``goal``.  The classic optimizer's exaggerated values lie
-    above every KL, so its first 250 iterations never count."""
+    """Seconds into a fit when its own objective (by the fit's N-body engine)
+    first reaches ``goal``.  The classic optimizer's exaggerated values lie above
+    every KL, so its first 250 iterations never count."""
     return next((t for _, t, e in curve if e <= goal), None)
 
 

@@ -6,8 +6,8 @@ are the runs of equal code prefixes (d l bits), so every cell is a contiguous
 range of sorted points and its children are the next level's cells inside that
 range.  A cell stores its point count, its mass sum_m w_m, centre of mass and
 side.  The array code below builds it on the GPU; on the CPU a compiled twin
-(barneshut_cpu.build_tree) makes the same arrays in half the time.  Descent is breadth-first over (target, cell) pairs for a chunk of
-targets at a time:
+(barneshut_cpu.build_tree) makes the same arrays in half the time.  Descent is
+breadth-first over (target, cell) pairs for a chunk of targets at a time:
 
 - a leaf (one point, or the deepest level) is summed exactly over its points;
 - an inner cell that does not contain the target and satisfies
@@ -64,6 +64,15 @@ class Tree:
         else:
             for name, value in build_tree(X, weights, MAX_DEPTH, _SPREAD).items():
                 setattr(self, name, value)
+
+    def walk_order(self, n_targets, self_pairs):
+        """(visit, rank) for the compiled walks: the order of the targets (the
+        tree's Morton order for its own points) and each target's sorted
+        position, or -1 for targets that are not the tree's points."""
+        if self_pairs:
+            return self.order, self.rank
+        xp = self.be.xp
+        return xp.arange(n_targets), xp.full(n_targets, -1, dtype=xp.int64)
 
     def _build(self, xp, X, weights):
         n, d = X.shape
@@ -155,10 +164,7 @@ def _walk_gpu(tree, targets, code, theta, self_pairs):
     outs = 2 if code == 2 else 1
     S = xp.empty((outs, n_t), dtype=dtype)
     SX = xp.empty((outs, n_t, d), dtype=dtype)
-    if self_pairs:
-        visit, rank = tree.order, tree.rank
-    else:
-        visit, rank = xp.arange(n_t), xp.full(n_t, -1, dtype=xp.int64)
+    visit, rank = tree.walk_order(n_t, self_pairs)
     cast = lambda a: xp.ascontiguousarray(a, dtype=dtype)
     # Stack bound of a depth-first walk: at most 2^d - 1 siblings wait per level.
     defines = {"BH_DIM": d, "BH_KERNEL": code, "BH_STACK": (2**d - 1) * (MAX_DEPTH + 1) + 1}
