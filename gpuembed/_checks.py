@@ -19,6 +19,8 @@ def check_data(X, backend, *, name="X", dtype=None, min_samples=2):
     xp = backend.xp
     if X is None:
         raise ValueError(f"{name} is required")
+    if hasattr(X, "tocsr"):         # scipy or cupyx sparse: k-NN works on dense rows
+        raise TypeError(f"{name} is a sparse matrix; pass a dense array ({name}.toarray())")
     shape = getattr(X, "shape", None)
     if shape is None:
         X = np.asarray(X)
@@ -73,3 +75,41 @@ def check_choice(value, name, choices):
     if value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
     return value
+
+
+def check_random_state(value, name="random_state"):
+    """None, a non-negative integer or a numpy Generator (np.random.default_rng's
+    arguments, checked here so the message names the parameter)."""
+    if value is None or isinstance(value, np.random.Generator):
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be None, an integer or a numpy Generator, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value}")
+    return value
+
+
+def check_callbacks(callbacks):
+    """A list of callables from None, one callable or an iterable of them."""
+    if callbacks is None:
+        return []
+    if callable(callbacks):
+        return [callbacks]
+    try:
+        callbacks = list(callbacks)
+    except TypeError:
+        raise TypeError(f"callbacks must be a callable or a list of callables, "
+                        f"got {callbacks!r}") from None
+    for c in callbacks:
+        if not callable(c):
+            raise TypeError(f"callbacks must be callables, got {c!r}")
+    return callbacks
+
+
+def check_dtype(dtype, backend):
+    """The floating dtype of a computation: float32 or float64, the backend's
+    default when None."""
+    dtype = np.dtype(dtype) if dtype is not None else backend.default_float
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    return dtype

@@ -15,7 +15,8 @@ import numpy as np
 import scipy.sparse
 import scipy.sparse.linalg
 
-from ._checks import check_choice, check_data, check_float, check_int
+from ._checks import (check_callbacks, check_choice, check_data, check_dtype, check_float,
+                      check_int, check_random_state)
 from .affinities import EntropicAffinities, entropic_affinities
 from .affinities.entropic import conditional_affinities
 from .backend import get_backend
@@ -24,6 +25,7 @@ from .neighbors import knn_query
 from .objectives import OBJECTIVES, default_lambda, make_objective
 from .optim import (DIRECTIONS, Monitor, Result, accuracy_schedule, homotopy, homotopy_path,
                     minimize, tsne_classic)
+from .optim.directions import Spectral
 
 __all__ = ["TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE"]
 
@@ -73,15 +75,17 @@ class _Embedding:
         max_iter = check_int(self.max_iter, "max_iter", 1)
         tol = check_float(self.tol, "tol", 0.0)
         check_choice(self.optimizer, "optimizer", self.optimizers)
+        check_random_state(self.random_state)
+        check_callbacks(self.callbacks)
+        self._check_method_params()
         self._exaggeration = self._exaggeration_stage(max_iter)
-        dtype = np.dtype(self.dtype) if self.dtype is not None else be.default_float
-        if dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-        P = self._affinity_matrix(X, be)
+        dtype = check_dtype(self.dtype, be)
         nbody = resolve_method(self.nbody, n, d, OBJECTIVES[self.objective_name].kernel, be)
+        accuracy = check_accuracy(nbody, self.method_params.get("accuracy"))
+        P = self._affinity_matrix(X, be)
         objective = make_objective(self.objective_name, P, be, dtype, nbody=nbody,
                                    **self._objective_params(n))
-        objective.accuracy = check_accuracy(nbody, self.method_params.get("accuracy"))
+        objective.accuracy = accuracy
         X0 = self._initial(X, P, be, dtype, d)
         monitor = Monitor(self.callbacks, self.verbose)
         result = self._optimize(objective, X0, max_iter, tol, monitor)
@@ -98,6 +102,26 @@ class _Embedding:
     def _objective_params(self, n):
         return {}
 
+    def _check_method_params(self):
+        """The optimizers' and transform's parameters, checked before the
+        affinities are computed (the directions check theirs only when built)."""
+        checks = {
+            "step_size": lambda v: check_float(v, "step_size", 0.0, low_open=True),
+            "kappa": lambda v: check_int(v, "kappa", 1),
+            "sd_solver": lambda v: check_choice(v, "sd_solver", Spectral.SOLVERS),
+            "lbfgs_memory": lambda v: check_int(v, "lbfgs_memory", 1),
+            "learning_rate": lambda v: (check_choice(v, "learning_rate", ("auto",))
+                                        if isinstance(v, str) else
+                                        check_float(v, "learning_rate", 0.0, low_open=True)),
+            "early_exaggeration": lambda v: check_float(v, "early_exaggeration", 1.0),
+            "exaggeration_iter": lambda v: check_int(v, "exaggeration_iter", 0),
+            "transform_max_iter": lambda v: check_int(v, "transform_max_iter", 1),
+            "accuracy_schedule": lambda v: check_int(v, "accuracy_schedule", 1),
+        }
+        for name, value in self.method_params.items():
+            if name in checks and value is not None:
+                checks[name](value)
+
     def _optimize(self, objective, X0, max_iter, tol, monitor):
         p = self.method_params
         if self.optimizer == "tsne":
@@ -105,8 +129,9 @@ class _Embedding:
             # momentum phase has plateaus where a relative-change test stops it too
             # early (rotating_objects, perplexity 30: stopped near iteration 260 with
             # 10-NN accuracy 0.34 instead of 0.99).
+            rate = p.get("learning_rate")
             return tsne_classic(objective, X0, max_iter=max_iter,
-                                learning_rate=p.get("learning_rate"),
+                                learning_rate=None if rate == "auto" else rate,
                                 exaggeration=p.get("early_exaggeration", 12.0),
                                 exaggeration_iter=p.get("exaggeration_iter", 250),
                                 monitor=monitor, schedule=self._schedule(objective))
@@ -306,13 +331,16 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
         check_choice(init, "init", tuple(builders))
         Y = builders[init]()
         Y = Y / max(float(np.std(Y[:, 0])), 1e-300) * std
-        if init == "spectral" and _has_duplicate_rows(Y.astype(dtype)):
-            # The leading eigenvectors of a graph of (nearly) separate clusters are
-            # (nearly) constant on each, so in float32 (the GPU's default) its
-            # points can share one position, and points in one place never
-            # separate (EE on 5 clusters: 79.0 against 10.08 in float64).  A
-            # jitter of 1e-4 of the scale, as UMAP adds to its spectral start,
-            # keeps them apart; a start without such ties is left as it is.
+        # A coordinate that is constant over all points never moves (its gradient is
+        # zero): PCA of data with fewer features than components or of collinear
+        # data gives one.  The leading eigenvectors of a graph of (nearly) separate
+        # clusters are (nearly) constant on each, so in float32 (the GPU's default)
+        # a spectral start's points can share one position, and points in one place
+        # never separate (EE on 5 clusters: 79.0 against 10.08 in float64).  A
+        # jitter of 1e-4 of the scale, as UMAP adds to its spectral start, frees
+        # both; a start without such ties is left as it is.
+        flat = np.std(Y, axis=0) <= 1e-12 * std
+        if flat.any() or (init == "spectral" and _has_duplicate_rows(Y.astype(dtype))):
             seed = 0 if random_state is None else random_state
             Y = Y + 1e-4 * std * np.random.default_rng(seed).standard_normal(Y.shape)
     else:
@@ -329,8 +357,11 @@ def _has_duplicate_rows(Y):
 
 
 def _pca(X, d):
-    """Top-d principal component scores of host data X (signs fixed)."""
+    """Top-d principal component scores of host data X (signs fixed); columns
+    beyond the number of features are zero."""
     Xc = X - X.mean(axis=0)
+    if Xc.shape[1] < d:
+        return np.hstack([_pca(X, Xc.shape[1]), np.zeros((X.shape[0], d - Xc.shape[1]))])
     if Xc.shape[1] <= 2000:
         vals, vecs = np.linalg.eigh(Xc.T @ Xc)
         V = vecs[:, ::-1][:, :d]
@@ -345,13 +376,15 @@ def _pca(X, d):
 
 class TSNE(_Embedding):
     """t-SNE (Student-t kernel).  ``optimizer="tsne"`` is the classic optimizer
-    (momentum, gains, early exaggeration 12 for 250 iterations, learning rate N/12).
-    The line-search optimizers use no exaggeration (seed 002) unless
-    ``early_exaggeration=`` is given: then the first ``exaggeration_iter``
-    iterations (default 250) minimize the objective with the attractive term
-    multiplied by it (Fashion-MNIST 5k, SD, 2 for the first 200 of 1,000
-    iterations: KL 1.223 and 10-NN accuracy 0.804 (best 0.809), against 1.239 and
-    0.807 without; the classic optimizer 1.264 and 0.810, benchmarks/bench_embedding.py)."""
+    (momentum, gains, early exaggeration 12 for 250 iterations, learning rate N/12;
+    ``learning_rate``, ``early_exaggeration`` and ``exaggeration_iter`` override
+    them, ``learning_rate="auto"`` is the default N/12).  The line-search
+    optimizers use no exaggeration (seed 002) unless ``early_exaggeration=`` is
+    given: then the first ``exaggeration_iter`` iterations (default 250) minimize
+    the objective with the attractive term multiplied by it (Fashion-MNIST 5k, SD,
+    2 for the first 200 of 1,000 iterations: KL 1.223 and 10-NN accuracy 0.804
+    (best 0.809), against 1.239 and 0.807 without; the classic optimizer 1.264 and
+    0.810, benchmarks/bench_embedding.py)."""
 
     objective_name = "tsne"
     optimizers = tuple(DIRECTIONS) + ("tsne",)
@@ -459,7 +492,9 @@ class MultiscaleSNE:
         check_choice(self.optimizer, "optimizer", self.optimizers)
         check_choice(self.cost, "cost", COSTS)
         kappa = check_float(self.kappa, "kappa", 0.0, 1.0, low_open=True, high_open=True)
-        dtype = np.dtype(self.dtype) if self.dtype is not None else be.default_float
+        check_random_state(self.random_state)
+        check_callbacks(self.callbacks)
+        dtype = check_dtype(self.dtype, be)
         nbody = resolve_method(self.nbody, n, d, "gaussian", be)
         M = multiscale_affinities(X, self.perplexity, n_scales=self.n_scales,
                                   n_neighbors=self.n_neighbors, symmetrize=False, backend=be)

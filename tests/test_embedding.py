@@ -435,11 +435,104 @@ def test_callbacks_and_verbose(small, capsys):
     (lambda: ge.TSNE(affinities=np.ones((7, 7))), "rows"),
     (lambda: ge.TSNE(affinities=-np.ones((40, 40))), "non-negative"),
     (lambda: ge.TSNE(nbody="fmm"), "nbody"),
+    (lambda: ge.TSNE(perplexity=0), "perplexity"),     # not n_neighbors = 3 x 0
 ])
 def test_bad_arguments(small, make, match):
     X, _, _ = small
     with pytest.raises(ValueError, match=match):
         make().fit(X[:40] if "40" in match or match == "non-negative" else X)
+
+
+@pytest.mark.parametrize("make,error,match", [
+    (lambda: ge.EE(step_size=-1.0), ValueError, "step_size"),
+    (lambda: ge.TSNE(optimizer="lbfgs", lbfgs_memory=0), ValueError, "lbfgs_memory"),
+    (lambda: ge.TSNE(optimizer="tsne", learning_rate=0), ValueError, "learning_rate"),
+    (lambda: ge.TSNE(optimizer="tsne", learning_rate="fast"), ValueError, "learning_rate"),
+    (lambda: ge.TSNE(optimizer="tsne", early_exaggeration=-4), ValueError, "early_exaggeration"),
+    (lambda: ge.TSNE(optimizer="tsne", exaggeration_iter=-1), ValueError, "exaggeration_iter"),
+    (lambda: ge.TSNE(transform_max_iter=0), ValueError, "transform_max_iter"),
+    (lambda: ge.TSNE(nbody="bh", accuracy=0.5), TypeError, "accuracy must be a dict"),
+    (lambda: ge.TSNE(init="random", random_state=-1), ValueError, "random_state"),
+    (lambda: ge.TSNE(random_state="seed"), TypeError, "random_state"),
+    (lambda: ge.TSNE(callbacks=[1]), TypeError, "callbacks"),
+    (lambda: ge.SNE(dtype=np.float16), ValueError, "dtype"),
+    (lambda: ge.MultiscaleSNE(dtype=np.int32), ValueError, "dtype"),
+])
+def test_parameters_are_checked_before_the_affinities(small, make, error, match,
+                                                      monkeypatch):
+    """Every such error names its parameter and comes before the expensive part
+    (the affinities), not from deep inside an optimizer after it."""
+    X, _, _ = small
+    monkeypatch.setattr(ge.embedding, "entropic_affinities", None)   # must not be reached
+    with pytest.raises(error, match=match):
+        make().fit(X)
+
+
+@pytest.mark.parametrize("transform,match", [
+    (lambda P: P * 100.0, "summing to 1"),
+    (lambda P: scipy.sparse.triu(P).tocsr() * 2.0, "symmetric"),
+    (lambda P: P * 0.0, "no positive entry"),
+])
+def test_affinities_must_fit_the_objective(small, transform, match):
+    """t-SNE's KL needs a symmetric joint distribution; an unnormalized P gave a
+    negative "KL" (-305.9) and a triangular one a wrong gradient."""
+    X, _, A = small
+    P = transform(A.P)
+    with pytest.raises(ValueError, match=match):
+        ge.TSNE(affinities=P, max_iter=5, backend="cpu").fit(X)
+    with pytest.raises(ValueError, match=match):
+        ge.objectives.value_and_grad("tsne", X[:, :2], P)
+    with pytest.raises(ValueError, match="row-stochastic"):
+        ge.SNE(affinities=A.P, max_iter=5, backend="cpu").fit(X)
+    # EE weighs P against lambda: any scale is its own problem.
+    ge.EE(affinities=A.P * 100.0, max_iter=5, backend="cpu").fit(X)
+
+
+@pytest.mark.parametrize("optimizer", ["sd", "fp", "sd-", "lbfgs"])
+def test_a_point_without_affinities(small, optimizer):
+    """A point with no affinity (an isolated node of a user's graph) has zero
+    attractive curvature: FP divided by it and SD's factorization failed
+    ("not positive definite", mu being 1e-10 x the smallest degree, 0)."""
+    X, _, A = small
+    P = A.P.tolil()
+    P[0, :] = 0
+    P[:, 0] = 0
+    P = P.tocsr()
+    P.eliminate_zeros()
+    P = P / P.sum()
+    model = ge.TSNE(affinities=P, optimizer=optimizer, max_iter=100, tol=0,
+                    backend="cpu").fit(X)
+    E, _ = ge.objectives.value_and_grad("tsne", model.embedding_, P)
+    assert np.isfinite(model.embedding_).all() and model.objective_ == pytest.approx(E)
+    objectives = [h["objective"] for h in model.history_]
+    assert np.all(np.diff(objectives) <= 0) and objectives[-1] < 0.9 * objectives[0]
+
+
+def test_pca_start_without_enough_directions(small):
+    """PCA of data with fewer features than components (or collinear data) gives a
+    constant coordinate, whose gradient is zero forever; it gets a small jitter.
+    One feature raised IndexError."""
+    X, _, _ = small
+    for data in (X[:, :1], np.c_[X[:, 0], -2.0 * X[:, 0]]):
+        Y0 = ge.embedding.initial_layout("pca", data, 2, ge.get_backend("cpu"), np.float64,
+                                         0.1, None)
+        assert Y0[:, 1].std() > 1e-6 * Y0[:, 0].std()
+        model = ge.TSNE(max_iter=50, random_state=0, backend="cpu").fit(data)
+        assert model.embedding_[:, 1].std() > 1e-6 * model.embedding_[:, 0].std()
+
+
+def test_input_forms(small):
+    X, _, _ = small
+    with pytest.raises(TypeError, match="sparse"):
+        ge.TSNE(backend="cpu").fit(scipy.sparse.csr_matrix(X))
+    with pytest.raises(TypeError, match="perplexity"):
+        ge.TSNE(perplexity="30", backend="cpu").fit(X)
+    seen = []
+    ge.TSNE(max_iter=3, callbacks=lambda *args: seen.append(args[0]), backend="cpu").fit(X)
+    assert seen == [0, 1, 2, 3]
+    rng = np.random.default_rng(3)
+    ge.TSNE(max_iter=3, init="random", random_state=rng, backend="cpu").fit(X)
+    ge.TSNE(max_iter=3, optimizer="tsne", learning_rate="auto", backend="cpu").fit(X)
 
 
 def test_bad_data_and_unknown_parameters(small):

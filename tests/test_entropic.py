@@ -293,6 +293,9 @@ def test_bad_data_and_neighbors():
                                backend="cpu")
     with pytest.raises(ValueError, match="pair"):
         ge.entropic_affinities(None, 5.0, neighbors=sq, backend="cpu")
+    for bad in ("30", True, np.ones((50, 2)) * 5):
+        with pytest.raises(TypeError, match="perplexity"):
+            ge.entropic_affinities(None, bad, neighbors=(sq, idx), backend="cpu")
 
 
 def test_compiled_negexp_is_within_two_ulp_of_numpy_exp(rng):

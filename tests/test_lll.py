@@ -134,6 +134,14 @@ def test_nan_and_transform_errors():
         model.transform(X[:, :2])
     with pytest.raises(RuntimeError, match="fit"):
         ge.LaplacianEigenmaps(2, n_neighbors=10).transform(X)
+    # Empty or one-point data is named as such, not as an out-of-range n_components.
+    for model in (ge.LaplacianEigenmaps(2, n_neighbors=10),
+                  ge.SpectralClustering(2, n_neighbors=10)):
+        for data in (X[:0], X[:1]):
+            with pytest.raises(ValueError, match="X needs at least 3 samples"):
+                model.fit(data)
+    with pytest.raises(ValueError, match="random_state"):
+        ge.SpectralClustering(2, n_neighbors=10, random_state=-3).fit(X)
 
 
 def unit_columns(A):

@@ -74,7 +74,7 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
     check_choice(method, "method", rootfinding.METHODS)
     check_choice(order, "order", _orders.ORDERS)
     tol = check_float(tol, "tol", 0.0, low_open=True)
-    perplexity = be.to_host(perplexity)     # a per-point array may live on the device
+    perplexity = _perplexity_values(be.to_host(perplexity))   # may live on the device
     sqdist, indices = _neighbors(X, neighbors, perplexity, n_neighbors, be)
     n, k = sqdist.shape
     K = _perplexities(perplexity, n, k)
@@ -94,7 +94,8 @@ def conditional_affinities(sqdist, perplexity, *, backend="auto"):
     e.g. of new points to training points (used by out-of-sample mappings)."""
     be = get_backend(backend)
     sqdist = check_data(sqdist, be, name="sqdist", dtype=np.float64, min_samples=1)
-    K = _perplexities(be.to_host(perplexity), sqdist.shape[0], sqdist.shape[1])
+    K = _perplexity_values(be.to_host(perplexity))
+    K = _perplexities(K, sqdist.shape[0], sqdist.shape[1])
     return _calibrate(be, sqdist, None, K, "newton", "bounds", 1e-10)[3]
 
 
@@ -223,18 +224,30 @@ def _neighbors(X, neighbors, perplexity, n_neighbors, be):
     X = check_data(X, be, min_samples=3)
     n = X.shape[0]
     if n_neighbors is None:
-        k_max = float(np.max(perplexity)) if np.size(perplexity) else 0.0
-        n_neighbors = min(n - 1, math.ceil(3 * k_max)) if np.isfinite(k_max) else n - 1
+        n_neighbors = min(n - 1, math.ceil(3 * float(np.max(perplexity))))
     n_neighbors = check_int(n_neighbors, "n_neighbors", 2, n - 1)
     return knn(X, n_neighbors, backend=be)
 
 
-def _perplexities(perplexity, n, k):
-    """Per-point perplexities as a float64 array, each in (1, k)."""
-    K = np.asarray(perplexity, dtype=np.float64) if not isinstance(perplexity, bool) else None
-    if K is None or K.ndim > 1 or (K.ndim == 1 and K.shape[0] != n):
+def _perplexity_values(perplexity):
+    """The perplexity (a number or a 1-D array) as float64, each value finite and > 1;
+    checked before the neighbours are searched."""
+    K = np.asarray(perplexity)
+    if isinstance(perplexity, bool) or K.dtype.kind not in "iuf" or K.ndim > 1:
+        raise TypeError("perplexity must be a number or a 1-D array of numbers, got "
+                        f"{type(perplexity).__name__} of dtype {K.dtype}")
+    K = K.astype(np.float64)
+    if K.size == 0 or not np.all(np.isfinite(K)) or np.any(K <= 1):
+        raise ValueError("perplexity must be finite and > 1 for every point, got values in "
+                         f"[{K.min() if K.size else None}, {K.max() if K.size else None}]")
+    return K
+
+
+def _perplexities(K, n, k):
+    """Per-point perplexities (from _perplexity_values) as an (n,) array, each < k."""
+    if K.ndim == 1 and K.shape[0] != n:
         raise ValueError(f"perplexity must be a number or an array of {n} values")
-    if not np.all(np.isfinite(K)) or np.any(K <= 1) or np.any(K >= k):
+    if np.any(K >= k):
         raise ValueError(f"perplexity must be in (1, n_neighbors = {k}) for every point, got "
                          f"values in [{K.min()}, {K.max()}]")
     return np.broadcast_to(K, (n,)).copy()

@@ -7,6 +7,8 @@ sources), so the objectives and the out-of-sample mapping call them alike.
 """
 from __future__ import annotations
 
+import collections.abc
+
 from .._checks import check_choice, check_data, check_float, check_int
 from ..backend import get_backend
 from .barneshut import DEFAULT_THETA, bh_sums
@@ -55,6 +57,9 @@ def resolve_method(method, n, dim, kernel, backend):
 
 def check_accuracy(method, accuracy):
     """Validated accuracy parameters: fgt p (order, 1..16) or tol; bh theta >= 0."""
+    if accuracy is not None and not isinstance(accuracy, collections.abc.Mapping):
+        raise TypeError("accuracy must be a dict: {'theta': ...} for nbody='bh', {'p': ...} "
+                        f"or {{'tol': ...}} for 'fgt', got {accuracy!r}")
     accuracy = dict(accuracy or {})
     allowed = ACCURACY_PARAMETERS[method]
     unknown = set(accuracy) - set(allowed)

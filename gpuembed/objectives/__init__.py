@@ -20,7 +20,36 @@ def make_objective(name, P, backend, dtype, nbody="exact", **params):
     n = P.shape[0]
     if P.ndim != 2 or P.shape != (n, n):
         raise ValueError(f"P must be a square (N, N) matrix, got shape {P.shape}")
+    check_affinities(backend, name, P)
     return OBJECTIVES[name](P, backend, dtype, nbody=nbody, **params)
+
+
+def check_affinities(be, name, P):
+    """P has the structure objective ``name``'s formula assumes: symmetric for
+    ee, ssne and tsne (their gradient 4 X L takes W+ symmetric), summing to 1 for
+    the joint distributions of ssne and tsne (KL is only a divergence between
+    distributions), row-stochastic for sne.  The tolerances pass float32 sums."""
+    xp = be.xp
+    S = be.sparse.csr_matrix(P if hasattr(P, "tocsr") else be.asarray(P))
+    total = float(S.sum())
+    if S.nnz == 0 or not total > 0:
+        raise ValueError("the affinities P have no positive entry")
+    if name == "sne":
+        rows = xp.asarray(S.sum(axis=1)).ravel()
+        if bool((xp.abs(rows - 1.0) > 1e-3).any()):
+            raise ValueError("the affinities P of sne must be row-stochastic (conditional "
+                             "p(m|n), each row summing to 1), got row sums in "
+                             f"[{float(rows.min()):.6g}, {float(rows.max()):.6g}]; "
+                             "entropic_affinities(..., symmetrize=False) gives such P")
+        return
+    D = (S - S.T.tocsr()).tocsr()
+    asymmetry = float(xp.abs(D.data).max()) if D.nnz else 0.0
+    if asymmetry > 1e-5 * float(xp.abs(S.data).max()):
+        raise ValueError(f"the affinities P of {name} must be symmetric (p_nm = p_mn), "
+                         f"differ from their transpose by up to {asymmetry:.3g}; use (P + P.T) / 2")
+    if name != "ee" and abs(total - 1.0) > 1e-3:
+        raise ValueError(f"the affinities P of {name} must be a joint distribution "
+                         f"summing to 1, got sum {total:.6g}; divide it by its sum")
 
 
 def value_and_grad(name, X, P, *, backend="cpu", **params):

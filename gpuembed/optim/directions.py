@@ -93,6 +93,16 @@ def pcg(xp, matvec, B, X0, precond, rtol, maxiter):
     return X
 
 
+def floor_zero_curvature(xp, diag):
+    """The curvatures with zeros (points or components without attractive weights,
+    moved by the repulsion alone) replaced by the mean of the others, so that
+    dividing by them gives a step of the layout's scale."""
+    positive = diag > 0
+    count = int(positive.sum())
+    fallback = float(diag.sum()) / count if count else 1.0
+    return xp.where(positive, diag, diag.dtype.type(fallback))
+
+
 class Direction:
     natural_step = 1.0
     scaled_by_attractive_curvature = False
@@ -126,8 +136,8 @@ class FixedPoint(Direction):
     def __init__(self, objective, X):
         super().__init__(objective, X)
         W = objective.attractive_weights()
-        self.diag = (4.0 * self.be.xp.asarray(W.sum(axis=1)).ravel()
-                     + objective.curvature_shift)
+        self.diag = floor_zero_curvature(self.be.xp, 4.0 * self.be.xp.asarray(
+            W.sum(axis=1)).ravel() + objective.curvature_shift)
 
     def __call__(self, X, G):
         return -G / self.diag[:, None]
@@ -238,8 +248,10 @@ class Spectral(Direction):
             scipy.sparse.csr_matrix(be.to_host(W)), directed=False)
         self.labels = be.asarray(labels)
         self.counts = be.asarray(np.bincount(labels, minlength=n_comp).astype(np.float64))
-        self.component_curvature = self._component_mean(self.diag[:, None])[:, 0]
-        mu = 1e-10 * float(self.diag.min())
+        self.component_curvature = floor_zero_curvature(
+            be.xp, self._component_mean(self.diag[:, None])[:, 0])
+        # mu over the smallest positive degree: a point without affinities has 0.
+        mu = 1e-10 * float(self.diag[self.diag > 0].min())
         self.B = (L4 + mu * be.sparse.identity(L4.shape[0], dtype=L4.dtype, format="csr")).tocsr()
         self.diag = self.diag + mu
         if solver == "auto":

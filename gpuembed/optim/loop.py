@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._checks import check_callbacks
 from .directions import DIRECTIONS
 
 ARMIJO_C1 = 1e-4
@@ -58,7 +59,7 @@ class Monitor:
     """History, callbacks and verbose progress shared by the loops."""
 
     def __init__(self, callbacks=None, verbose=False, report_every=10, extra=None):
-        self.callbacks = list(callbacks or [])
+        self.callbacks = check_callbacks(callbacks)
         self.verbose = int(verbose)
         self.report_every = report_every
         self.extra = extra or {}

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from .._checks import check_data, check_float, check_int
+from .._checks import check_data, check_float, check_int, check_random_state
 from ..objectives.penalty import Penalized
 from ..optim import DIRECTIONS, Monitor, minimize
 from .mappings import make_mapping
@@ -110,7 +110,8 @@ class ParametricEmbedding:
         if not isinstance(embedding, _Embedding):
             raise TypeError("embedding must be an EE, SSNE, TSNE or SNE estimator, got "
                             f"{type(embedding).__name__}")
-        mapping = make_mapping(self.mapping, self.mapping_params, self.random_state)
+        mapping = make_mapping(self.mapping, self.mapping_params,
+                               check_random_state(self.random_state))
         max_inner = check_int(self.max_inner, "max_inner", 1)
         tol = check_float(self.tol, "tol", 0.0)
         z_max_iter = check_int(self.z_max_iter, "z_max_iter", 1)

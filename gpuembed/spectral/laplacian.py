@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse
 
-from .._checks import check_choice, check_data, check_float, check_int
+from .._checks import check_choice, check_data, check_float, check_int, check_random_state
 from ..affinities import entropic_affinities
 from ..backend import get_backend
 from ..neighbors import knn
@@ -70,11 +70,16 @@ class _SpectralBase:
         self.random_state = random_state
         self.backend = backend
 
-    def _embed(self, X, d, drop_first=True):
+    def _data(self, X):
+        """(backend, X on the host), X checked before the parameters that depend on N."""
+        check_choice(self.landmarks, "landmarks", LANDMARK_METHODS)
+        check_random_state(self.random_state)
+        be = get_backend(self.backend)
+        return be, be.to_host(check_data(X, be, min_samples=3))
+
+    def _embed(self, be, X, d, drop_first=True):
         """Embedding (N, d) exactly or by LLL; records landmarks_, Z_, landmark_embedding_.
         ``drop_first=False`` keeps the trivial solution (Ng-Jordan-Weiss clustering)."""
-        be = get_backend(self.backend)
-        X = be.to_host(check_data(X, be, min_samples=3))
         W = affinity_graph(X, self.n_neighbors, self.sigma, self.perplexity)
         self._X = X
         if self.n_landmarks is None:
@@ -114,10 +119,9 @@ class LaplacianEigenmaps(_SpectralBase):
         self.n_components = n_components
 
     def fit(self, X):
-        check_choice(self.landmarks, "landmarks", LANDMARK_METHODS)
-        n = getattr(X, "shape", (0,))[0]
-        d = check_int(self.n_components, "n_components", 1, max(1, n - 2))
-        self.embedding_ = self._embed(X, d)
+        be, X = self._data(X)
+        d = check_int(self.n_components, "n_components", 1, X.shape[0] - 2)
+        self.embedding_ = self._embed(be, X, d)
         return self
 
     def fit_transform(self, X):
@@ -143,13 +147,12 @@ class SpectralClustering(_SpectralBase):
         self.n_init = n_init
 
     def fit(self, X):
-        check_choice(self.landmarks, "landmarks", LANDMARK_METHODS)
-        n = getattr(X, "shape", (0,))[0]
-        K = check_int(self.n_clusters, "n_clusters", 1, max(1, n - 2))
+        be, X = self._data(X)
+        K = check_int(self.n_clusters, "n_clusters", 1, X.shape[0] - 2)
         n_init = check_int(self.n_init, "n_init", 1)
         # K eigenvectors including the trivial one: with K separated clusters they
         # span all K component indicators.
-        self.embedding_ = self._embed(X, K, drop_first=False)
+        self.embedding_ = self._embed(be, X, K, drop_first=False)
         rows = _unit_rows(self.embedding_)
         if self.landmarks_ is None:
             labels, centers, _ = kmeans(rows, K, n_init=n_init, random_state=self.random_state)
