@@ -20,10 +20,16 @@ DEMO_DATASETS = ("digits", "rotating_objects", "swiss_roll")
 
 
 def _perplexity(args, n):
-    return min(args.perplexity, (n - 2) / 3.0)
+    """--perplexity, lowered (with a note) where N is too small for its 3K neighbours."""
+    largest = (n - 2) / 3.0
+    if args.perplexity > largest:
+        print(f"perplexity {args.perplexity:g} lowered to {largest:g} for {n} points "
+              "(3 x perplexity neighbours per point)", file=sys.stderr)
+        return largest
+    return args.perplexity
 
 
-def _embed_spectral(X, n_components, backend, args):
+def _embed_le(X, n_components, backend, args):
     """Laplacian eigenmaps of the entropic affinities."""
     from .affinities import entropic_affinities
     from .spectral import spectral_embedding
@@ -44,7 +50,7 @@ def _estimator(cls):
 
 # Embedding methods the CLI offers: name -> function(X, n_components, backend, args).
 METHODS = {"tsne": _estimator(TSNE), "ee": _estimator(EE), "ssne": _estimator(SSNE),
-           "sne": _estimator(SNE), "spectral": _embed_spectral}
+           "sne": _estimator(SNE), "le": _embed_le}
 
 
 def _load_demo(name):
@@ -127,21 +133,39 @@ def cmd_demo(args):
     return 0
 
 
+def _load_csv(path):
+    """Rows of numbers separated by commas, after an optional header line."""
+    with open(path) as f:
+        first = f.readline().split(",")
+    try:
+        [float(field) for field in first]
+        header = 0
+    except ValueError:
+        header = 1
+    return np.loadtxt(path, delimiter=",", ndmin=2, skiprows=header)
+
+
 def cmd_embed(args):
     path = Path(args.input)
     if path.suffix == ".npy":
         X = np.load(path)
     elif path.suffix == ".csv":
-        X = np.loadtxt(path, delimiter=",", ndmin=2)
+        X = _load_csv(path)
     else:
         raise ValueError(f"INPUT must be a .npy or .csv file, got {path}")
+    # Everything that can fail after the fit is checked before it.
+    labels = np.load(args.labels) if args.labels else None
+    if labels is not None and len(labels) != len(X):
+        raise ValueError(f"--labels has {len(labels)} entries but INPUT {len(X)} rows")
+    for out in (args.output, args.plot):
+        if out and not Path(out).resolve().parent.is_dir():
+            raise ValueError(f"no such directory for {out}")
     be = get_backend(args.backend)
     start = time.perf_counter()
     Y = METHODS[args.method](X, args.n_components, be, args)
     print(f"{args.method}: {X.shape[0]} points in {time.perf_counter() - start:.2f} s")
     np.save(args.output, Y)
     print(f"wrote {args.output}")
-    labels = np.load(args.labels) if args.labels else None
     if labels is not None:
         print(f"10-NN accuracy {knn_accuracy(Y, labels, k=10):.3f}")
     _print_auc(args, X, Y)

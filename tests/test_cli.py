@@ -33,7 +33,7 @@ def test_embed_file(tmp_path):
     X = np.random.default_rng(0).standard_normal((120, 5))
     np.save(tmp_path / "x.npy", X)
     np.save(tmp_path / "y.npy", np.arange(120) % 3)
-    for method in ("tsne", "ee", "spectral"):
+    for method in ("tsne", "ee", "le"):
         out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
                       "--labels", str(tmp_path / "y.npy"), "--backend", "cpu", "--method", method,
                       "--perplexity", "10")
@@ -85,3 +85,26 @@ def test_runtime_errors_have_no_traceback(tmp_path):
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy"),
                   "--method", "ee", "--optimizer", "tsne", "--backend", "cpu")
     assert out.returncode == 1 and "optimizer" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_embed_checks_before_it_fits(tmp_path):
+    """A labels file of the wrong length or an output in a missing folder fails at
+    once, not after the fit; a CSV may start with a header line."""
+    X = np.random.default_rng(0).random((50, 3))
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", np.arange(10))
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy"),
+                  "--labels", str(tmp_path / "y.npy"), "--backend", "cpu")
+    assert out.returncode == 1 and "--labels has 10 entries" in out.stderr
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "no" / "o.npy"),
+                  "--backend", "cpu")
+    assert out.returncode == 1 and "no such directory" in out.stderr
+    assert "points in" not in out.stdout            # failed before the fit
+    np.savetxt(tmp_path / "x.csv", X, delimiter=",", header="a,b,c", comments="")
+    out = run_cli("embed", str(tmp_path / "x.csv"), "-o", str(tmp_path / "o.npy"),
+                  "--backend", "cpu", "--method", "ee", "--max-iter", "3", "--random-state", "1")
+    assert out.returncode == 0, out.stderr
+    run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "p.npy"),
+            "--backend", "cpu", "--method", "ee", "--max-iter", "3", "--random-state", "1")
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), np.load(tmp_path / "p.npy"))
+    assert "perplexity 30 lowered to 16" in out.stderr
