@@ -221,6 +221,16 @@ def test_compiled_barnes_hut_equals_the_vectorized_traversal(d, backend, rng):
                         assert rel(S, S0) < tol and rel(SX, SX0) < tol
 
 
+def test_new_targets_are_walked_in_their_morton_order(rng):
+    tree = Tree(CPU, rng.normal(size=(500, 2)))
+    Y = rng.normal(size=(300, 2))
+    visit, rank = tree.walk_order(Y, self_pairs=False)
+    assert sorted(visit) == list(range(300)) and (rank == -1).all()
+    # Consecutive targets are spatial neighbours: far shorter hops than input order.
+    hop = lambda order: np.linalg.norm(np.diff(Y[order], axis=0), axis=1).mean()
+    assert hop(visit) < 0.3 * hop(np.arange(300))
+
+
 @pytest.mark.parametrize("d", [1, 2, 3])
 def test_compiled_tree_equals_the_array_code(d, rng):
     # barneshut_cpu.build_tree against Tree's array code (the GPU's): every array

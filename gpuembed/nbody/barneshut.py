@@ -52,6 +52,20 @@ def _spread_bits(v, d):
     return v
 
 
+def _morton_codes(xp, X):
+    """(code, size): each point's Morton code on a 2^MAX_DEPTH grid over the
+    bounding cube of X, whose side is size."""
+    d = X.shape[1]
+    lo = X.min(axis=0)
+    size = float((X.max(axis=0) - lo).max())
+    size = size * (1.0 + 1e-12) if size > 0 else 1.0
+    cells = xp.minimum(((X - lo) / size * 2**MAX_DEPTH).astype(xp.int64), 2**MAX_DEPTH - 1)
+    code = xp.zeros(X.shape[0], dtype=xp.int64)
+    for i in range(d):
+        code |= _spread_bits(cells[:, i], d) << (d - 1 - i)
+    return code, size
+
+
 class Tree:
     """Cells of all levels in one set of arrays (level by level, each level
     sorted by its first point).  Built by array code on the GPU (and with
@@ -65,24 +79,23 @@ class Tree:
             for name, value in build_tree(X, weights, MAX_DEPTH, _SPREAD).items():
                 setattr(self, name, value)
 
-    def walk_order(self, n_targets, self_pairs):
+    def walk_order(self, targets, self_pairs):
         """(visit, rank) for the compiled walks: the order of the targets (the
-        tree's Morton order for its own points) and each target's sorted
-        position, or -1 for targets that are not the tree's points."""
+        tree's Morton order for its own points, their own Morton order for other
+        targets) and each target's sorted position, or -1 for targets that are
+        not the tree's points.  Ordered targets walk nearly the same cells one
+        after another (the CPU's cache) and side by side (a GPU warp): 10,000 new
+        points in random order against a 60,000-point tree of clustered points,
+        Student-t pair, CPU: median 27 ms against 32 ms in input order."""
         if self_pairs:
             return self.order, self.rank
         xp = self.be.xp
-        return xp.arange(n_targets), xp.full(n_targets, -1, dtype=xp.int64)
+        visit = xp.argsort(_morton_codes(xp, targets)[0])
+        return visit, xp.full(targets.shape[0], -1, dtype=xp.int64)
 
     def _build(self, xp, X, weights):
         n, d = X.shape
-        lo = X.min(axis=0)
-        size = float((X.max(axis=0) - lo).max())
-        size = size * (1.0 + 1e-12) if size > 0 else 1.0
-        cells = xp.minimum(((X - lo) / size * 2**MAX_DEPTH).astype(xp.int64), 2**MAX_DEPTH - 1)
-        code = xp.zeros(n, dtype=xp.int64)
-        for i in range(d):
-            code |= _spread_bits(cells[:, i], d) << (d - 1 - i)
+        code, size = _morton_codes(xp, X)
         self.order = xp.argsort(code)
         code = code[self.order]
         self.points = X[self.order].astype(xp.float64)
@@ -164,7 +177,7 @@ def _walk_gpu(tree, targets, code, theta, self_pairs):
     outs = 2 if code == 2 else 1
     S = xp.empty((outs, n_t), dtype=dtype)
     SX = xp.empty((outs, n_t, d), dtype=dtype)
-    visit, rank = tree.walk_order(n_t, self_pairs)
+    visit, rank = tree.walk_order(targets, self_pairs)
     cast = lambda a: xp.ascontiguousarray(a, dtype=dtype)
     # Stack bound of a depth-first walk: at most 2^d - 1 siblings wait per level.
     defines = {"BH_DIM": d, "BH_KERNEL": code, "BH_STACK": (2**d - 1) * (MAX_DEPTH + 1) + 1}

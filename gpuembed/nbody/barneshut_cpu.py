@@ -219,7 +219,7 @@ def traverse_cpu(tree, targets, code, theta, self_pairs):
     outs = 2 if code == 2 else 1
     S = np.empty((outs, n_t))
     SX = np.empty((outs, n_t, d))
-    visit, rank = tree.walk_order(n_t, self_pairs)
+    visit, rank = tree.walk_order(targets, self_pairs)
     c = np.ascontiguousarray
     _compiled(d, code)(
         c(tree.points.T), tree.weights, c(targets.T), visit, rank, tree.start, tree.count,
