@@ -86,6 +86,20 @@ def test_non_finite_input(bad):
         ge.knn(X, 2, backend="cpu")
 
 
+def test_spread_beyond_the_dtype():
+    """Squared distances past the dtype's range were inf, and the entropic
+    affinities then failed inside numba (SystemError); a shifted but narrow set
+    is fine, since distances are taken about the mean."""
+    X = np.random.default_rng(0).standard_normal((50, 3))
+    for Z in ((X * 1e20).astype(np.float32), X * 1e160):
+        with pytest.raises(ValueError, match="rescale"):
+            ge.knn(Z, 5, backend="cpu")
+        with pytest.raises(ValueError, match="rescale"):
+            ge.TSNE(perplexity=5, backend="cpu").fit(Z)
+    sqdist, _ = ge.knn((X * 1e16 + 1e20).astype(np.float32), 5, backend="cpu")
+    assert np.isfinite(sqdist).all() and sqdist.max() > 1e30
+
+
 @pytest.mark.parametrize("shape", [(10,), (2, 3, 4)])
 def test_not_2d(shape):
     with pytest.raises(ValueError, match="2-D"):
