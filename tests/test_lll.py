@@ -116,6 +116,7 @@ def test_kmeans_warm_start_matches_restarts(rng):
     (lambda: ge.SpectralClustering(400, n_neighbors=10), "n_clusters"),
     (lambda: ge.LaplacianEigenmaps(2, n_neighbors=0), "n_neighbors"),
     (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, sigma=-1.0), "sigma"),
+    (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, sigma=1.0, perplexity=5.0), "not both"),
 ])
 def test_bad_arguments(make, match):
     X = np.random.default_rng(0).standard_normal((300, 3))
@@ -176,6 +177,8 @@ def test_pca_lda_kernel_pca_with_lll(digits):
     assert procrustes_error(kpca, unit_columns(exact)) < 1e-10
     with pytest.raises(ValueError, match="n_components"):
         lda_lll(X, y, 10, n_landmarks=100)
+    with pytest.raises(ValueError, match="n_components"):     # returned null-space columns
+        pca_lll(X[:, :3], 4, n_landmarks=100)
 
 
 def test_lll_beats_landmark_only_baselines(roll):

@@ -29,6 +29,9 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None):
     """Symmetric sparse affinities on the k-NN graph (host scipy CSR)."""
     n = X.shape[0]
     k = check_int(n_neighbors, "n_neighbors", 2, n - 1)
+    if sigma is not None and perplexity is not None:
+        raise ValueError("give sigma (Gaussian width) or perplexity (entropic affinities), "
+                         "not both")
     if sigma is None:
         K = k / 3.0 if perplexity is None else check_float(perplexity, "perplexity", 1.0,
                                                             low_open=True)

@@ -37,6 +37,8 @@ def pca_lll(Y, n_components, *, n_landmarks, kz=None, landmarks="random", random
     Returns the (N, d) projection, scaled like the unit-norm eigenvectors of Yc Yc^T."""
     d = check_int(n_components, "n_components", 1)
     Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d)
+    # A~ has rank at most D: further "components" would be a null space's basis.
+    check_int(d, "n_components", 1, Y.shape[1])
     M = Z.T @ (Y - Y.mean(axis=0))                      # (L, D)
     _, U = _leading_generalized(M @ M.T, (Z.T @ Z).toarray(), d)
     return Z @ U
