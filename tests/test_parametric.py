@@ -76,6 +76,14 @@ def test_mlp_warm_starts_decay_the_learning_rate(rng):
         m.fit(Y, Z, warm_start=True)
 
 
+def test_mlp_hidden_layers(rng):
+    Y, Z = rng.normal(size=(50, 3)), rng.normal(size=(50, 2))
+    assert MLPMapping(hidden=16, initial_epochs=1).fit(Y, Z).hidden == (16,)
+    for bad in (0, (8, 0)):          # was "'int' object is not iterable" for 0
+        with pytest.raises(ValueError, match="hidden"):
+            MLPMapping(hidden=bad)
+
+
 def test_mlp_backpropagation_matches_finite_differences(rng):
     Y, Z = rng.normal(size=(40, 3)), rng.normal(size=(40, 2))
     m = MLPMapping(hidden=(8, 5), initial_epochs=0, random_state=0).fit(Y, Z)

@@ -136,7 +136,9 @@ class MLPMapping:
 
     def __init__(self, hidden=(100,), epochs=5, initial_epochs=50, batch_size=100,
                  learning_rate=1e-3, power_t=0.5, weight_decay=0.0, random_state=None):
-        self.hidden = tuple(hidden)
+        # One int is one hidden layer; every layer needs a unit at least.
+        layers = (hidden,) if isinstance(hidden, (int, np.integer)) else tuple(hidden)
+        self.hidden = tuple(check_int(h, "hidden", 1) for h in layers)
         self.epochs = epochs
         self.initial_epochs = initial_epochs
         self.batch_size = batch_size
