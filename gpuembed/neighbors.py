@@ -86,7 +86,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     sq_q = xp.einsum("ij,ij->i", Qc, Qc)
     # Squared distances reach 4 x the largest squared norm about the mean; past
     # the dtype's range they were inf, and the affinities failed deep in numba.
-    largest = max(float(sq.max()), float(sq_q.max()))
+    largest = float(xp.maximum(sq.max(), sq_q.max()))
     if not 4.0 * largest < float(np.finfo(X.dtype).max):
         raise ValueError(f"X spreads too far for {X.dtype} squared distances (largest squared "
                          f"distance from the mean {largest:.3g}); rescale it, e.g. X / X.std()")
