@@ -138,7 +138,7 @@ def _load_csv(path):
     with open(path) as f:
         first = f.readline().split(",")
     try:
-        [float(field) for field in first]
+        np.array(first, dtype=np.float64)
         header = 0
     except ValueError:
         header = 1
