@@ -8,6 +8,12 @@ the accuracy curves cost no optimizer time.
 
 Writes results/embedding.json and results/embedding_<dataset>_<objective>.png.
 
+``--subsets K`` runs only the t-SNE accuracy comparison over K disjoint
+Fashion-MNIST subsets of ``--n`` points: sd against the classic optimizer on each
+(the same data, affinities and PCA start), so that the accuracy difference of
+one subset can be read against its spread; written to embedding.json's
+"accuracy_subsets".
+
 ``--large N`` runs only the user's view at scale instead: t-SNE from the raw
 first N Fashion-MNIST images with nbody="auto" (Barnes-Hut on the CPU), the
 default optimizer ("sd") and the classic one, against openTSNE's defaults, all
@@ -143,6 +149,41 @@ def large(n, backend="cpu"):
     return {"n": n, "affinity_seconds": affinity_seconds, "runs": runs}
 
 
+def accuracy_subsets(n, n_subsets, max_iter=1000, backend="cpu"):
+    """10-NN accuracy, KL and seconds of t-SNE by sd and by the classic optimizer
+    on each of ``n_subsets`` disjoint subsets of n Fashion-MNIST points (exact
+    engine, as the main runs), with the paired differences' mean and spread."""
+    be = ge.get_backend(backend)
+    X_all, y_all = ge.datasets.fashion_mnist()
+    warm_up(be)
+    rows = []
+    for s in range(n_subsets):
+        X, y = X_all[s * n:(s + 1) * n], y_all[s * n:(s + 1) * n]
+        A = ge.entropic_affinities(X, 30.0, backend=be)
+        row = {"subset": s}
+        for label, optimizer in (("sd", "sd"), ("classic", "tsne")):
+            start = time.perf_counter()
+            model = ge.TSNE(affinities=A, optimizer=optimizer, max_iter=max_iter, tol=0,
+                            init="pca", backend=be, nbody="exact").fit(X)
+            row[label] = {"seconds": time.perf_counter() - start, "kl": model.objective_,
+                          "knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y,
+                                                                   backend=be),
+                          "curve": [(h["time"], h["objective"]) for h in model.history_]}
+        sd, classic = row["sd"], row["classic"]
+        row["sd_seconds_to_classic_kl"] = next(
+            (t for t, e in sd.pop("curve") if e <= classic["kl"]), None)
+        classic.pop("curve")
+        rows.append(row)
+        print(row, flush=True)
+    diff = np.array([r["sd"]["knn_accuracy"] - r["classic"]["knn_accuracy"] for r in rows])
+    summary = {"n": n, "subsets": n_subsets, "rows": rows,
+               "accuracy_difference_mean": float(diff.mean()),
+               "accuracy_difference_std": float(diff.std(ddof=1)) if len(diff) > 1 else None,
+               "sd_lower_on": int((diff < 0).sum())}
+    print({k: v for k, v in summary.items() if k != "rows"}, flush=True)
+    return summary
+
+
 def first_time_below(curve, goal):
     """Seconds into a fit when its own objective (by the fit's N-body engine)
     first reaches ``goal``.  The classic optimizer's exaggerated values lie above
@@ -225,7 +266,13 @@ def main(argv=None):
     parser.add_argument("--backend", default="cpu")
     parser.add_argument("--suffix", default="")
     parser.add_argument("--large", type=int, help="only the t-SNE-at-scale part, N points")
+    parser.add_argument("--subsets", type=int,
+                        help="only the sd vs classic accuracy comparison on this many subsets")
     args = parser.parse_args(argv)
+    if args.subsets:
+        write_result("embedding", {"accuracy_subsets": accuracy_subsets(
+            args.n, args.subsets, args.max_iter, args.backend)}, args.suffix, merge=True)
+        return
     if args.large:
         write_result("embedding", {"tsne_large": large(args.large, args.backend)}, args.suffix,
                      merge=True)
