@@ -152,7 +152,9 @@ def large(n, backend="cpu"):
 def accuracy_subsets(n, n_subsets, max_iter=1000, backend="cpu"):
     """10-NN accuracy, KL and seconds of t-SNE by sd and by the classic optimizer
     on each of ``n_subsets`` disjoint subsets of n Fashion-MNIST points (exact
-    engine, as the main runs), with the paired differences' mean and spread."""
+    engine, as the main runs), sd's accuracy also every SNAPSHOT_EVERY iterations;
+    the paired differences (sd - classic final), mean and spread, at sd's 250th,
+    500th, ... iteration."""
     be = ge.get_backend(backend)
     X_all, y_all = ge.datasets.fashion_mnist()
     warm_up(be)
@@ -162,24 +164,42 @@ def accuracy_subsets(n, n_subsets, max_iter=1000, backend="cpu"):
         A = ge.entropic_affinities(X, 30.0, backend=be)
         row = {"subset": s}
         for label, optimizer in (("sd", "sd"), ("classic", "tsne")):
+            snapshots = []
+
+            def keep(it, t, objective_value, Y):
+                if it % SNAPSHOT_EVERY == 0:
+                    snapshots.append((it, t, be.to_host(Y).copy()))
             start = time.perf_counter()
             model = ge.TSNE(affinities=A, optimizer=optimizer, max_iter=max_iter, tol=0,
-                            init="pca", backend=be, nbody="exact").fit(X)
+                            init="pca", backend=be, nbody="exact", callbacks=[keep]).fit(X)
             row[label] = {"seconds": time.perf_counter() - start, "kl": model.objective_,
                           "knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y,
                                                                    backend=be),
-                          "curve": [(h["time"], h["objective"]) for h in model.history_]}
+                          "curve": [(h["time"], h["objective"]) for h in model.history_],
+                          "accuracy_curve": [(it, t, ge.metrics.knn_accuracy(Y, y, backend=be))
+                                             for it, t, Y in snapshots]}
         sd, classic = row["sd"], row["classic"]
         row["sd_seconds_to_classic_kl"] = next(
             (t for t, e in sd.pop("curve") if e <= classic["kl"]), None)
         classic.pop("curve")
+        classic.pop("accuracy_curve")
         rows.append(row)
-        print(row, flush=True)
-    diff = np.array([r["sd"]["knn_accuracy"] - r["classic"]["knn_accuracy"] for r in rows])
+        print({k: v for k, v in row.items() if k != "sd"}, sd["knn_accuracy"], flush=True)
+    at = {}
+    for it in range(250, max_iter + 1, 250):
+        diff, secs = [], []
+        for r in rows:
+            snap = [(t, a) for i, t, a in r["sd"]["accuracy_curve"] if i == it]
+            t, a = snap[0] if snap else (r["sd"]["seconds"], r["sd"]["knn_accuracy"])
+            diff.append(a - r["classic"]["knn_accuracy"])
+            secs.append(t)
+        at[it] = {"sd_seconds_mean": float(np.mean(secs)),
+                  "accuracy_difference_mean": float(np.mean(diff)),
+                  "accuracy_difference_std": float(np.std(diff, ddof=1)) if len(diff) > 1
+                  else None, "sd_lower_on": int((np.array(diff) < 0).sum())}
     summary = {"n": n, "subsets": n_subsets, "rows": rows,
-               "accuracy_difference_mean": float(diff.mean()),
-               "accuracy_difference_std": float(diff.std(ddof=1)) if len(diff) > 1 else None,
-               "sd_lower_on": int((diff < 0).sum())}
+               "classic_seconds_mean": float(np.mean([r["classic"]["seconds"] for r in rows])),
+               "sd_vs_classic_final_accuracy_at_iteration": at}
     print({k: v for k, v in summary.items() if k != "rows"}, flush=True)
     return summary
 
