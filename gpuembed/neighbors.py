@@ -2,16 +2,21 @@
 
 For a block of B query rows the squared distances to all N points are
 ``|x|^2 + |y|^2 - 2 x.y`` (one GEMM on centred data).  The ``k + margin``
-smallest per row are selected (a threshold filter on the CPU, a warp-per-row
-CUDA kernel on the GPU).  A GEMM distance carries a rounding error of about
+smallest per row are selected: on the GPU by a warp-per-row CUDA kernel; on
+the CPU, for queries against other points, by a threshold filter, and for the
+k-NN of all points (``knn``) from the upper triangle of the symmetric distance
+matrix alone, each GEMM strip offered to both of its rows' candidate heaps
+(neighbors_cpu.py: half the GEMM, the selection compiled on all cores).  A GEMM
+distance carries a rounding error of about
 ``sqrt(D) eps (|x|^2 + |y|^2)``; candidates where that exceeds ``RTOL`` times
 the distance (1e-4 in float32, 1e-10 in float64) are recomputed exactly from
 the coordinates, so duplicates of a point come out at exactly 0.  The k best are returned sorted by (distance, index),
 so ties are ordered deterministically.
 
 Memory bound: apart from X and the (N, k) outputs, one block holds a B x N
-distance matrix and a filter of the same shape (at most 2 x ``block_bytes``,
-default 256 MiB on the CPU and 1 GiB on the GPU), so N can grow to millions.
+distance matrix and (the filter) one more of the same shape (at most 2 x
+``block_bytes``, default 256 MiB on the CPU and 1 GiB on the GPU), so N can
+grow to millions.
 """
 from __future__ import annotations
 
@@ -77,7 +82,8 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     mean = X.mean(axis=0)
     Xc, Qc = X - mean, Q - mean
     # A fixed random column order makes the first columns of every block a
-    # random sample, from which the CPU filter takes its threshold.
+    # random sample, from which the CPU filter takes its threshold, and keeps the
+    # improvements to the CPU's candidate heaps few whatever the input's order.
     perm = xp.asarray(np.random.default_rng(0).permutation(n))
     inv_perm = xp.empty_like(perm)
     inv_perm[perm] = xp.arange(n)
@@ -90,6 +96,8 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     if not 4.0 * largest < float(np.finfo(X.dtype).max):
         raise ValueError(f"X spreads too far for {X.dtype} squared distances (largest squared "
                          f"distance from the mean {largest:.3g}); rescale it, e.g. X / X.std()")
+    if exclude_self and not be.is_gpu:
+        return _self_knn_cpu(X, Yp, sq, perm, inv_perm, k, n_cand, block_bytes)
     Yp_m2 = -2 * Yp
 
     m = Q.shape[0]
@@ -108,10 +116,35 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
             cand = _select_gpu(be, D, n_cand)
         else:
             cand = _select_cpu(D, n_cand)
-        shifted = xp.take_along_axis(D, cand, axis=1)
-        d, i = _finish(xp, Q[start:stop], X, shifted, sq_q[start:stop], sq[cand], perm[cand], k)
+        dist = xp.take_along_axis(D, cand, axis=1) + sq_q[start:stop, None]
+        d, i = _finish(xp, Q[start:stop], X, dist, sq_q[start:stop], sq[cand], perm[cand], k)
         sqdist[start:stop] = d
         indices[start:stop] = i
+    return sqdist, indices
+
+
+def _self_knn_cpu(X, Yp, sq, perm, inv_perm, k, n_cand, block_bytes):
+    """All points' k-NN on the CPU from the upper triangle of the distance matrix
+    (neighbors_cpu.offer_strip); Yp: the centred points in the random order."""
+    from .neighbors_cpu import offer_strip
+
+    n = X.shape[0]
+    values = np.full((n, n_cand), np.inf, dtype=X.dtype)
+    cand = np.full((n, n_cand), -1, dtype=np.int64)
+    rows = max(1, min(n, block_bytes // (n * X.dtype.itemsize)))
+    for start in range(0, n, rows):
+        strip = Yp[start:start + rows] @ Yp[start:].T
+        offer_strip(strip, sq, start, values, cand)
+    # Back to the caller's order: row r is Yp's row inv_perm[r].
+    values, cand = values[inv_perm], cand[inv_perm]
+    sqdist = np.empty((n, k), dtype=X.dtype)
+    indices = np.empty((n, k), dtype=np.int64)
+    for start in range(0, n, rows):
+        stop = min(n, start + rows)
+        c = cand[start:stop]
+        sqdist[start:stop], indices[start:stop] = _finish(
+            np, X[start:stop], X, values[start:stop], sq[inv_perm[start:stop]], sq[c],
+            perm[c], k)
     return sqdist, indices
 
 
@@ -158,10 +191,10 @@ def _pow2(m):
     return 1 << (int(m) - 1).bit_length()
 
 
-def _finish(xp, Q, X, shifted, sq_rows, sq_cand, cand, k):
-    """Distances of the candidates of queries Q (recomputed where rounding could
-    dominate), best k sorted by (distance, index)."""
-    dist = shifted + sq_rows[:, None]
+def _finish(xp, Q, X, dist, sq_rows, sq_cand, cand, k):
+    """The candidates' GEMM distances ``dist`` of queries Q, recomputed where
+    rounding could dominate; best k sorted by (distance, index).  sq_rows, sq_cand:
+    the centred squared norms of the queries and the candidates."""
     rounding = np.sqrt(X.shape[1]) * np.finfo(X.dtype).eps / RTOL[X.dtype]
     r, c = xp.nonzero(dist <= rounding * (sq_rows[:, None] + sq_cand))
     if r.size:

@@ -39,6 +39,27 @@ def test_small_blocks_give_the_same_answer(rng):
     np.testing.assert_array_equal(full[0], blocked[0])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_points_knn_equals_the_query_path(rng, dtype):
+    # knn on the CPU selects from the upper triangle of the distance matrix (both
+    # rows of each strip entry); knn_query from full rows.  Points on a line in
+    # increasing order: every earlier point is farther than the later ones, the
+    # order that would keep a candidate heap busiest without knn's shuffle.
+    line = np.sort(rng.random(500))[:, None] * np.ones((1, 3))
+    blobs = rng.standard_normal((700, 30)) * 2 + 5
+    for X in (line, blobs):
+        X = X.astype(dtype)
+        k = 12
+        got = ge.knn(X, k, backend="cpu", block_bytes=X.shape[0] * 37 * X.dtype.itemsize)
+        d, i = ge.neighbors.knn_query(X, X, k + 1, backend="cpu")
+        ref_d, ref_i = brute_knn(X, k)
+        np.testing.assert_array_equal(got[1], ref_i)
+        np.testing.assert_allclose(got[0], ref_d, rtol=1e-4 if dtype == np.float32 else 1e-10,
+                                   atol=1e-6)
+        np.testing.assert_allclose(got[0], d[:, 1:], rtol=1e-4 if dtype == np.float32 else 1e-10,
+                                   atol=1e-6)
+
+
 def test_duplicates_are_neighbours_at_distance_zero(backend, rng):
     base = rng.standard_normal((30, 6)) * 100 + 1000
     X = np.concatenate([base, base[:10], base[:10]])  # points 0-9 appear three times

@@ -1,0 +1,67 @@
+"""Compiled CPU selection of the exact k-NN of all points (neighbors.knn).
+
+The distance matrix of a point set with itself is symmetric, so the CPU path
+computes only its upper triangle: strip s holds the rows of block s against
+every column from the block's first row on, one GEMM of b x (N - start).  Each
+entry is offered to both of its rows (the strip's row and, right of the
+diagonal block, the column's row).  Every point keeps its m best candidates in
+a max-heap, so an offer is one comparison with the heap's top and only the
+rare improvements (about m log(N / m) per point, the points being in random
+order) sift down.  Half the GEMM of the full matrix, and the selection runs
+on all cores in one pass instead of NumPy's partition, filter and gather.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+COLUMN_CHUNK = 16     # columns per task of the transposed pass: a cache line of floats
+
+
+@njit(inline="always")
+def _replace_top(values, indices, d, j):
+    """Put (d, j) in place of the max-heap's top (d below it) and sift down."""
+    m = values.size
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= m:
+            break
+        if child + 1 < m and values[child + 1] > values[child]:
+            child += 1
+        if values[child] <= d:
+            break
+        values[pos] = values[child]
+        indices[pos] = indices[child]
+        pos = child
+    values[pos] = d
+    indices[pos] = j
+
+
+@njit(parallel=True, cache=True)
+def offer_strip(T, sq, start, values, indices):
+    """Offer the squared distances of strip T = Y[start:start + b] @ Y[start:].T
+    (sq: the squared norms |y|^2) to the heaps ``values``, ``indices`` (N, m).
+
+    Rows of the strip take every column but their own; a column right of the
+    diagonal block takes the strip's rows (the transposed half)."""
+    b, width = T.shape
+    for r in prange(b):
+        i = start + r
+        vi, ii = values[i], indices[i]
+        for c in range(width):
+            j = start + c
+            d = sq[i] + sq[j] - 2 * T[r, c]
+            if d < vi[0] and j != i:
+                _replace_top(vi, ii, d, j)
+    n_chunks = (width - b + COLUMN_CHUNK - 1) // COLUMN_CHUNK
+    for chunk in prange(n_chunks):
+        lo = b + chunk * COLUMN_CHUNK
+        hi = min(width, lo + COLUMN_CHUNK)
+        for r in range(b):
+            i = start + r
+            for c in range(lo, hi):
+                j = start + c
+                d = sq[i] + sq[j] - 2 * T[r, c]
+                if d < values[j, 0]:
+                    _replace_top(values[j], indices[j], d, i)
