@@ -67,11 +67,7 @@ def run(n_fmnist=5000, max_iter=1000, backend="cpu", suffix=""):
         for objective, cls in (("ee", ge.EE), ("tsne", ge.TSNE)):
             for label in OPTIMIZERS[objective]:
                 optimizer, extra = VARIANTS.get(label, (label, {}))
-                snapshots = []
-
-                def keep(it, t, objective_value, Y):
-                    if it % SNAPSHOT_EVERY == 0:
-                        snapshots.append((it, t, be.to_host(Y).copy()))
+                snapshots, keep = snapshotter(be)
                 start = time.perf_counter()
                 model = cls(perplexity=perplexity, affinities=A, optimizer=optimizer,
                             max_iter=max_iter, tol=0, init="pca", backend=be,
@@ -85,8 +81,7 @@ def run(n_fmnist=5000, max_iter=1000, backend="cpu", suffix=""):
                     "curve": [(h["iter"], h["time"], h["objective"]) for h in model.history_],
                     "exaggerated_iterations": sum(h.get("exaggeration", 1.0) != 1.0
                                                   for h in model.history_),
-                    "accuracy_curve": [(it, t, ge.metrics.knn_accuracy(Y, y, backend=be))
-                                       for it, t, Y in snapshots],
+                    "accuracy_curve": accuracy_curve(snapshots, y, be),
                 })
                 r = runs[-1]
                 print(f"{name} {objective} {label}: {seconds:.1f} s, E = "
@@ -96,6 +91,21 @@ def run(n_fmnist=5000, max_iter=1000, backend="cpu", suffix=""):
     summarize(runs, suffix)
     return {"n_fashion_mnist": n_fmnist, "max_iter": max_iter, "runs": runs,
             "targets": targets(runs)}
+
+
+def snapshotter(be):
+    """(snapshots, callback): the callback keeps (iteration, seconds, layout) every
+    SNAPSHOT_EVERY iterations, scored after the fit by :func:`accuracy_curve`."""
+    snapshots = []
+
+    def keep(it, t, objective_value, Y):
+        if it % SNAPSHOT_EVERY == 0:
+            snapshots.append((it, t, be.to_host(Y).copy()))
+    return snapshots, keep
+
+
+def accuracy_curve(snapshots, y, be):
+    return [(it, t, ge.metrics.knn_accuracy(Y, y, backend=be)) for it, t, Y in snapshots]
 
 
 def opentsne(name, X, y, perplexity):
@@ -164,25 +174,19 @@ def accuracy_subsets(n, n_subsets, max_iter=1000, backend="cpu"):
         A = ge.entropic_affinities(X, 30.0, backend=be)
         row = {"subset": s}
         for label, optimizer in (("sd", "sd"), ("classic", "tsne")):
-            snapshots = []
-
-            def keep(it, t, objective_value, Y):
-                if it % SNAPSHOT_EVERY == 0:
-                    snapshots.append((it, t, be.to_host(Y).copy()))
+            snapshots, keep = snapshotter(be)
             start = time.perf_counter()
             model = ge.TSNE(affinities=A, optimizer=optimizer, max_iter=max_iter, tol=0,
-                            init="pca", backend=be, nbody="exact", callbacks=[keep]).fit(X)
+                            init="pca", backend=be, nbody="exact",
+                            callbacks=[keep] if label == "sd" else None).fit(X)
             row[label] = {"seconds": time.perf_counter() - start, "kl": model.objective_,
                           "knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y,
-                                                                   backend=be),
-                          "curve": [(h["time"], h["objective"]) for h in model.history_],
-                          "accuracy_curve": [(it, t, ge.metrics.knn_accuracy(Y, y, backend=be))
-                                             for it, t, Y in snapshots]}
+                                                                   backend=be)}
+            if label == "sd":
+                row[label]["accuracy_curve"] = accuracy_curve(snapshots, y, be)
+                curve = [(h["time"], h["objective"]) for h in model.history_]
         sd, classic = row["sd"], row["classic"]
-        row["sd_seconds_to_classic_kl"] = next(
-            (t for t, e in sd.pop("curve") if e <= classic["kl"]), None)
-        classic.pop("curve")
-        classic.pop("accuracy_curve")
+        row["sd_seconds_to_classic_kl"] = next((t for t, e in curve if e <= classic["kl"]), None)
         rows.append(row)
         print({k: v for k, v in row.items() if k != "sd"}, sd["knn_accuracy"], flush=True)
     at = {}

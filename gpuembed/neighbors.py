@@ -80,7 +80,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     # Centring leaves distances unchanged but shrinks the norms, which is what
     # GEMM-based distances lose precision to.
     mean = X.mean(axis=0)
-    Xc, Qc = X - mean, Q - mean
+    Xc = X - mean
     # A fixed random column order makes the first columns of every block a
     # random sample, from which the CPU filter takes its threshold, and keeps the
     # improvements to the CPU's candidate heaps few whatever the input's order.
@@ -89,7 +89,11 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     inv_perm[perm] = xp.arange(n)
     Yp = Xc[perm]
     sq = xp.einsum("ij,ij->i", Yp, Yp)
-    sq_q = xp.einsum("ij,ij->i", Qc, Qc)
+    if exclude_self:                    # Q is X: its centred copy and norms are at hand
+        Qc, sq_q = Xc, sq[inv_perm]
+    else:
+        Qc = Q - mean
+        sq_q = xp.einsum("ij,ij->i", Qc, Qc)
     # Squared distances reach 4 x the largest squared norm about the mean; past
     # the dtype's range they were inf, and the affinities failed deep in numba.
     largest = float(xp.maximum(sq.max(), sq_q.max()))
@@ -97,7 +101,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
         raise ValueError(f"X spreads too far for {X.dtype} squared distances (largest squared "
                          f"distance from the mean {largest:.3g}); rescale it, e.g. X / X.std()")
     if exclude_self and not be.is_gpu:
-        return _self_knn_cpu(X, Yp, sq, perm, inv_perm, k, n_cand, block_bytes)
+        return _self_knn_cpu(X, Yp, sq, sq_q, perm, inv_perm, k, n_cand, block_bytes)
     Yp_m2 = -2 * Yp
 
     m = Q.shape[0]
@@ -123,9 +127,10 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     return sqdist, indices
 
 
-def _self_knn_cpu(X, Yp, sq, perm, inv_perm, k, n_cand, block_bytes):
+def _self_knn_cpu(X, Yp, sq, sq_x, perm, inv_perm, k, n_cand, block_bytes):
     """All points' k-NN on the CPU from the upper triangle of the distance matrix
-    (neighbors_cpu.offer_strip); Yp: the centred points in the random order."""
+    (neighbors_cpu.offer_strip); Yp: the centred points in the random order, sq
+    their squared norms, sq_x the same in X's order."""
     from .neighbors_cpu import offer_strip
 
     n = X.shape[0]
@@ -143,7 +148,7 @@ def _self_knn_cpu(X, Yp, sq, perm, inv_perm, k, n_cand, block_bytes):
         stop = min(n, start + rows)
         c = cand[start:stop]
         sqdist[start:stop], indices[start:stop] = _finish(
-            np, X[start:stop], X, values[start:stop], sq[inv_perm[start:stop]], sq[c],
+            np, X[start:stop], X, values[start:stop], sq_x[start:stop], sq[c],
             perm[c], k)
     return sqdist, indices
 
