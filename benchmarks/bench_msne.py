@@ -1,8 +1,9 @@
 """Multi-scale SNE against single-scale methods (thesis 004, fig. 5.5): log-K AUC of
-R_NX and seconds on digits, rotating_objects and a Fashion-MNIST subset, for
-gpuembed's MultiscaleSNE, gpuembed's TSNE and openTSNE's t-SNE with its multiscale
-affinities, side by side in one run.  Writes results/msne.json and R_NX(K) curves
-to results/msne_<dataset>.png.
+R_NX and seconds on digits, rotating_objects and Fashion-MNIST subsets (``--n``, one
+or more sizes: the first n images), for gpuembed's MultiscaleSNE, gpuembed's TSNE
+and openTSNE's t-SNE with its multiscale affinities, side by side in one run, and
+each method's fitted log-log slope of seconds vs N over the subsets.  Writes
+results/msne[_<suffix>].json and R_NX(K) curves to results/msne_<dataset>.png.
 
 ``--scaling``: seconds of one MultiscaleSNE cost-and-gradient evaluation vs N on
 Fashion-MNIST with a fixed number of scales (``--n-scales``), exact engine vs
@@ -21,17 +22,23 @@ from gpuembed.embedding import initial_layout
 from gpuembed.objectives.msne import MultiscaleObjective, ld_precisions
 
 
-def datasets(n_fmnist):
+def datasets(sizes):
     yield ("digits",) + ge.datasets.digits()
     yield ("rotating_objects",) + ge.datasets.rotating_objects()
     X, y = ge.datasets.fashion_mnist()
-    yield (f"fashion_mnist_{n_fmnist}", X[:n_fmnist].astype(np.float64), y[:n_fmnist])
+    for n in sizes:
+        yield (f"fashion_mnist_{n}", X[:n].astype(np.float64), y[:n])
 
 
 def methods():
-    yield "gpuembed MultiscaleSNE", lambda X: ge.MultiscaleSNE(backend="cpu").fit_transform(X)
-    yield "gpuembed TSNE", lambda X: ge.TSNE(perplexity=30, optimizer="tsne",
-                                             backend="cpu").fit_transform(X)
+    """(name, fit) pairs; fit(X) returns the layout and a dict of run details."""
+    def msne(X):
+        model = ge.MultiscaleSNE(backend="cpu").fit(X)
+        return model.embedding_, {"perplexities": [float(k) for k in model.perplexities_],
+                                  "iterations": model.n_iter_}
+    yield "gpuembed MultiscaleSNE", msne
+    yield "gpuembed TSNE", lambda X: (ge.TSNE(perplexity=30, optimizer="tsne",
+                                              backend="cpu").fit_transform(X), {})
     try:
         import openTSNE
         from openTSNE import affinity
@@ -42,26 +49,39 @@ def methods():
         A = affinity.Multiscale(X, perplexities=[5, 50], n_jobs=2, random_state=0)
         init = openTSNE.initialization.pca(X, random_state=0)
         return np.asarray(openTSNE.TSNEEmbedding(init, A, n_jobs=2, random_state=0)
-                          .optimize(250, exaggeration=12).optimize(500))
+                          .optimize(250, exaggeration=12).optimize(500)), {}
     yield "openTSNE multiscale", opentsne
 
 
-def run(n_fmnist):
+def run(sizes):
     rows, curves = [], {}
-    for name, X, y in datasets(n_fmnist):
+    for name, X, y in datasets(sizes):
         for method, fn in methods():
             start = time.perf_counter()
-            Y = fn(X)
+            Y, details = fn(X)
             seconds = time.perf_counter() - start
             R = ge.metrics.rnx(X, Y)
             w = 1.0 / np.arange(1, R.size + 1)
             rows.append({"dataset": name, "n": X.shape[0], "method": method, "seconds": seconds,
                          "auc_rnx": float((R * w).sum() / w.sum()),
-                         "knn_accuracy": ge.metrics.knn_accuracy(Y, y)})
+                         "knn_accuracy": ge.metrics.knn_accuracy(Y, y), **details})
             curves[(name, method)] = R
             print(rows[-1], flush=True)
     plot(curves)
-    return {"runs": rows}
+    return {"runs": rows, "slopes": subset_slopes(rows)}
+
+
+def subset_slopes(rows):
+    """Per method, the log-log slope of seconds vs N over the Fashion-MNIST subsets
+    (about 1.1 over 2k-20k would be N log N)."""
+    slopes = {}
+    for method in dict.fromkeys(r["method"] for r in rows):
+        sel = [r for r in rows if r["method"] == method and r["dataset"].startswith("fashion")]
+        if len(sel) >= 2:
+            slopes[method] = float(np.polyfit(np.log([r["n"] for r in sel]),
+                                              np.log([r["seconds"] for r in sel]), 1)[0])
+    print("slopes", slopes)
+    return slopes
 
 
 def plot(curves):
@@ -113,7 +133,8 @@ def scaling(sizes, n_scales, exact_max):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--n", type=int, default=2000, help="Fashion-MNIST subset size")
+    parser.add_argument("--n", default="2000", help="Fashion-MNIST subset sizes, comma-separated")
+    parser.add_argument("--suffix", default="")
     parser.add_argument("--scaling", action="store_true")
     parser.add_argument("--n-scales", type=int, default=6)
     parser.add_argument("--max-n", type=int, default=70000)
@@ -123,7 +144,7 @@ def main(argv=None):
         sizes = [n for n in (2000, 5000, 10000, 20000, 40000, 70000) if n <= args.max_n]
         write_result("msne", scaling(sizes, args.n_scales, args.exact_max_n), "_scaling")
     else:
-        write_result("msne", run(args.n))
+        write_result("msne", run([int(n) for n in args.n.split(",")]), args.suffix)
 
 
 if __name__ == "__main__":
