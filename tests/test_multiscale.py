@@ -7,7 +7,8 @@ from gpuembed.affinities.multiscale import scale_perplexities
 
 
 def test_scales_follow_powers_of_two():
-    np.testing.assert_array_equal(scale_perplexities(100, 2.0), [2, 4, 8, 16, 32])
+    np.testing.assert_array_equal(scale_perplexities(100, 2.0, "all"), [2, 4, 8, 16, 32])
+    np.testing.assert_array_equal(scale_perplexities(100, 2.0), [2, 4, 8])    # K_H <= N / 8
     np.testing.assert_array_equal(scale_perplexities(100, 3.0, n_scales=2), [3, 6])
     with pytest.raises(ValueError, match="perplexity"):
         scale_perplexities(100, 1.0)
@@ -21,11 +22,12 @@ def test_default_scales_fit_the_neighbour_budget():
         every = scale_perplexities(n, 2.0, n_scales="all")
         kept = scale_perplexities(n, 2.0)
         np.testing.assert_array_equal(kept, every[:kept.size])         # the smallest ones
+        assert kept.size <= every.size - 2 and kept[-1] <= n / 8
         k = lambda K: min(n - 1, int(np.ceil(3 * K)))
         assert n * k(kept[-1]) <= NEIGHBOR_BUDGET or kept[-1] <= MIN_LARGEST
-        if kept.size < every.size:                                     # one more would not fit
+        if kept.size < every.size - 2:                                 # one more would not fit
             assert n * k(every[kept.size]) > NEIGHBOR_BUDGET and kept[-1] >= MIN_LARGEST
-    assert scale_perplexities(4000, 2.0).size == scale_perplexities(4000, 2.0, "all").size
+    assert scale_perplexities(4000, 2.0).size == scale_perplexities(4000, 2.0, "all").size - 2
     np.testing.assert_array_equal(scale_perplexities(70_000, 2.0), [2, 4, 8, 16, 32, 64])
     np.testing.assert_array_equal(scale_perplexities(10**6, 2.0), [2, 4, 8, 16, 32])
     with pytest.raises(ValueError, match="n_scales"):
@@ -34,7 +36,7 @@ def test_default_scales_fit_the_neighbour_budget():
 
 def test_average_of_single_scale_conditional_rows(rng):
     X = rng.standard_normal((150, 4))
-    M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")
+    M = ge.multiscale_affinities(X, 2.0, n_scales="all", symmetrize=False, backend="cpu")
     assert list(M.perplexities) == [2, 4, 8, 16, 32, 64]
     singles = [ge.entropic_affinities(X, K, n_neighbors=149, symmetrize=False,
                                       backend="cpu").P.toarray() for K in M.perplexities]
@@ -48,7 +50,7 @@ def test_average_of_single_scale_conditional_rows(rng):
 def test_too_few_neighbours(rng):
     X = rng.standard_normal((100, 3))
     with pytest.raises(ValueError, match="n_neighbors"):
-        ge.multiscale_affinities(X, 2.0, n_neighbors=20, backend="cpu")
+        ge.multiscale_affinities(X, 2.0, n_neighbors=20, n_scales="all", backend="cpu")
     M = ge.multiscale_affinities(X, 2.0, n_neighbors=20, n_scales=3, backend="cpu")
     assert M.beta.shape == (100, 3)
 
@@ -164,7 +166,7 @@ def test_compiled_edge_sweep_matches_array_code(rng, cost, kappa):
 
 
 @pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
-@pytest.mark.parametrize("n_scales", [None, 3])
+@pytest.mark.parametrize("n_scales", ["all", 3])
 def test_fused_exact_sweep_matches_the_split_computation(rng, cost, kappa, n_scales):
     """msne_cpu.fused_exact (the CPU's exact engine: every kernel computed once)
     against the exact sums plus the compiled edge sweep, on a dense pattern (all
@@ -176,7 +178,7 @@ def test_fused_exact_sweep_matches_the_split_computation(rng, cost, kappa, n_sca
     p = np.geomspace(0.5, 5e4, len(M.perplexities))
     be = ge.get_backend("cpu")
     obj = MultiscaleObjective(M.conditionals, be, np.float64, p, cost, kappa)
-    assert (obj.pairs.P.nnz == 300 * 299) == (n_scales is None)
+    assert (obj.pairs.P.nnz == 300 * 299) == (n_scales == "all")
     E, G = obj.value_and_grad(Y)
     split = MultiscaleObjective(M.conditionals, be, np.float64, p, cost, kappa)
     E0, rs, g_pattern = split._edge_terms(Y, split._scales(Y))
