@@ -62,7 +62,19 @@ def methods(n):
     yield "openTSNE multiscale", opentsne
 
 
+def warm_up():
+    """Run every method once on a small set, and the engines the larger sets switch
+    to, so that no timed run pays numba's compilation (about 8 s for
+    MultiscaleSNE's sweeps)."""
+    X = ge.datasets.digits()[0][:300]
+    for _, fn in methods(X.shape[0]):
+        fn(X)
+    ge.MultiscaleSNE(nbody="fgt", max_iter=5, backend="cpu").fit(X)
+    ge.TSNE(optimizer="tsne", nbody="bh", max_iter=300, backend="cpu").fit(X)
+
+
 def run(sizes):
+    warm_up()
     rows, curves = [], {}
     for name, X, y in datasets(sizes):
         for method, fn in methods(X.shape[0]):
