@@ -39,8 +39,8 @@ NEIGHBOR_BUDGET = 20_000_000   # default cap on N x k: 320 MB of distances and i
 MIN_LARGEST = 32.0             # ... unless the scales up to this perplexity need more
 # The default leaves out the thesis' largest scales, K_H in (N / 8, N / 2]: near-uniform
 # over a quarter of the data or more, they need a dense k-NN graph and cost most of
-# the run below ~7,000 points, for no AUC (bench_msne.py: digits 0.588 with or without
-# them, 36 s -> 13 s; rotating_objects 0.612 -> 0.620; Fashion-MNIST 2k 0.583 -> 0.588).
+# the run below ~7,000 points, for no AUC (msne.json: digits 0.588 -> 0.589, 20.6 s ->
+# 12.5 s; rotating_objects 0.612 -> 0.613; Fashion-MNIST 2k 0.583 -> 0.588, 21.9 s -> 15.1 s).
 DROPPED_LARGEST = 2
 
 
