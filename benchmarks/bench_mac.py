@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from common import RESULTS, best_time, pyplot, write_result
+from common import RESULTS, best_time, loglog_slope, pyplot, write_result
 import gpuembed as ge
 from gpuembed.backend import get_backend
 from gpuembed.objectives import make_objective
@@ -72,12 +72,9 @@ def cost(be, sizes, exact_max):
         for name, seconds in timings.items():
             rows.append({"n": n, "what": name, "seconds": seconds})
             print(rows[-1], flush=True)
-    slopes = {}
-    for name in sorted({r["what"] for r in rows}):
-        sel = [r for r in rows if r["what"] == name and r["n"] >= 2000]
-        if len(sel) >= 2:
-            slopes[name] = float(np.polyfit(np.log([r["n"] for r in sel]),
-                                            np.log([r["seconds"] for r in sel]), 1)[0])
+    slopes = {name: loglog_slope([r for r in rows if r["what"] == name and r["n"] >= 2000])
+              for name in sorted({r["what"] for r in rows})}
+    slopes = {name: s for name, s in slopes.items() if s is not None}
     print(slopes)
     return rows, slopes
 

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from common import RESULTS, best_time, pyplot, write_result
+from common import RESULTS, best_time, loglog_slope, pyplot, write_result
 import gpuembed as ge
 from gpuembed.embedding import initial_layout
 from gpuembed.objectives.msne import MultiscaleObjective, ld_precisions
@@ -84,9 +84,8 @@ def run(sizes):
             Y, details = fn(X)
             seconds = time.perf_counter() - start
             R = ge.metrics.rnx(X, Y)
-            w = 1.0 / np.arange(1, R.size + 1)
             rows.append({"dataset": name, "n": X.shape[0], "method": method, "seconds": seconds,
-                         "auc_rnx": float((R * w).sum() / w.sum()),
+                         "auc_rnx": ge.metrics.log_k_auc(R),
                          "knn_accuracy": ge.metrics.knn_accuracy(Y, y), **details})
             curves[(name, method)] = R
             print(rows[-1], flush=True)
@@ -101,8 +100,7 @@ def subset_slopes(rows):
     for method in dict.fromkeys(r["method"] for r in rows):
         sel = [r for r in rows if r["method"] == method and r["dataset"].startswith("fashion")]
         if len(sel) >= 2:
-            slopes[method] = float(np.polyfit(np.log([r["n"] for r in sel]),
-                                              np.log([r["seconds"] for r in sel]), 1)[0])
+            slopes[method] = loglog_slope(sel)
     print("slopes", slopes)
     return slopes
 
@@ -148,8 +146,7 @@ def scaling(sizes, n_scales, exact_max):
     for engine in ("fgt", "exact"):
         sel = [r for r in rows if f"{engine}_seconds" in r and r["n"] >= 5000]
         if len(sel) >= 2:
-            slopes[engine] = float(np.polyfit(np.log([r["n"] for r in sel]),
-                                              np.log([r[f"{engine}_seconds"] for r in sel]), 1)[0])
+            slopes[engine] = loglog_slope(sel, f"{engine}_seconds")
     print("slopes", slopes)
     return {"n_scales": n_scales, "rows": rows, "slopes_from_5000": slopes}
 

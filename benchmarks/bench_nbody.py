@@ -29,7 +29,8 @@ import argparse
 
 import numpy as np
 
-from common import RESULTS, best_time, device_sync, fashion_mnist_knn, pyplot, write_result
+from common import (RESULTS, best_time, device_sync, fashion_mnist_knn, loglog_slope, pyplot,
+                    write_result)
 import gpuembed as ge
 from gpuembed.backend import get_backend
 from gpuembed.nbody import engine_sums
@@ -91,9 +92,7 @@ def scaling(be, sizes, exact_max, fast_max):
         sel = [r for r in rows if r["method"] == method and r["accuracy"] == accuracy
                and r["kernels"] == list(kernels) and r["n"] >= 10000]
         if len(sel) >= 2:
-            key = f"{method} {accuracy} {'+'.join(kernels)}"
-            slopes[key] = float(np.polyfit(np.log([r["n"] for r in sel]),
-                                           np.log([r["seconds"] for r in sel]), 1)[0])
+            slopes[f"{method} {accuracy} {'+'.join(kernels)}"] = loglog_slope(sel)
     print(slopes)
     return rows, slopes
 

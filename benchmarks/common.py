@@ -76,6 +76,13 @@ def best_time(fn, repeat=1, sync=None):
     return best, result
 
 
+def loglog_slope(rows, key="seconds"):
+    """The fitted slope of log rows[key] against log rows["n"], None below two rows."""
+    if len(rows) < 2:
+        return None
+    return float(np.polyfit(np.log([r["n"] for r in rows]), np.log([r[key] for r in rows]), 1)[0])
+
+
 def device_sync(be):
     """The ``sync`` for best_time: wait for the GPU's queued work (nothing to wait
     for with NumPy arrays, the CPU's and the CUDA emulator's)."""

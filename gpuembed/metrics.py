@@ -22,7 +22,7 @@ from .backend import get_backend
 from .neighbors import knn
 from .nbody.exact import squared_distances
 
-__all__ = ["knn_accuracy", "rnx", "auc_rnx", "coranking", "procrustes_error"]
+__all__ = ["knn_accuracy", "rnx", "auc_rnx", "log_k_auc", "coranking", "procrustes_error"]
 
 BLOCK_BYTES = 64 * 2**20
 
@@ -110,9 +110,13 @@ def rnx(X_high, X_low, k_max=None, *, backend="cpu"):
 def auc_rnx(X_high, X_low, *, backend="cpu"):
     """Area under R_NX(K) with log-K weighting (eq. 5.10), in [0, 1] for embeddings
     better than random."""
-    R = rnx(X_high, X_low, backend=backend)
-    w = 1.0 / np.arange(1, R.size + 1)
-    return float((R * w).sum() / w.sum())
+    return log_k_auc(rnx(X_high, X_low, backend=backend))
+
+
+def log_k_auc(R):
+    """The log-K weighted area (eq. 5.10) of an R_NX(K) curve for K = 1 .. len(R)."""
+    w = 1.0 / np.arange(1, len(R) + 1)
+    return float((np.asarray(R) * w).sum() / w.sum())
 
 
 def coranking(X_high, X_low, *, max_n=5000):
