@@ -10,13 +10,18 @@
    (10 Gaussian blobs; the blob spread sets the extent, std 4 and 10 for the
    Gaussian like EE, 20 for Student-t like t-SNE), N = 2,500 to 40,000, and the
    first N where the fast engine wins (the AUTO_EXACT_BELOW thresholds).
-4. ``ee``: EE on Fashion-MNIST (PCA to 50, perplexity 30, k = 90) with fixed-step
+4. ``cutoff``: seconds per FGT sum (p = 8) with the dissertation's cutoff of 5
+   points per box against ``fgt.box_cutoff`` (p^d / 5: 13 in 2-D, 102 in 3-D), on
+   Fashion-MNIST PCA layouts (40,000 points in 2-D, 20,000 in 3-D) scaled over the
+   widths an embedding's kernels pass through, from a few crowded boxes to
+   isolated points.
+5. ``ee``: EE on Fashion-MNIST (PCA to 50, perplexity 30, k = 90) with fixed-step
    FP iterations and the exact / fgt (p ramp 1 -> 10) / bh (theta ramp 2 -> 0.1)
    engines under one time budget each; the objective at log-spaced checkpoints
    is evaluated afterwards (not counted in the run's time) by the FGT at p = 12,
    whose error is below 1e-8 of the repulsion here (an exact pass would take
    ~50 s per checkpoint at N = 70,000 on 2 CPU cores).
-5. ``large`` (only when named; sized for a GPU): EE of 1,000,000 points (Fashion-MNIST
+6. ``large`` (only when named; sized for a GPU): EE of 1,000,000 points (Fashion-MNIST
    grown by shifted, noisy copies; 50-D) with the FGT under a 60 s budget, one EE
    gradient there at p = 4, 6, 8, and the 10-NN accuracy against an exact-engine run
    on a 50,000-point subset under the same budget (the issue's 50 ms and 60 s targets).
@@ -33,7 +38,8 @@ from common import (RESULTS, best_time, device_sync, fashion_mnist_knn, loglog_s
                     write_result)
 import gpuembed as ge
 from gpuembed.backend import get_backend
-from gpuembed.nbody import engine_sums
+from gpuembed.embedding import initial_layout
+from gpuembed.nbody import engine_sums, fgt
 from gpuembed.objectives import make_objective
 from gpuembed.optim import Monitor, accuracy_schedule, minimize
 
@@ -111,6 +117,31 @@ def accuracy_sweep(be, n):
                          "rel_error_SX": float(abs(SX - SX0).max() / abs(SX0).max())})
             print(rows[-1], flush=True)
     return rows
+
+
+def cutoff_sweep(be, cases=((2, 40_000), (3, 20_000)), p=8):
+    X_all, _ = ge.datasets.fashion_mnist()
+    sync = device_sync(be)
+    out = []
+    for d, n in cases:
+        layout = initial_layout("pca", X_all[:n].astype(np.float64), d, be, np.float64,
+                                np.sqrt(n) / 2, 0)
+        cutoffs = {"dissertation": fgt.CUTOFF, "default": fgt.box_cutoff(p, d)}
+        rows = []
+        for scale in np.geomspace(0.025, 3.0, 9):
+            Y = layout * scale
+            charges = be.xp.concatenate([be.xp.ones((n, 1)), Y], axis=1)
+            row = {"scale": float(scale)}
+            for name, cutoff in cutoffs.items():
+                row[f"{name}_seconds"] = best_time(
+                    lambda: fgt.fgt(be, Y, charges, p=p, cutoff=cutoff), 3, sync)[0]
+            rows.append(row)
+            print(d, row, flush=True)
+        totals = {name: sum(r[f"{name}_seconds"] for r in rows) for name in cutoffs}
+        out.append({"d": d, "n": n, "p": p, "cutoffs": cutoffs, "rows": rows,
+                    "total_seconds": totals,
+                    "total_ratio": totals["dissertation"] / totals["default"]})
+    return out
 
 
 def ee_fixed_step(be, P, X0, method, budget, step, keep_at=()):
@@ -228,7 +259,7 @@ def main():
     parser.add_argument("--large-n", type=int, default=1_000_000)
     parser.add_argument("--large-subset", type=int, default=50_000)
     parser.add_argument("--large-budget", type=float, default=60.0, help="seconds per run")
-    parser.add_argument("--parts", default="scaling,accuracy,crossover,ee",
+    parser.add_argument("--parts", default="scaling,accuracy,crossover,cutoff,ee",
                         help="comma-separated; 'large' (GPU-sized) only when named")
     parser.add_argument("--suffix", default="")
     args = parser.parse_args()
@@ -245,6 +276,8 @@ def main():
         figures["accuracy"] = accuracy_sweep(be, 20000)
     if "crossover" in parts:
         figures["crossover"] = crossover(be, [n for n in sizes if n <= args.exact_max_n])
+    if "cutoff" in parts:
+        figures["cutoff"] = cutoff_sweep(be)
     if "ee" in parts:
         figures["ee_fashion_mnist"] = {"n": args.ee_n, "budget_seconds": args.ee_budget,
                                        "optimizer": "fp", "step_size": args.ee_step,

@@ -1,8 +1,10 @@
 // Fast Gauss transform, the per-target passes (gpuembed/nbody/fgt.py, _fgt_targets_gpu).
 //
 // fgt_small_targets: one thread per target point in a small target box (fewer
-//   than the cutoff points).  It visits the neighbouring box offsets, finds each
-//   occupied source box by binary search over the sorted box keys, and adds
+//   than the cutoff points).  It visits the rows of neighbouring box offsets
+//   along the last dimension (fgt._offset_rows; a row's boxes have consecutive
+//   keys), finds a row's first occupied source box by binary search over the
+//   sorted box keys and the others by walking on, and adds
 //   - case I  (small source box): the direct sum over its points, or
 //   - case II (big source box): its Hermite series at the target (eq. 5.2).
 // fgt_taylor_targets: one thread per target point in a big target box; it
@@ -23,14 +25,15 @@
 #define FGT_Q 3
 #endif
 
-__device__ __forceinline__ long long fgt_find(const long long* __restrict__ keys, long long n,
-                                              long long key) {
+// The first position whose key is >= key (keys sorted ascending).
+__device__ __forceinline__ long long fgt_lower_bound(const long long* __restrict__ keys,
+                                                     long long n, long long key) {
     long long lo = 0, hi = n;
     while (lo < hi) {
         const long long mid = (lo + hi) >> 1;
         if (keys[mid] < key) lo = mid + 1; else hi = mid;
     }
-    return (lo < n && keys[lo] == key) ? lo : -1;
+    return lo;
 }
 
 constexpr int fgt_terms() {
@@ -66,7 +69,7 @@ __global__ void fgt_small_targets(
     const T* __restrict__ src_center, const long long* __restrict__ src_big_index,
     const bool* __restrict__ src_big, const T* __restrict__ src_points,
     const T* __restrict__ charges, const T* __restrict__ hermite,
-    const long long* __restrict__ offsets, long long n_offsets,
+    const long long* __restrict__ rows, long long n_rows,
     const long long* __restrict__ shape, T* __restrict__ out) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n_members) return;
@@ -79,38 +82,44 @@ __global__ void fgt_small_targets(
     }
     T acc[FGT_Q];
     for (int q = 0; q < FGT_Q; ++q) acc[q] = 0;
-    for (long long o = 0; o < n_offsets; ++o) {
+    constexpr int LAST = FGT_DIM - 1;
+    for (long long r = 0; r < n_rows; ++r) {
+        const long long* row = rows + r * (FGT_DIM + 1);
         long long key = 0;
         bool inside = true;
-        for (int i = 0; i < FGT_DIM; ++i) {
-            const long long c = cell[i] + offsets[o * FGT_DIM + i];
+        for (int i = 0; i < LAST; ++i) {
+            const long long c = cell[i] + row[i];
             inside = inside && c >= 0 && c < shape[i];
             key = key * shape[i] + c;
         }
-        if (!inside) continue;
-        const long long b = fgt_find(src_key, n_src_boxes, key);
-        if (b < 0) continue;
-        if (!src_big[b]) {                                   // case I: direct
-            const long long end = src_start[b] + src_count[b];
-            for (long long m = src_start[b]; m < end; ++m) {
-                T d2 = 0;
-                for (int i = 0; i < FGT_DIM; ++i) {
-                    const T diff = y[i] - src_points[m * FGT_DIM + i];
-                    d2 += diff * diff;
+        const long long lo = max(cell[LAST] + row[LAST], 0LL);
+        const long long hi = min(cell[LAST] + row[LAST + 1], shape[LAST] - 1);
+        if (!inside || lo > hi) continue;
+        key *= shape[LAST];
+        for (long long b = fgt_lower_bound(src_key, n_src_boxes, key + lo);
+             b < n_src_boxes && src_key[b] <= key + hi; ++b) {
+            if (!src_big[b]) {                               // case I: direct
+                const long long end = src_start[b] + src_count[b];
+                for (long long m = src_start[b]; m < end; ++m) {
+                    T d2 = 0;
+                    for (int i = 0; i < FGT_DIM; ++i) {
+                        const T diff = y[i] - src_points[m * FGT_DIM + i];
+                        d2 += diff * diff;
+                    }
+                    const T K = exp(-d2);
+                    for (int q = 0; q < FGT_Q; ++q) acc[q] += K * charges[m * FGT_Q + q];
                 }
-                const T K = exp(-d2);
-                for (int q = 0; q < FGT_Q; ++q) acc[q] += K * charges[m * FGT_Q + q];
+            } else {                                          // case II: Hermite series
+                T h[FGT_DIM][FGT_P];
+                for (int i = 0; i < FGT_DIM; ++i) {
+                    const T u = y[i] - src_center[b * FGT_DIM + i];
+                    h[i][0] = exp(-u * u);
+                    if (FGT_P > 1) h[i][1] = 2 * u * h[i][0];
+                    for (int k = 1; k + 1 < FGT_P; ++k)
+                        h[i][k + 1] = 2 * u * h[i][k] - 2 * k * h[i][k - 1];
+                }
+                fgt_series_add(h, hermite + src_big_index[b] * (long long)FGT_TERMS * FGT_Q, acc);
             }
-        } else {                                              // case II: Hermite series
-            T h[FGT_DIM][FGT_P];
-            for (int i = 0; i < FGT_DIM; ++i) {
-                const T u = y[i] - src_center[b * FGT_DIM + i];
-                h[i][0] = exp(-u * u);
-                if (FGT_P > 1) h[i][1] = 2 * u * h[i][0];
-                for (int k = 1; k + 1 < FGT_P; ++k)
-                    h[i][k + 1] = 2 * u * h[i][k] - 2 * k * h[i][k - 1];
-            }
-            fgt_series_add(h, hermite + src_big_index[b] * (long long)FGT_TERMS * FGT_Q, acc);
         }
     }
     for (int q = 0; q < FGT_Q; ++q) out[t * FGT_Q + q] += acc[q];

@@ -160,7 +160,9 @@ def test_fgt_compiled_cases_match_array_code(d, p, rng, monkeypatch):
     with the offsets' table, pairs grouped by box and first-dimension offset;
     Taylor series at the targets) against the array code (the NumPy reference,
     and the GPU's cases III and IV), on a dense cluster, a wider one and a sparse
-    halo, so that every case has many box pairs; with separate targets too."""
+    halo, so that every case has many box pairs with the dissertation's cutoff of
+    5 points (the default's p^d / 5 leaves few big boxes here); with separate
+    targets too."""
     from gpuembed.nbody import fgt as fgt_module
     X = np.concatenate([rng.normal(size=(1500, d)), rng.normal(size=(500, d)) * 3.0 + 4.0,
                         rng.uniform(-20, 20, (300, d))])
@@ -170,11 +172,24 @@ def test_fgt_compiled_cases_match_array_code(d, p, rng, monkeypatch):
     compiled = fgt_module._hermite_to_taylor_cpu
     monkeypatch.setattr(fgt_module, "_hermite_to_taylor_cpu",
                         lambda *args: (pairs.append(len(args[4])), compiled(*args)))
-    for targets in (None, Y):
-        G = fgt_module.fgt(CPU, X, q, Y=targets, p=p)
-        G0 = fgt_module.fgt(CPU, X, q, Y=targets, p=p, reference=True)
-        np.testing.assert_allclose(G, G0, rtol=1e-11, atol=1e-12 * np.abs(G0).max())
+    for cutoff in (None, fgt_module.CUTOFF):
+        for targets in (None, Y):
+            G = fgt_module.fgt(CPU, X, q, Y=targets, p=p, cutoff=cutoff)
+            G0 = fgt_module.fgt(CPU, X, q, Y=targets, p=p, reference=True, cutoff=cutoff)
+            np.testing.assert_allclose(G, G0, rtol=1e-11, atol=1e-12 * np.abs(G0).max())
     assert sum(pairs) > 100
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("p", [1, 8, 14])
+def test_fgt_offset_rows_cover_exactly_the_offsets(d, p):
+    """The per-target searches walk rows of offsets along the last dimension:
+    together the rows must list every offset once and nothing else."""
+    from gpuembed.nbody.fgt import _neighbourhood
+    offsets, rows = _neighbourhood(p, d)
+    expanded = [(*row[:d - 1], last) for row in rows for last in range(row[d - 1], row[d] + 1)]
+    assert sorted(expanded) == sorted(map(tuple, offsets))
+    assert len(rows) < len(offsets)
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])

@@ -9,12 +9,13 @@ points' integer box coordinates, so an embedding spread over a large extent, or
 in 3-D, costs memory in proportion to N.  Each source box B interacts with the
 target boxes C within ``radius`` (sources farther away contribute less than the
 expansion error), by one of four cases chosen by the counts N_B, M_C against
-the cutoff 5 (dissertation fig. 5.2):
+the cutoff c (dissertation fig. 5.2; c = 5 there, here ``box_cutoff``, which
+grows with the expansion's p^d terms):
 
-    N_B <  5, M_C <  5   direct sum                          (5.1)
-    N_B >= 5, M_C <  5   Hermite expansion about B's centre  (5.2)
-    N_B <  5, M_C >= 5   Taylor expansion about C's centre   (5.3)
-    N_B >= 5, M_C >= 5   Hermite expansion shifted to Taylor (5.4)
+    N_B <  c, M_C <  c   direct sum                          (5.1)
+    N_B >= c, M_C <  c   Hermite expansion about B's centre  (5.2)
+    N_B <  c, M_C >= c   Taylor expansion about C's centre   (5.3)
+    N_B >= c, M_C >= c   Hermite expansion shifted to Taylor (5.4)
 
 Expansions have order p in each dimension (p^d terms).  The array code is
 vectorized over box pairs and points (no Python loop over points), in chunks
@@ -26,6 +27,7 @@ at p = 8).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -41,6 +43,16 @@ MAX_ORDER = 16
 DEFAULT_ORDER = 8
 # Floats per temporary array in one chunk (32 MiB in float64).
 BUDGET = 2**22
+
+
+def box_cutoff(p, d):
+    """Points from which a box is "big" (expanded) rather than summed directly:
+    the dissertation's 5 (chapter 5.2.2), raised to p^d / 5 where an expansion
+    of p^d terms costs more.  On Fashion-MNIST PCA layouts over the widths an
+    embedding passes through, p = 8 (``benchmarks/bench_nbody.py`` "cutoff"):
+    in 2-D 13 takes about a fifth less time summed over the widths than 5, in
+    3-D 102 a few times less."""
+    return max(CUTOFF, round(p**d / 5))
 
 
 def _series(rho, p, d):
@@ -134,7 +146,7 @@ class _Boxes:
     """The occupied boxes of a point set: points sorted by box; per box its
     key, integer coordinates, centre, first point and count."""
 
-    def __init__(self, xp, points, origin, shape):
+    def __init__(self, xp, points, origin, shape, cutoff):
         cell = xp.floor((points - origin) / SIDE).astype(xp.int64)
         key = _linear(xp, cell, shape)
         self.order = xp.argsort(key)
@@ -148,7 +160,8 @@ class _Boxes:
         self.cell = cell[self.order][self.start]
         self.center = (origin + (self.cell + 0.5) * SIDE).astype(points.dtype)
         self.box_of = expand(xp, self.count)[0]
-        self.big = self.count >= CUTOFF
+        self.cutoff = cutoff
+        self.big = self.count >= cutoff
         self.big_index = xp.cumsum(self.big) - 1      # row in the expansion arrays
         self.n_big = int(self.big.sum())
 
@@ -160,17 +173,41 @@ def _linear(xp, cell, shape):
     return key
 
 
-def _offsets(xp, d, radius):
-    """Integer box offsets whose boxes come within ``radius`` of each other."""
+def _offsets(d, radius):
+    """Integer box offsets whose boxes come within ``radius`` of each other (host
+    array, last dimension fastest)."""
     k = int(math.ceil(radius / SIDE)) + 1
     grid = np.stack(np.meshgrid(*[np.arange(-k, k + 1)] * d, indexing="ij"), -1).reshape(-1, d)
     gap = np.maximum(np.abs(grid) - 1, 0) * SIDE
-    return xp.asarray(grid[(gap * gap).sum(axis=1) < radius * radius])
+    return grid[(gap * gap).sum(axis=1) < radius * radius]
 
 
-def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False):
+def _offset_rows(offsets):
+    """The offsets as rows along the last dimension, (R, d + 1): the leading d - 1
+    offsets, then the first and last offset of the row's contiguous run.  Box keys
+    are linear with the last dimension least significant, so a row's boxes have
+    consecutive keys: one binary search finds the first occupied one and a walk
+    the rest (97 searches per target become 13 at order 8 in 2-D)."""
+    lead = offsets[:, :-1]
+    rows = []
+    for prefix in np.unique(lead, axis=0):
+        last = offsets[(lead == prefix).all(axis=1), -1]
+        assert last.max() - last.min() + 1 == last.size     # contiguous by construction
+        rows.append([*prefix, last.min(), last.max()])
+    return np.asarray(rows, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=None)
+def _neighbourhood(p, d):
+    """(offsets, offset rows) of the interaction radius at order p in d dimensions."""
+    offsets = _offsets(d, interaction_radius(p, d))
+    return offsets, _offset_rows(offsets)
+
+
+def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False, cutoff=None):
     """G (M, Q): G_n = sum_m charges_m exp(-|y_n - x_m|^2) over sources X (N, d)
-    and targets Y (M, d) (default: X, self pair included), d <= 3, by the FGT of order p.
+    and targets Y (M, d) (default: X, self pair included), d <= 3, by the FGT of
+    order p, boxes of ``cutoff`` points or more expanded (default :func:`box_cutoff`).
 
     Cases I and II run per target (kernels/fgt.cu on the GPU, fgt_cpu.py on the
     CPU); on the CPU the Hermite coefficients, cases III and IV and the Taylor
@@ -186,8 +223,9 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False):
     if math.prod(shape) >= 2**62:
         raise ValueError("the points spread over too many FGT boxes (more than 2^62); "
                          "use nbody='bh' or 'exact'")
-    src = _Boxes(xp, X, origin, shape)
-    tgt = src if Y is None else _Boxes(xp, targets, origin, shape)
+    cutoff = box_cutoff(p, d) if cutoff is None else cutoff
+    src = _Boxes(xp, X, origin, shape, cutoff)
+    tgt = src if Y is None else _Boxes(xp, targets, origin, shape, cutoff)
     q = charges[src.order]
     pd = p**d
     inv_fact = xp.asarray([1.0 / math.factorial(k) for k in range(p)], dtype=X.dtype)
@@ -197,7 +235,7 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False):
     hermite = (_hermite_coefficients if array_code else _hermite_coefficients_cpu)(
         be, src, q, p, inv_fact)
 
-    offsets = _offsets(xp, d, interaction_radius(p, d))
+    offsets, rows = (xp.asarray(a) for a in _neighbourhood(p, d))
     shape_arr = xp.asarray(shape)
     # Box pairs (b, c) from the target boxes' occupied neighbours (the offsets are
     # symmetric); when cases I and II run per target, only big target boxes.
@@ -230,12 +268,12 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False):
     if reference:
         _taylor_eval(be, tgt, p, taylor, out)
     elif be.is_gpu:
-        _targets_gpu(be, src, tgt, q, p, hermite, taylor, offsets, shape_arr, out)
+        _targets_gpu(be, src, tgt, q, p, hermite, taylor, rows, shape_arr, out)
     else:
         in_big = tgt.big[tgt.box_of]
         small_targets(np.flatnonzero(~in_big), tgt.points, tgt.box_of, tgt.cell, src.key,
                       src.start, src.count, src.center, src.big_index, src.big, src.points, q,
-                      hermite, offsets, shape_arr, p, out)
+                      hermite, rows, shape_arr, p, out)
         taylor_targets(np.flatnonzero(in_big), tgt.points, tgt.box_of, tgt.center,
                        tgt.big_index, taylor, p, out)
     result = xp.empty_like(out)
@@ -269,7 +307,7 @@ def _hermite_coefficients_cpu(be, src, q, p, inv_fact):
 def _direct(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out):
     """Case I: every source of B against every target of C."""
     xp = be.xp
-    for span in _spans(len(b), CUTOFF * CUTOFF * (src.points.shape[1] + q.shape[1])):
+    for span in _spans(len(b), src.cutoff * tgt.cutoff * (src.points.shape[1] + q.shape[1])):
         bb, cc = b[span], c[span]
         nt = tgt.count[cc]
         pair, k = expand(xp, src.count[bb] * nt)
@@ -286,7 +324,7 @@ def _members_against(be, members, owners, partners, centers, p, scale):
     yields (point, partner, H (points, p^d))."""
     xp = be.xp
     d = members.points.shape[1]
-    for span in _spans(len(owners), CUTOFF * p**d * (d + 1)):
+    for span in _spans(len(owners), members.cutoff * p**d * (d + 1)):
         own, other = owners[span], partners[span]
         pair, k = expand(xp, members.count[own])
         point = members.start[own][pair] + k
@@ -385,7 +423,7 @@ def _taylor_eval(be, tgt, p, taylor, out):
         out[t] += xp.einsum("nk,nkq->nq", mono, taylor[tgt.big_index[box]])
 
 
-def _targets_gpu(be, src, tgt, q, p, hermite, taylor, offsets, shape, out):
+def _targets_gpu(be, src, tgt, q, p, hermite, taylor, rows, shape, out):
     """Cases I and II for targets in small boxes, and the Taylor series of big
     boxes at their targets, by the per-target kernels of kernels/fgt.cu."""
     xp = be.xp
@@ -398,7 +436,7 @@ def _targets_gpu(be, src, tgt, q, p, hermite, taylor, offsets, shape, out):
         kernel(((len(small) + threads - 1) // threads,), (threads,),
                (small, np.int64(len(small)), tgt.points, tgt.box_of, tgt.cell, src.key,
                 np.int64(len(src.key)), src.start, src.count, src.center, src.big_index, src.big,
-                src.points, q, hermite, offsets, np.int64(len(offsets)), shape, out))
+                src.points, q, hermite, rows, np.int64(len(rows)), shape, out))
     big = xp.flatnonzero(tgt.big[tgt.box_of])
     if len(big):
         kernel = be.kernel("fgt.cu", "fgt_taylor_targets", out.dtype, defines)

@@ -138,11 +138,12 @@ def hermite_to_taylor(first, source, offset, hermite, M, target, taylor):
 
 @njit(parallel=True, fastmath=True, cache=True)
 def small_targets(members, points, box_of, cell, src_key, src_start, src_count, src_center,
-                  src_big_index, src_big, src_points, charges, hermite, offsets, shape, p, out):
+                  src_big_index, src_big, src_points, charges, hermite, rows, shape, p, out):
     """Cases I and II for every target ``members`` (indices into the sorted
     targets ``points``) in a small box, one target per iteration (the twin of
-    kernels/fgt.cu's fgt_small_targets): each neighbouring box offset, the
-    occupied source box by binary search over the sorted keys, then the direct
+    kernels/fgt.cu's fgt_small_targets): for each row of neighbouring box
+    offsets (fgt._offset_rows), the first occupied source box by binary search
+    over the sorted keys and the row's others by walking on, then the direct
     sum over a small box's points or a big box's Hermite series (eq. 5.2),
     hermite (boxes, p^d, Q) flattened as fgt._tensor."""
     d = points.shape[1]
@@ -153,36 +154,39 @@ def small_targets(members, points, box_of, cell, src_key, src_start, src_count, 
         h = np.empty((d, p))
         u = np.empty(d)
         T = np.empty(pd)
-        for o in range(offsets.shape[0]):
+        for r in range(rows.shape[0]):
             key = 0
             inside = True
-            for i in range(d):
-                c = cell[box_of[t], i] + offsets[o, i]
+            for i in range(d - 1):
+                c = cell[box_of[t], i] + rows[r, i]
                 inside = inside and 0 <= c < shape[i]
                 key = key * shape[i] + c
-            if not inside:
+            lo = max(cell[box_of[t], d - 1] + rows[r, d - 1], 0)
+            hi = min(cell[box_of[t], d - 1] + rows[r, d], shape[d - 1] - 1)
+            if not inside or lo > hi:
                 continue
-            b = np.searchsorted(src_key, key)
-            if b == src_key.size or src_key[b] != key:
-                continue
-            if src_big[b]:
-                for i in range(d):
-                    u[i] = points[t, i] - src_center[b, i]
-                _hermite_factors(u, h)
-                _tensor_row(h, T)
-                A = hermite[src_big_index[b]]
-                for alpha in range(pd):
-                    for j in range(n_q):
-                        acc[j] += T[alpha] * A[alpha, j]
-            else:
-                for s in range(src_start[b], src_start[b] + src_count[b]):
-                    r2 = 0.0
+            key *= shape[d - 1]
+            b = np.searchsorted(src_key, key + lo)
+            while b < src_key.size and src_key[b] <= key + hi:
+                if src_big[b]:
                     for i in range(d):
-                        diff = points[t, i] - src_points[s, i]
-                        r2 += diff * diff
-                    k = expneg(r2)
-                    for j in range(n_q):
-                        acc[j] += k * charges[s, j]
+                        u[i] = points[t, i] - src_center[b, i]
+                    _hermite_factors(u, h)
+                    _tensor_row(h, T)
+                    A = hermite[src_big_index[b]]
+                    for alpha in range(pd):
+                        for j in range(n_q):
+                            acc[j] += T[alpha] * A[alpha, j]
+                else:
+                    for s in range(src_start[b], src_start[b] + src_count[b]):
+                        r2 = 0.0
+                        for i in range(d):
+                            diff = points[t, i] - src_points[s, i]
+                            r2 += diff * diff
+                        k = expneg(r2)
+                        for j in range(n_q):
+                            acc[j] += k * charges[s, j]
+                b += 1
         for j in range(n_q):
             out[t, j] += acc[j]
 
