@@ -71,11 +71,16 @@ def edge_terms(indptr, indices, X, sigma, half_p, m, Z, js, kappa, g_edge, rs, l
             for e in range(hi - lo):
                 diff = xi - X[cols[e], k]
                 d[e] += diff * diff
+        # Each s_hij once, kept for the gradient pass below (computing it again
+        # there cost a third of the sweep).
         s = np.zeros(hi - lo)
+        s_h = np.empty((H, hi - lo))
         for h in range(H):
             c, shift, inv = half_p[h], m[h, i], 1.0 / Z[h, i]
             for e in range(hi - lo):
-                s[e] += expneg(c * d[e] - shift) * inv
+                v = expneg(c * d[e] - shift) * inv
+                s_h[h, e] = v
+                s[e] += v
         r = np.empty(hi - lo)
         acc = 0.0
         total = 0.0
@@ -85,12 +90,11 @@ def edge_terms(indptr, indices, X, sigma, half_p, m, Z, js, kappa, g_edge, rs, l
             total += se
         g = np.zeros(hi - lo)
         for h in range(H):
-            c, shift, inv = half_p[h], m[h, i], 1.0 / Z[h, i]
+            c, v = half_p[h], s_h[h]
             row = 0.0
             for e in range(hi - lo):
-                sh = expneg(c * d[e] - shift) * inv
-                g[e] += c * sh
-                row += r[e] * sh
+                g[e] += c * v[e]
+                row += r[e] * v[e]
             rs[h, i] = row
         g = g * r / H
         g_edge[lo:hi] = g
