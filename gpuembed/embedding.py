@@ -445,8 +445,8 @@ class MultiscaleSNE:
     from the embedding's spread at every stage.  ``fit_exponent`` estimates
     Lee et al.'s exponent U from the HD precisions (else U = 1).  The per-scale
     Gaussian sums go through the N-body engine ``nbody`` ("auto": exact below
-    10,000 points on the CPU, where one compiled sweep computes every kernel once,
-    or in more than 3 dimensions, else the FGT; the two cross near 8,000 points),
+    6,000 points on the CPU, where one compiled sweep computes every kernel once,
+    or in more than 3 dimensions, else the FGT; ``msne.EXACT_BELOW``),
     so an iteration costs O(N H) = O(N log N) with the FGT or Barnes-Hut on top of
     the affinities' O(N k H).  All floor(log2(N / K*)) scales (``n_scales="all"``)
     make the largest perplexity about N / 2 and the k-NN graph (3 x that) dense;
@@ -484,7 +484,8 @@ class MultiscaleSNE:
 
     def fit(self, X):
         from .affinities import multiscale_affinities
-        from .objectives.msne import COSTS, MultiscaleObjective, intrinsic_exponent, ld_precisions
+        from .objectives.msne import (COSTS, EXACT_BELOW, MultiscaleObjective, intrinsic_exponent,
+                                      ld_precisions)
 
         be = get_backend(self.backend)
         X = check_data(X, be, min_samples=5)
@@ -498,7 +499,7 @@ class MultiscaleSNE:
         check_random_state(self.random_state)
         check_callbacks(self.callbacks)
         dtype = check_dtype(self.dtype, be)
-        nbody = resolve_method(self.nbody, n, d, "gaussian", be)
+        nbody = resolve_method(self.nbody, n, d, "gaussian", be, EXACT_BELOW.get(be.name))
         M = multiscale_affinities(X, self.perplexity, n_scales=self.n_scales,
                                   n_neighbors=self.n_neighbors, symmetrize=False, backend=be)
         U = intrinsic_exponent(be.to_host(M.beta), d) if self.fit_exponent else 1.0

@@ -317,7 +317,9 @@ def test_engine_choice_and_bad_input():
     # FGT the exact Gaussian
     assert resolve_method("auto", 4_000, 2, "student", CPU) == "exact"
     assert resolve_method("auto", 8_000, 2, "student2", CPU) == "bh"
-    assert resolve_method("auto", 8_000, 2, "gaussian", CPU) == "exact"
+    assert resolve_method("auto", 4_000, 2, "gaussian", CPU) == "exact"
+    assert resolve_method("auto", 8_000, 2, "gaussian", CPU) == "fgt"
+    assert resolve_method("auto", 8_000, 2, "gaussian", CPU, exact_below=10_000) == "exact"
     assert resolve_method("auto", 20_000, 2, "gaussian", CPU) == "fgt"
     assert resolve_method("auto", 10**6, 5, "gaussian", CPU) == "exact"
     with pytest.raises(ValueError, match="n_components"):

@@ -25,8 +25,8 @@ MAX_DIM = 3
 # CPU: where the fast engine first beats one exact kernel sum (S, SX) with the
 # compiled loop (benchmarks/bench_nbody.py --parts crossover; 2-core EPYC, 2-D
 # layouts of 10 blobs): the compiled FGT (p = 8) at 5,000 points for blobs of
-# extent std 4 and at 10,000 for std 10 (1.6x faster there, about even at 5,000;
-# a Fashion-MNIST 5k EE embedding has std 12).  The compiled Barnes-Hut walk (theta = 0.5) already
+# extent std 4 (1.6x faster there) and already at 2,500 for std 10 (a
+# Fashion-MNIST 5k EE embedding has std 12).  The compiled Barnes-Hut walk (theta = 0.5) already
 # beats the exact Student-t pair at 2,500 points and takes a quarter of its time
 # at 5,000 (max relative error 1.7% at 20,000, t-SNE's usual accuracy; below
 # 5,000 the exact sums take a few ms and keep line searches exact); for the
@@ -34,14 +34,16 @@ MAX_DIM = 3
 # the tiled kernel's expected ~1e12 pairs/s against the fast engines' per-call
 # overheads (their tree and boxes are built by array code; Barnes-Hut walks in one
 # kernel, the FGT's cases III and IV are array code); not yet measured.
-AUTO_EXACT_BELOW = {"cpu": {"gaussian": 10_000, "student": 5_000},
+AUTO_EXACT_BELOW = {"cpu": {"gaussian": 5_000, "student": 5_000},
                     "gpu": {"gaussian": 200_000, "student": 200_000}}
 
 
-def resolve_method(method, n, dim, kernel, backend):
-    """The engine for ``nbody=method`` ("auto" picks by N, kernel, dimension, device)."""
+def resolve_method(method, n, dim, kernel, backend, exact_below=None):
+    """The engine for ``nbody=method`` ("auto" picks by N, kernel, dimension, device;
+    ``exact_below`` overrides the N below which it takes the exact engine)."""
     if method == "auto":
-        below = AUTO_EXACT_BELOW[backend.name]["gaussian" if kernel == "gaussian" else "student"]
+        below = exact_below or AUTO_EXACT_BELOW[backend.name][
+            "gaussian" if kernel == "gaussian" else "student"]
         if dim > MAX_DIM or n < below:
             return "exact"
         return "fgt" if kernel == "gaussian" else "bh"

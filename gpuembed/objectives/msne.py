@@ -37,6 +37,12 @@ COSTS = ("kl", "js")
 # Shift (in kernel units) beyond which a row's sums go to the exact engine: e^m
 # would amplify the fast engines' absolute error past their relative accuracy.
 ISOLATED = 2.0
+# nbody="auto" takes the exact engine below this N on the CPU: there one compiled
+# sweep (fused_exact) evaluates every kernel once for all scales, so it beats
+# the FGT to a larger N than one Gaussian sum does (msne_scaling.json, 6 scales:
+# 0.14 s against 0.17 s per evaluation at 5,000 points, 0.61 s against 0.32 s
+# at 10,000; log-log interpolation crosses near 6,000).
+EXACT_BELOW = {"cpu": 6_000}
 
 
 def ld_precisions(perplexities, X, U=1.0):
