@@ -584,7 +584,9 @@ def test_fitting_leaves_the_callers_affinities_alone(backend, cls, symmetrize):
     fits = [cls(affinities=A, max_iter=5, tol=0, dtype=np.float32, backend=backend).fit(X)
             for _ in range(2)]
     np.testing.assert_array_equal(backend.to_host(A.P).toarray(), before)
-    assert fits[0].objective_ == fits[1].objective_
+    # Not bitwise: the GPU's atomic sums vary in the last float32 bits between runs
+    # (1.6e-8 apart on an H100); scrambled affinities moved the objective by 2x.
+    assert fits[0].objective_ == pytest.approx(fits[1].objective_, rel=1e-6)
 
 
 @pytest.mark.parametrize("cls,optimizer,params", [

@@ -111,7 +111,8 @@ def _calibrate(be, sqdist, indices, K, method, order, tol):
     solvable = ~(flat | saturated)
     _warn_degenerate(flat, saturated)
     alpha, entropy, n_iter = solve_rows(be, shifted, K, lo, hi, method, order, tol,
-                                        (sqdist, indices), rows=np.flatnonzero(solvable))
+                                        (sqdist, indices),
+                                        rows=None if solvable.all() else np.flatnonzero(solvable))
     beta = xp.exp(alpha)
     # Degenerate rows: the limits described in entropic_affinities' docstring.
     beta[be.asarray(flat)] = 0.0
@@ -136,24 +137,26 @@ def solve_rows(be, shifted, perplexity, lo, hi, method, order, tol, neighbors, r
     """
     xp = be.xp
     n = shifted.shape[0]
-    rows = np.arange(n) if rows is None else np.asarray(rows)
     log_k = be.asarray(np.log(perplexity))
     with np.errstate(divide="ignore"):
         log_scale = xp.log(shifted.mean(axis=1))
     alpha = xp.full(n, xp.nan)
     entropy = xp.full(n, xp.nan)
     n_iter = xp.zeros(n, dtype=xp.int64)
-    waves = _orders.schedule(order, *neighbors, perplexity, parallel, to_host=be.to_host)
-    keep = np.zeros(n, dtype=bool)
-    keep[rows] = True
-    for wave_rows, sources in waves:
-        mask = keep[wave_rows]
-        wave_rows, sources = wave_rows[mask], sources[mask]
-        if wave_rows.size == 0:
+    waves = _orders.schedule(order, *neighbors, perplexity, parallel, xp=xp,
+                             to_host=be.to_host)
+    if rows is not None:
+        keep = xp.zeros(n, dtype=bool)
+        keep[be.asarray(rows)] = True
+    for r, sources in waves:
+        r = be.asarray(r)
+        sources = None if sources is None else be.asarray(sources)
+        if rows is not None:
+            mask = keep[r]
+            r, sources = r[mask], None if sources is None else sources[mask]
+        if r.size == 0:
             continue
-        r = be.asarray(wave_rows)
-        alpha0 = _start(xp, be.asarray(sources), alpha + log_scale, log_scale[r], lo[r], hi[r],
-                        order)
+        alpha0 = _start(xp, sources, alpha + log_scale, log_scale[r], lo[r], hi[r], order)
         if be.is_gpu and gpu_kernel and shifted.shape[1] <= rootfinding.KERNEL_MAX_K:
             a, h, it = rootfinding.solve_kernel(be, shifted, r, log_k[r], alpha0, lo[r],
                                                 hi[r], method, tol)
@@ -178,6 +181,8 @@ def _start(xp, sources, scale_free, log_scale, lo, hi, order):
     """
     if order == "none":
         return xp.zeros(lo.shape)
+    if sources is None:
+        return 0.5 * (lo + hi)
     src = scale_free[xp.maximum(sources, 0)]
     valid = (sources >= 0) & xp.isfinite(src)
     count = valid.sum(axis=1)

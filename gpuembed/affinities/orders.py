@@ -14,7 +14,7 @@ the solution of points solved before it:
 A sequential order does not parallelize as is.  A *schedule* is a list of
 waves ``(rows, sources)``: all rows of a wave are solved together, each started
 from the mean log beta of its (already solved) ``sources`` (-1: no source, use
-the bracket midpoint).  ``parallel=True`` builds few large waves:
+the bracket midpoint; ``sources`` None: none for the whole wave).  ``parallel=True`` builds few large waves:
 
 - sequences (dk, msp): a coarse subsample of the sequence first, then the
   midpoints between solved positions, halving the spacing each wave, each point
@@ -29,28 +29,33 @@ import numpy as np
 import scipy.sparse
 import scipy.sparse.csgraph
 
+from . import rootfinding
+
 ORDERS = ("dk", "mst", "msp", "bounds", "none")
 KAPPA = 10          # neighbours kept in the graph for mst/msp (paper: kappa = 10)
 FIRST_WAVE = 64     # points in the first wave of a parallel sequence schedule
 
 
-def schedule(order, sqdist, indices, perplexity, parallel=True, to_host=np.asarray):
+def schedule(order, sqdist, indices, perplexity, parallel=True, xp=np, to_host=np.asarray):
     """Waves ``[(rows, sources), ...]`` for ``order`` (see module doc).
 
-    The neighbours may live on the GPU: ``to_host`` copies only what the order
-    reads (nothing for "bounds" and "none", one column for "dk", KAPPA columns
-    for "mst" and "msp"); all of them would be 1.4 GB for 1e6 rows x 90."""
+    The neighbours may live on the GPU (``xp``: its module): "dk" sorts its one
+    column there and builds its waves there; "mst" and "msp" copy (``to_host``)
+    KAPPA columns to build their graph on the host; all columns would be 1.4 GB
+    for 1e6 rows x 90.  "bounds" and "none" read nothing."""
     n = sqdist.shape[0]
     if order in ("bounds", "none"):
-        return [(np.arange(n), np.full((n, 1), -1))]
+        return [(xp.arange(n), None)]
     if order == "dk":
-        kth = int(np.clip(round(float(np.median(perplexity))), 1, sqdist.shape[1]))
-        sequence = np.argsort(to_host(sqdist[:, kth - 1]), kind="stable")
-        return _sequence_waves(sequence) if parallel else _sequential(sequence, None)
+        K = rootfinding.common_value(perplexity)
+        kth = int(np.clip(round(float(np.median(K))), 1, sqdist.shape[1]))
+        sequence = xp.argsort(xp.asarray(sqdist[:, kth - 1]), kind="stable")
+        return (_sequence_waves(xp, sequence) if parallel
+                else _sequential(to_host(sequence), None))
     graph = _knn_graph(to_host(sqdist[:, :KAPPA]), to_host(indices[:, :KAPPA]))
     if order == "msp":
         sequence = minimum_spanning_path(graph)
-        return _sequence_waves(sequence) if parallel else _sequential(sequence, None)
+        return _sequence_waves(np, sequence) if parallel else _sequential(sequence, None)
     if order == "mst":
         bfs, parent, depth = _mst_bfs(graph)
         if not parallel:
@@ -72,20 +77,19 @@ def _sequential(sequence, parent):
     return [(np.array([row]), np.array([[src]])) for row, src in zip(sequence, source)]
 
 
-def _sequence_waves(sequence):
-    """Coarse-to-fine waves over a sequence (see module doc)."""
+def _sequence_waves(xp, sequence):
+    """Coarse-to-fine waves over a sequence (see module doc), on its device."""
     n = len(sequence)
     spacing = 1
     while spacing * FIRST_WAVE < n:
         spacing *= 2
-    first = np.arange(0, n, spacing)
-    waves = [(sequence[first], np.full((first.size, 1), -1))]
+    waves = [(sequence[::spacing], None)]
     while spacing > 1:
         half = spacing // 2
-        pos = np.arange(half, n, spacing)
+        pos = xp.arange(half, n, spacing)
         left = pos - half
-        right = np.where(pos + half < n, pos + half, left)   # past the end: left only
-        waves.append((sequence[pos], np.column_stack([sequence[left], sequence[right]])))
+        right = xp.where(pos + half < n, pos + half, left)   # past the end: left only
+        waves.append((sequence[pos], xp.stack([sequence[left], sequence[right]], axis=1)))
         spacing = half
     return waves
 
