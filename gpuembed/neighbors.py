@@ -31,6 +31,8 @@ DEFAULT_BLOCK_BYTES = {"cpu": 256 * 2**20, "gpu": 2**30}
 # Extra candidates kept beyond k before the exact recomputation, so that GEMM
 # rounding at the k-th boundary cannot drop a true neighbour.
 CANDIDATE_MARGIN = 8
+SELECT_WARPS = 16384       # GPU selection: warps per launch to aim for (an H100 holds 132 x 64)
+SEGMENT_COLUMNS = 128      # a row segment has at least this many columns per selected one
 # Relative accuracy of the returned distances, per dtype (see module doc).
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
 
@@ -180,14 +182,30 @@ def _select_cpu(D, m):
 
 
 def _select_gpu(be, D, m):
-    """GPU version of _select_cpu: kernels/knn_select.cu, one warp per row."""
+    """GPU version of _select_cpu: kernels/knn_select.cu, one warp per row and
+    column segment, then the m best of the segments' winners."""
     xp = be.xp
     b, n = D.shape
     D = xp.ascontiguousarray(D)
-    out = xp.empty((b, m), dtype=xp.int64)
+    # Enough warps to fill the GPU, each lane scanning at least 4 m columns.
+    segments = max(1, min(-(-SELECT_WARPS // b), n // (SEGMENT_COLUMNS * m)))
+    cand = _select_launch(be, D, m, segments)
+    if segments == 1:
+        return cand
+    # Segments are runs of columns in order: (value, position) ties in the
+    # winners break as (value, column) do in D.
+    best = _select_launch(be, xp.take_along_axis(D, cand, axis=1), m, 1)
+    return xp.take_along_axis(cand, best, axis=1)
+
+
+def _select_launch(be, D, m, segments):
+    """Columns (b, segments * m) of each row's segments' m smallest entries."""
+    xp = be.xp
+    b, n = D.shape
+    out = xp.empty((b, segments * m), dtype=xp.int64)
     kernel = be.kernel("knn_select.cu", "knn_select", D.dtype, defines={"KNN_MAX_K": _pow2(m)})
     warps_per_block = 4
-    grid = ((b + warps_per_block - 1) // warps_per_block,)
+    grid = ((b + warps_per_block - 1) // warps_per_block, segments)
     kernel(grid, (32 * warps_per_block,), (D, np.int64(b), np.int64(n), np.int32(m), out))
     return out
 

@@ -1,7 +1,14 @@
 // Row-wise selection of the m smallest entries of a dense B x N block of
-// (shifted) squared distances: one warp per row.
+// (shifted) squared distances: one warp per row and column segment.
 //
-// Each lane scans columns lane, lane + 32, ... and keeps its own m best
+// The grid's y dimension splits each row into gridDim.y segments of
+// floor or ceil(N / gridDim.y) columns; the warp of (row, segment) writes that
+// segment's m best columns to out[row, segment, :].  Segments keep the GPU busy
+// when a block has few rows (268 rows of 1e6 columns: 268 warps, each scanning
+// a million columns, took 184 s for a 1e6-point k-NN); the caller selects the
+// m best of the segments' winners with one more launch of one segment.
+//
+// Each lane scans columns start + lane, start + lane + 32, ... and keeps its own m best
 // (value, column) pairs sorted in local memory; the warp then merges the 32
 // sorted lists with m rounds of a shuffle argmin over the list heads.
 // Pairs compare lexicographically, so ties are resolved by column index and
@@ -41,8 +48,10 @@ __global__ void knn_select(const T* __restrict__ D, long long n_rows, long long 
         idx[t] = KNN_NO_INDEX;
     }
 
+    const long long seg = blockIdx.y;
+    const long long start = seg * n_cols / gridDim.y, stop = (seg + 1) * n_cols / gridDim.y;
     const T* d = D + row * n_cols;
-    for (long long j = lane; j < n_cols; j += 32) {
+    for (long long j = start + lane; j < stop; j += 32) {
         const T v = d[j];
         if (knn_less(v, j, val[m - 1], idx[m - 1])) {
             int t = m - 1;
@@ -72,7 +81,7 @@ __global__ void knn_select(const T* __restrict__ D, long long n_rows, long long 
         }
         // Column indices are unique, so exactly one lane owns the winner.
         if (head < m && best_i == i) ++head;
-        if (lane == 0) out[row * m + r] = best_i;
+        if (lane == 0) out[(row * gridDim.y + seg) * m + r] = best_i;
     }
 }
 

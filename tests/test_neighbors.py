@@ -148,11 +148,13 @@ def test_gpu_equals_cpu(rng, dtype):
 def test_gpu_selection_kernel_equals_cpu_selection(rng, m):
     """kernels/knn_select.cu against _select_cpu, with rows whose m smallest
     entries all sit in one lane's columns (j = 5 mod 32), so that one lane's
-    list supplies every winner, rows with ties, and columns fewer than 32 m."""
-    from gpuembed.neighbors import _select_cpu, _select_gpu
+    list supplies every winner, rows with ties, and columns fewer than 32 m; with
+    enough columns the rows are split into segments (all sizes here but the
+    smallest for m = 1 and 7, the largest for m = 40)."""
+    from gpuembed.neighbors import SEGMENT_COLUMNS, _select_cpu, _select_gpu
 
     be = ge.get_backend("gpu")
-    for n in (2000, 20 * m + 3):
+    for n in (2000, 20 * m + 3, 3 * SEGMENT_COLUMNS * m + 17):
         D = rng.random((9, n))
         D[0, 5::32][:m] = -1.0 - rng.random(min(m, len(D[0, 5::32])))
         D[1] = np.round(D[1] * 4) / 4                     # ties, broken by column
