@@ -3,23 +3,30 @@
 //
 // The grid's y dimension splits each row into gridDim.y segments of
 // floor or ceil(N / gridDim.y) columns; the warp of (row, segment) writes that
-// segment's m best columns to out[row, segment, :].  Segments keep the GPU busy
-// when a block has few rows (268 rows of 1e6 columns: 268 warps, each scanning
-// a million columns, took 184 s for a 1e6-point k-NN); the caller selects the
-// m best of the segments' winners with one more launch of one segment.
+// segment's m best columns, in order, to out[row, segment, :].  Segments keep
+// the GPU busy when a block has few rows (268 rows of 1e6 columns); the caller
+// selects the m best of the segments' winners with one more launch of one
+// segment.
 //
-// Each lane scans columns start + lane, start + lane + 32, ... and keeps its own m best
-// (value, column) pairs sorted in local memory; the warp then merges the 32
-// sorted lists with m rounds of a shuffle argmin over the list heads.
+// The warp keeps one sorted list of its m best (value, column) pairs in shared
+// memory and reads 32 columns at a time, one per lane.  Only the lanes whose
+// pair beats the list's last entry (a ballot) are inserted, one after another,
+// each by the whole warp: its rank is a warp-wide count, the entries behind it
+// move one slot.  After the first few m columns insertions are rare (about
+// m log(N / m) per row), so the scan runs at the speed of reading D.  An
+// earlier version kept a sorted list of m pairs per lane in local memory: at
+// m = 98 the lists overflowed the L1 cache and a 1e6-point k-NN took minutes.
 // Pairs compare lexicographically, so ties are resolved by column index and
 // the output is deterministic.  Used by gpuembed/neighbors.py (_select_gpu);
 // the NumPy reference is _select_cpu.
 //
-// KNN_MAX_K (prepended by the loader) bounds m: the local list size.
+// KNN_MAX_K (prepended by the loader) bounds m; KNN_WARPS is the number of
+// warps per block the caller launches.
 
 #ifndef KNN_MAX_K
 #define KNN_MAX_K 128
 #endif
+#define KNN_WARPS 4
 
 #define KNN_NO_INDEX 0x7fffffffffffffffLL
 
@@ -37,52 +44,63 @@ __device__ __forceinline__ bool knn_less(T a, long long ia, T b, long long ib) {
 template <typename T>
 __global__ void knn_select(const T* __restrict__ D, long long n_rows, long long n_cols, int m,
                            long long* __restrict__ out) {
-    const int lane = threadIdx.x & 31;
-    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    __shared__ T list_val[KNN_WARPS][KNN_MAX_K];
+    __shared__ long long list_idx[KNN_WARPS][KNN_MAX_K];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long row = (long long)blockIdx.x * KNN_WARPS + warp;
     if (row >= n_rows) return;  // the whole warp leaves together
-
-    T val[KNN_MAX_K];
-    long long idx[KNN_MAX_K];
-    for (int t = 0; t < m; ++t) {
+    T* val = list_val[warp];
+    long long* idx = list_idx[warp];
+    for (int t = lane; t < m; t += 32) {
         val[t] = knn_inf<T>();
         idx[t] = KNN_NO_INDEX;
     }
+    __syncwarp();
+    T last_v = knn_inf<T>();
+    long long last_i = KNN_NO_INDEX;
 
     const long long seg = blockIdx.y;
     const long long start = seg * n_cols / gridDim.y, stop = (seg + 1) * n_cols / gridDim.y;
     const T* d = D + row * n_cols;
-    for (long long j = start + lane; j < stop; j += 32) {
-        const T v = d[j];
-        if (knn_less(v, j, val[m - 1], idx[m - 1])) {
-            int t = m - 1;
-            while (t > 0 && knn_less(v, j, val[t - 1], idx[t - 1])) {
-                val[t] = val[t - 1];
-                idx[t] = idx[t - 1];
-                --t;
+    for (long long base = start; base < stop; base += 32) {
+        const long long j = base + lane;
+        const T v = j < stop ? d[j] : knn_inf<T>();
+        unsigned pending = __ballot_sync(0xffffffffu, j < stop && knn_less(v, j, last_v, last_i));
+        while (pending) {
+            const int src = __ffs(pending) - 1;
+            pending &= pending - 1;
+            const T cv = __shfl_sync(0xffffffffu, v, src);
+            const long long ci = __shfl_sync(0xffffffffu, j, src);
+            if (!knn_less(cv, ci, last_v, last_i)) continue;  // an earlier insert raised the bar
+            // Rank of (cv, ci) in the list: the entries before it, counted by all lanes.
+            int rank = 0;
+            for (int t = lane; t < m; t += 32) rank += knn_less(val[t], idx[t], cv, ci);
+            for (int offset = 16; offset > 0; offset >>= 1)
+                rank += __shfl_xor_sync(0xffffffffu, rank, offset);
+            // Entries rank .. m - 2 move one slot back; the last one drops out.
+            T moved_v[(KNN_MAX_K + 31) / 32];
+            long long moved_i[(KNN_MAX_K + 31) / 32];
+            for (int q = 0, t = lane; t < m - 1; ++q, t += 32) {
+                moved_v[q] = val[t];
+                moved_i[q] = idx[t];
             }
-            val[t] = v;
-            idx[t] = j;
+            __syncwarp();
+            for (int q = 0, t = lane; t < m - 1; ++q, t += 32) {
+                if (t >= rank) {
+                    val[t + 1] = moved_v[q];
+                    idx[t + 1] = moved_i[q];
+                }
+            }
+            if (lane == 0) {
+                val[rank] = cv;
+                idx[rank] = ci;
+            }
+            __syncwarp();
+            last_v = val[m - 1];
+            last_i = idx[m - 1];
         }
     }
-
-    int head = 0;
-    for (int r = 0; r < m; ++r) {
-        const T v = head < m ? val[head] : knn_inf<T>();
-        const long long i = head < m ? idx[head] : KNN_NO_INDEX;
-        T best_v = v;
-        long long best_i = i;
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            const T other_v = __shfl_xor_sync(0xffffffffu, best_v, offset);
-            const long long other_i = __shfl_xor_sync(0xffffffffu, best_i, offset);
-            if (knn_less(other_v, other_i, best_v, best_i)) {
-                best_v = other_v;
-                best_i = other_i;
-            }
-        }
-        // Column indices are unique, so exactly one lane owns the winner.
-        if (head < m && best_i == i) ++head;
-        if (lane == 0) out[(row * gridDim.y + seg) * m + r] = best_i;
-    }
+    for (int t = lane; t < m; t += 32) out[(row * gridDim.y + seg) * m + t] = idx[t];
 }
 
 template __global__ void knn_select<float>(const float*, long long, long long, int, long long*);

@@ -6,7 +6,8 @@
 // one after another, so `__shared__` (static) and dynamic shared memory are
 // simply per-block buffers.  A thread runs until it reaches a barrier:
 //   __syncthreads()       waits for every thread of the block;
-//   __shfl_*_sync(...)    waits for the 32 lanes of its warp (full masks only).
+//   __shfl_*_sync(...), __ballot_sync(...), __syncwarp()
+//                         wait for the 32 lanes of its warp (full masks only).
 // Misuse that is undefined behaviour on a GPU is reported, not guessed at:
 // a __syncthreads() that some threads reach after others exited, a shuffle
 // with lanes that exited or with a partial mask, and any deadlock.  Dynamic
@@ -336,6 +337,14 @@ template <typename T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
     return emu::shuffle(mask, value, (emu::current % warpSize) ^ lane_mask);
 }
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+    unsigned bits = predicate ? 1u << (emu::current % warpSize) : 0u;
+    for (int offset = 16; offset > 0; offset >>= 1)
+        bits |= emu::shuffle(mask, bits, (emu::current % warpSize) ^ offset);
+    return bits;
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) { emu::shuffle(mask, 0, 0); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 
 // The fast intrinsics as the GPU computes them: __expf is ex2.approx of x log2(e)
 // rounded to float (a relative error growing with |x|), __fdividef a reciprocal

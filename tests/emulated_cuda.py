@@ -91,7 +91,10 @@ def compile_kernel(source, function, flags=()):
     if COMPILER is None:
         raise RuntimeError("the CUDA emulator needs g++")
     source = _translate(source) + f"\nEMU_EXPORT({function})\n"
-    flags = [*EXTRA_FLAGS, *flags]
+    # -fno-gnu-unique: a kernel template's static __shared__ arrays would otherwise
+    # be one process-wide symbol, shared by every library compiled from that
+    # source, whatever size its defines gave them.
+    flags = ["-fno-gnu-unique", *EXTRA_FLAGS, *flags]
     digest = hashlib.sha256(
         "\n".join([HEADER.read_text(), source, *flags]).encode()).hexdigest()[:20]
     library = CACHE / f"{digest}.so"
