@@ -33,6 +33,7 @@ DEFAULT_BLOCK_BYTES = {"cpu": 256 * 2**20, "gpu": 2**30}
 CANDIDATE_MARGIN = 8
 SELECT_WARPS = 16384       # GPU selection: warps per launch to aim for (an H100 holds 132 x 64)
 SEGMENT_COLUMNS = 128      # a row segment has at least this many columns per selected one
+SHARED_BYTES = 48 * 1024   # static shared memory per block without opting in
 # Relative accuracy of the returned distances, per dtype (see module doc).
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
 
@@ -186,6 +187,8 @@ def _select_gpu(be, D, m):
     column segment, then the m best of the segments' winners."""
     xp = be.xp
     b, n = D.shape
+    if _warps_per_block(m) == 0:                # no room for the list: a full stable sort
+        return xp.argsort(D, axis=1, kind="stable")[:, :m]
     D = xp.ascontiguousarray(D)
     # Enough warps to fill the GPU, each lane scanning at least 4 m columns.
     segments = max(1, min(-(-SELECT_WARPS // b), n // (SEGMENT_COLUMNS * m)))
@@ -203,11 +206,19 @@ def _select_launch(be, D, m, segments):
     xp = be.xp
     b, n = D.shape
     out = xp.empty((b, segments * m), dtype=xp.int64)
-    kernel = be.kernel("knn_select.cu", "knn_select", D.dtype, defines={"KNN_MAX_K": _pow2(m)})
-    warps_per_block = 4
-    grid = ((b + warps_per_block - 1) // warps_per_block, segments)
-    kernel(grid, (32 * warps_per_block,), (D, np.int64(b), np.int64(n), np.int32(m), out))
+    warps = _warps_per_block(m)
+    kernel = be.kernel("knn_select.cu", "knn_select", D.dtype,
+                       defines={"KNN_MAX_K": _pow2(m), "KNN_WARPS": warps})
+    grid = ((b + warps - 1) // warps, segments)
+    kernel(grid, (32 * warps,), (D, np.int64(b), np.int64(n), np.int32(m), out))
     return out
+
+
+def _warps_per_block(m):
+    """Warps per block whose lists of m (value, column) pairs fit the 48 KiB of
+    static shared memory a kernel gets without opting in (at most 4; 0: none).
+    Counted for double values: the source instantiates both types."""
+    return min(4, SHARED_BYTES // (_pow2(m) * 16))
 
 
 def _pow2(m):

@@ -21,12 +21,15 @@
 // the NumPy reference is _select_cpu.
 //
 // KNN_MAX_K (prepended by the loader) bounds m; KNN_WARPS is the number of
-// warps per block the caller launches.
+// warps per block the caller launches, as many lists as fit 48 KiB of shared
+// memory (the caller sorts whole rows where not even one fits).
 
 #ifndef KNN_MAX_K
 #define KNN_MAX_K 128
 #endif
+#ifndef KNN_WARPS
 #define KNN_WARPS 4
+#endif
 
 #define KNN_NO_INDEX 0x7fffffffffffffffLL
 

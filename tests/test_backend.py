@@ -93,6 +93,22 @@ def test_kernel_compiles_with_nvcc(name, tmp_path):
     assert ".entry" in (tmp_path / "out.ptx").read_text()
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("m", [512, 600, 1025])
+def test_knn_selection_lists_fit_shared_memory(m, tmp_path):
+    """The k-NN selection's defines for m (list length, warps per block) pass
+    ptxas's 48 KiB static shared-memory limit for both instantiations."""
+    from gpuembed.neighbors import _pow2, _warps_per_block
+
+    src = tmp_path / "knn_select.cu"
+    src.write_text(kernel_source("knn_select.cu", {"KNN_MAX_K": _pow2(m),
+                                                   "KNN_WARPS": _warps_per_block(m)}))
+    result = subprocess.run(
+        ["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "out.cubin"),
+         str(src)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
 @pytest.mark.gpu
 def test_gpu_backend_round_trip():
     be = ge.get_backend("gpu")

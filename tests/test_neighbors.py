@@ -165,6 +165,23 @@ def test_gpu_selection_kernel_equals_cpu_selection(rng, m):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,dtype,warps", [(600, np.float64, 3), (1500, np.float32, 1),
+                                           (2100, np.float32, 0)])
+def test_gpu_selection_of_many_columns(rng, m, dtype, warps):
+    """Lists of m pairs leave room in 48 KiB of shared memory for fewer warps per
+    block (3 or 1 here); where not even one fits (2,100 pairs) whole rows are
+    sorted.  Ties at 1/8 spacing are broken by column index."""
+    from gpuembed.neighbors import _select_gpu, _warps_per_block
+
+    assert _warps_per_block(m) == warps
+    be = ge.get_backend("gpu")
+    D = (np.round(rng.random((6, 3 * m)) * 8) / 8).astype(dtype)
+    got = be.to_host(_select_gpu(be, be.asarray(D), m))
+    want = np.lexsort((np.broadcast_to(np.arange(3 * m), D.shape), D), axis=1)[:, :m]
+    np.testing.assert_array_equal(np.sort(got, axis=1), np.sort(want, axis=1))
+
+
 def test_knn_query_matches_brute_force(backend, rng):
     X = rng.standard_normal((300, 7))
     Q = np.concatenate([rng.standard_normal((40, 7)), X[:5]])   # includes training points
