@@ -4,25 +4,31 @@ Both run on the same float32 data, alternating, each timed ``repeat`` times; the
 figure quoted is the ratio of the best times.  Alongside, gpuembed's query path
 on the points themselves (``knn_query(X, X, k + 1)``: full rows of the distance
 matrix, what ``knn`` did on the CPU before it took the upper triangle only).  On a GPU, gpuembed's GPU path is
-timed too (after one warm-up call that compiles the kernel).
+timed too (after one warm-up call that compiles the kernel), and where its time
+goes for ``--stages-n`` random 50-D points (the selection kernel, the candidates'
+finish, the rest: the GEMM blocks and their bookkeeping).
 """
 from __future__ import annotations
 
 import argparse
+import time
+from unittest import mock
 
 import numpy as np
 
 from common import best_time, device_sync, write_result
 import gpuembed as ge
+from gpuembed import neighbors
 
 
-def run(n=None, k=90, repeat=2, gpu_only=False):
+def run(n=None, k=90, repeat=2, gpu_only=False, stages_n=1_000_000):
     X, _ = ge.datasets.fashion_mnist()
     if n:
         X = X[:n]
     if gpu_only:
         figures = {"n": X.shape[0], "dim": X.shape[1], "k": k, "dtype": "float32"}
         figures.update(run_gpu(X, k, ge.knn(X, k, backend="cpu")[1]))
+        figures["gpu_stages"] = gpu_stages(stages_n, 50, k)
         return figures
     from sklearn.neighbors import NearestNeighbors
 
@@ -76,14 +82,47 @@ def run_gpu(X, k, cpu_indices):
     return figures
 
 
+def gpu_stages(n, dim, k):
+    """One GPU k-NN of n random points in dim-D, with the selection and the
+    candidates' finish timed (the device synchronized around each call); the
+    rest is the GEMM blocks and their bookkeeping."""
+    be = ge.get_backend("gpu")
+    sync = device_sync(be)
+    X = be.asarray(np.random.default_rng(0).standard_normal((n, dim), dtype=np.float32))
+    ge.knn(X[:20_000], k, backend=be)                # compile + warm up
+    spent = {"select": 0.0, "finish": 0.0}
+
+    def timed(name, fn):
+        def call(*args):
+            sync()
+            start = time.perf_counter()
+            out = fn(*args)
+            sync()
+            spent[name] += time.perf_counter() - start
+            return out
+        return call
+
+    with mock.patch.object(neighbors, "_select_gpu", timed("select", neighbors._select_gpu)), \
+            mock.patch.object(neighbors, "_finish", timed("finish", neighbors._finish)):
+        total, _ = best_time(lambda: ge.knn(X, k, backend=be), sync=sync)
+    rows = max(1, neighbors.DEFAULT_BLOCK_BYTES["gpu"] // (n * X.dtype.itemsize))
+    figures = {"n": n, "dim": dim, "k": k, "blocks": -(-n // rows), "seconds": total,
+               "select_seconds": spent["select"], "finish_seconds": spent["finish"],
+               "other_seconds": total - spent["select"] - spent["finish"]}
+    print("gpu stages", figures, flush=True)
+    return figures
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=None, help="use the first n points")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--gpu-only", action="store_true",
                         help="only the GPU timing (and its agreement), written to knn_gpu.json")
+    parser.add_argument("--stages-n", type=int, default=1_000_000,
+                        help="points of the GPU stage breakdown (with --gpu-only)")
     args = parser.parse_args(argv)
-    figures = run(n=args.n, repeat=args.repeat, gpu_only=args.gpu_only)
+    figures = run(n=args.n, repeat=args.repeat, gpu_only=args.gpu_only, stages_n=args.stages_n)
     suffix = "" if args.n is None else f"_n{args.n}"
     write_result("knn", figures, suffix=suffix + ("_gpu" if args.gpu_only else ""))
 
