@@ -144,6 +144,26 @@ def test_gpu_equals_cpu(rng, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_knn_with_segmented_rows(rng, dtype, monkeypatch):
+    """Blocks of 64 rows split into 4 column segments each (segments as short as
+    4 columns per selected one, so that 600 points need them), the points
+    themselves excluded and ties ordered by index as on the CPU."""
+    from gpuembed import neighbors
+
+    monkeypatch.setattr(neighbors, "SEGMENT_COLUMNS", 4)
+    X = rng.standard_normal((600, 10)).astype(dtype)
+    X[500:510] = X[:10]                                    # duplicates: ties at distance 0
+    cpu = ge.knn(X, 25, backend="cpu")
+    be = ge.get_backend("gpu")
+    gpu = [be.to_host(a) for a in ge.knn(be.asarray(X), 25, backend=be,
+                                         block_bytes=64 * X.shape[0] * X.itemsize)]
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-4 if dtype == np.float32 else 1e-10)
+    assert (gpu[1] == cpu[1]).mean() > 0.999
+    assert gpu[1][5, 0] == 505 and gpu[1][505, 0] == 5
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 7, 40])
 def test_gpu_selection_kernel_equals_cpu_selection(rng, m):
     """kernels/knn_select.cu against _select_cpu, with rows whose m smallest
