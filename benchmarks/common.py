@@ -29,6 +29,10 @@ def cpu_name():
 
 
 def git_commit():
+    """HEAD, or $GPUEMBED_COMMIT where set: the device machine's copy of the
+    repository reported the commit its session began at for every run."""
+    if os.environ.get("GPUEMBED_COMMIT"):
+        return os.environ["GPUEMBED_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, check=True).stdout.strip()

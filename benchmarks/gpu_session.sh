@@ -11,18 +11,30 @@
 #   python3 benchmarks/emulated_gpu.py bench_nbody.py --backend gpu --parts large --large-n 4000
 # (every part ran that way before its first GPU call; see the README).
 #
+# Several parts may share one call: bash benchmarks/gpu_session.sh tests bench
+# (those two leave 8 files in $OUT, as many as come back from one call).
+#
 # Fashion-MNIST travels with the working tree: before the first call, here,
 #   mkdir -p .fmnist && cp /usr/share/datasets/fashion-mnist/*.gz .fmnist/
 # and name .fmnist in the call's carry (it is git-ignored, 31 MB).
+# CuPy's compiled kernels come back as $OUT/cupy_cache.tgz (2 MB): copy it to
+# .cupycache/ here and carry .cupycache too, and the next call skips most
+# compilation (about a minute of the first call's gpu tests).
+# The device's copy of the repository reported the session's first commit for
+# every run: start the command with GPUEMBED_COMMIT=<this checkout's HEAD>, which
+# the result JSON records instead.
 # Logs and result JSON go to $OUT when it is set (the device tool), else to /tmp.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy_cache
 [ -d .fmnist ] && export GPUEMBED_FASHION_MNIST=$PWD/.fmnist
+[ -f .cupycache/cupy_cache.tgz ] && tar xzf .cupycache/cupy_cache.tgz -C /tmp
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 
-case "${1:-}" in
+[ $# -gt 0 ] || set -- usage
+for part in "$@"; do
+case "$part" in
 tests)
     python3 -m pytest -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
     ;;
@@ -48,7 +60,9 @@ embedding)
     cp benchmarks/results/embedding_gpu.json benchmarks/results/embedding_*70000*_gpu.png "$out/"
     ;;
 *)
-    echo "usage: $0 tests|bench|large|embedding" >&2
+    echo "usage: $0 tests|bench|large|embedding [more parts]" >&2
     exit 2
     ;;
 esac
+done
+tar czf "$out/cupy_cache.tgz" -C /tmp cupy_cache
