@@ -110,6 +110,24 @@ def test_bounds_scale_with_the_data(rng):
     np.testing.assert_allclose(hi2, hi - LOG(4.0))
 
 
+def test_bounds_of_one_perplexity_equal_those_of_a_per_row_array(rng):
+    """One value for all rows takes host scalars (p1 solved once); differing values
+    take per-row arrays: both must give the same bracket."""
+    d = rng.random((50, 30))
+    d -= d.min(1, keepdims=True)
+    K = np.full(50, 7.0)
+    assert rootfinding.common_value(K).ndim == 0
+    varied = K.copy()
+    varied[0] = 7.0 + 1e-12                          # not all equal: the per-row path
+    assert rootfinding.common_value(varied).ndim == 1
+    for a, b in zip(rootfinding.log_beta_bounds(np, d, K),
+                    rootfinding.log_beta_bounds(np, d, varied)):
+        np.testing.assert_allclose(a, b, rtol=1e-10)
+    for a, b in zip(rootfinding.log_beta_bounds(np, d, K),
+                    rootfinding.log_beta_bounds(np, d, 7.0)):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("method", rootfinding.METHODS)
 def test_entropy_recomputed_from_P(clusters, method):
     A = ge.entropic_affinities(clusters, 10.0, method=method, symmetrize=False, backend="cpu")
