@@ -35,7 +35,7 @@ __all__ = ["TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE"]
 # normalized objectives.
 INIT_STD = {"tsne": 1e-4, "default": 0.1}
 # Parameters the optimizers and affinities accept through **method_params.
-METHOD_PARAMS = {"n_neighbors", "kappa", "sd_solver", "lbfgs_memory", "step_size",
+METHOD_PARAMS = {"n_neighbors", "kappa", "sd_solver", "sd_refresh", "lbfgs_memory", "step_size",
                  "learning_rate", "early_exaggeration", "exaggeration_iter",
                  "transform_max_iter", "accuracy", "accuracy_schedule"}
 
@@ -109,6 +109,7 @@ class _Embedding:
             "step_size": lambda v: check_float(v, "step_size", 0.0, low_open=True),
             "kappa": lambda v: check_int(v, "kappa", 1),
             "sd_solver": lambda v: check_choice(v, "sd_solver", Spectral.SOLVERS),
+            "sd_refresh": lambda v: check_int(v, "sd_refresh", 1),
             "lbfgs_memory": lambda v: check_int(v, "lbfgs_memory", 1),
             "learning_rate": lambda v: (check_choice(v, "learning_rate", ("auto",))
                                         if isinstance(v, str) else
@@ -184,6 +185,7 @@ class _Embedding:
             params = {"kappa": p.get("kappa")}
             if self.optimizer == "sd":
                 params["solver"] = p.get("sd_solver", "auto")
+                params["refresh"] = p.get("sd_refresh")
             return params
         if self.optimizer == "lbfgs":
             return {"m": p.get("lbfgs_memory", 100)}

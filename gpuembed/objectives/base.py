@@ -135,8 +135,9 @@ class Objective:
     def value(self, X):
         return self.value_and_grad(X)[0]
 
-    def attractive_weights(self):
-        """W+ whose Laplacian gives the attractive Hessian 4 L+ (at X = 0 for t-SNE)."""
+    def attractive_weights(self, X=None):
+        """W+ whose Laplacian gives the attractive Hessian 4 L+ (at X = 0 for t-SNE,
+        whose weights depend on the layout: at ``X`` where given)."""
         return self.pairs.P
 
     def xx_coefficients(self, X):

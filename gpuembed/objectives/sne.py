@@ -46,6 +46,6 @@ class SNEObjective(Objective):
         value = self.constant + e_plus + float(xp.log(S).sum()) if valid else math.inf
         return value, grad
 
-    def attractive_weights(self):
+    def attractive_weights(self, X=None):
         # grad+ = 2 L(P + P^T) X = 4 L((P + P^T) / 2) X.
         return self.sym.P * 0.5

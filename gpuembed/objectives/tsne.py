@@ -29,6 +29,12 @@ class TSNEObjective(Objective):
         grad -= (4.0 / Z) * (S2[:, None] * X - SX2)
         return self.constant + self.exaggeration * e_plus + float(xp.log(Z)), grad
 
+    def attractive_weights(self, X=None):
+        # The attractive term's Laplacian weights p K: P at X = 0, where K = 1.
+        if X is None:
+            return self.pairs.P
+        return self.pairs.weights(self.pairs.p / (1.0 + self.pairs.sqdist(X)))
+
     def xx_coefficients(self, X):
         # Psd part of w^xx = -(p - 2 q) K^2 (x_in - x_im)(x_jn - x_jm): 2 q K^2 = 2 K^3 / Z.
         (S1, _), = self.sums(X, ("student",))
