@@ -198,10 +198,12 @@ def _offset_rows(offsets):
 
 
 @functools.lru_cache(maxsize=None)
-def _neighbourhood(p, d):
-    """(offsets, offset rows) of the interaction radius at order p in d dimensions."""
+def _neighbourhood(p, d, xp=np):
+    """(offsets, offset rows) of the interaction radius at order p in d dimensions,
+    as ``xp`` arrays: cached per array module, so the GPU uploads them once, not
+    at every FGT call."""
     offsets = _offsets(d, interaction_radius(p, d))
-    return offsets, _offset_rows(offsets)
+    return xp.asarray(offsets), xp.asarray(_offset_rows(offsets))
 
 
 def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False, cutoff=None):
@@ -235,7 +237,7 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False, cutoff=None):
     hermite = (_hermite_coefficients if array_code else _hermite_coefficients_cpu)(
         be, src, q, p, inv_fact)
 
-    offsets, rows = (xp.asarray(a) for a in _neighbourhood(p, d))
+    offsets, rows = _neighbourhood(p, d, xp)
     shape_arr = xp.asarray(shape)
     # Box pairs (b, c) from the target boxes' occupied neighbours (the offsets are
     # symmetric); when cases I and II run per target, only big target boxes.
