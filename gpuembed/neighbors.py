@@ -2,7 +2,8 @@
 
 For a block of B query rows the squared distances to all N points are
 ``|x|^2 + |y|^2 - 2 x.y`` (one GEMM on centred data).  The ``k + margin``
-smallest per row are selected: on the GPU by a warp-per-row CUDA kernel; on
+smallest per row are selected: on the GPU by a warp-per-row CUDA kernel, which
+adds |y|^2 and leaves out the query's own column as it reads the block; on
 the CPU, for queries against other points, by a threshold filter, and for the
 k-NN of all points (``knn``) from the upper triangle of the symmetric distance
 matrix alone, each GEMM strip offered to both of its rows' candidate heaps
@@ -11,9 +12,12 @@ distance carries a rounding error of about
 ``sqrt(D) eps (|x|^2 + |y|^2)``; candidates where that exceeds ``RTOL`` times
 the distance (1e-4 in float32, 1e-10 in float64) are recomputed exactly from
 the coordinates, so duplicates of a point come out at exactly 0.  The k best are returned sorted by (distance, index),
-so ties are ordered deterministically.
+so ties are ordered deterministically.  That finish runs once the candidates of
+all blocks are in, over large chunks of rows: per 268-row block of a 1e6-point
+k-NN its sorts and synchronization would be repeated 3,700 times.
 
-Memory bound: apart from X and the (N, k) outputs, one block holds a B x N
+Memory bound: apart from X, the (N, k) outputs and the (N, k + margin)
+candidates, one block holds a B x N
 distance matrix and (the filter) one more of the same shape (at most 2 x
 ``block_bytes``, default 256 MiB on the CPU and 1 GiB on the GPU), so N can
 grow to millions.
@@ -109,25 +113,17 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
 
     m = Q.shape[0]
     rows = max(1, min(m, block_bytes // (n * X.dtype.itemsize)))
-    sqdist = xp.empty((m, k), dtype=X.dtype)
-    indices = xp.empty((m, k), dtype=xp.int64)
+    select = _select_gpu if be.is_gpu else _select_cpu
+    values = xp.empty((m, n_cand), dtype=X.dtype)
+    cand = xp.empty((m, n_cand), dtype=xp.int64)
     for start in range(0, m, rows):
         stop = min(m, start + rows)
-        # D'[i, j] = |y_j|^2 - 2 x_i.y_j ranks j like the distance does.
-        D = Qc[start:stop] @ Yp_m2.T
-        D += sq[None, :]
-        if exclude_self:
-            own = xp.arange(start, stop)
-            D[own - start, inv_perm[own]] = xp.inf
-        if be.is_gpu:
-            cand = _select_gpu(be, D, n_cand)
-        else:
-            cand = _select_cpu(D, n_cand)
-        dist = xp.take_along_axis(D, cand, axis=1) + sq_q[start:stop, None]
-        d, i = _finish(xp, Q[start:stop], X, dist, sq_q[start:stop], sq[cand], perm[cand], k)
-        sqdist[start:stop] = d
-        indices[start:stop] = i
-    return sqdist, indices
+        # D[i, j] + |y_j|^2 = |y_j|^2 - 2 x_i.y_j ranks j like the distance does.
+        skip = inv_perm[start:stop] if exclude_self else xp.full(stop - start, -1, xp.int64)
+        values[start:stop], cand[start:stop] = select(be, Qc[start:stop] @ Yp_m2.T, sq, skip,
+                                                      n_cand)
+    values += sq_q[:, None]
+    return _finish_all(xp, Q, X, values, sq_q, sq, perm, cand, k, block_bytes)
 
 
 def _self_knn_cpu(X, Yp, sq, sq_x, perm, inv_perm, k, n_cand, block_bytes):
@@ -144,20 +140,13 @@ def _self_knn_cpu(X, Yp, sq, sq_x, perm, inv_perm, k, n_cand, block_bytes):
         strip = Yp[start:start + rows] @ Yp[start:].T
         offer_strip(strip, sq, start, values, cand)
     # Back to the caller's order: row r is Yp's row inv_perm[r].
-    values, cand = values[inv_perm], cand[inv_perm]
-    sqdist = np.empty((n, k), dtype=X.dtype)
-    indices = np.empty((n, k), dtype=np.int64)
-    for start in range(0, n, rows):
-        stop = min(n, start + rows)
-        c = cand[start:stop]
-        sqdist[start:stop], indices[start:stop] = _finish(
-            np, X[start:stop], X, values[start:stop], sq_x[start:stop], sq[c],
-            perm[c], k)
-    return sqdist, indices
+    return _finish_all(np, X, X, values[inv_perm], sq_x, sq, perm, cand[inv_perm], k,
+                       block_bytes)
 
 
-def _select_cpu(D, m):
-    """Column indices of the m smallest entries of each row of D (unordered).
+def _select_cpu(be, D, offset, skip, m):
+    """(values, columns) of the m smallest entries of each row of D + offset,
+    leaving out column skip[row] (-1: none); unordered.  D is overwritten.
 
     The m-th smallest value of the first columns (a random sample, see knn) is
     an upper bound for the row's m-th smallest; only entries under it survive,
@@ -165,6 +154,9 @@ def _select_cpu(D, m):
     over the whole row.
     """
     b, n = D.shape
+    D += offset[None, :]
+    own = np.flatnonzero(skip >= 0)
+    D[own, skip[own]] = np.inf
     n_sample = int(min(n, max(m, 2 * np.sqrt(m * n))))
     threshold = np.partition(D[:, :n_sample], m - 1, axis=1)[:, m - 1]
     flat = np.flatnonzero(D <= threshold[:, None])
@@ -178,40 +170,49 @@ def _select_cpu(D, m):
     columns[rows, pos] = cols
     if width > m:
         best = np.argpartition(values, m - 1, axis=1)[:, :m]
+        values = np.take_along_axis(values, best, axis=1)
         columns = np.take_along_axis(columns, best, axis=1)
-    return columns
+    return values, columns
 
 
-def _select_gpu(be, D, m):
-    """GPU version of _select_cpu: kernels/knn_select.cu, one warp per row and
-    column segment, then the m best of the segments' winners."""
+def _select_gpu(be, D, offset, skip, m):
+    """GPU version of _select_cpu (D is left as it is, the values come in
+    column order): kernels/knn_select.cu, one warp per row and column segment,
+    then the m best of the segments' winners."""
     xp = be.xp
     b, n = D.shape
     if _warps_per_block(m) == 0:                # no room for the list: a full stable sort
-        return xp.argsort(D, axis=1, kind="stable")[:, :m]
+        D = D + offset[None, :]
+        own = xp.flatnonzero(skip >= 0)
+        D[own, skip[own]] = xp.inf
+        columns = xp.argsort(D, axis=1, kind="stable")[:, :m]
+        return xp.take_along_axis(D, columns, axis=1), columns
     D = xp.ascontiguousarray(D)
     # Enough warps to fill the GPU, each lane scanning at least 4 m columns.
     segments = max(1, min(-(-SELECT_WARPS // b), n // (SEGMENT_COLUMNS * m)))
-    cand = _select_launch(be, D, m, segments)
+    values, columns = _select_launch(be, D, offset, skip, m, segments)
     if segments == 1:
-        return cand
+        return values, columns
     # Segments are runs of columns in order: (value, position) ties in the
     # winners break as (value, column) do in D.
-    best = _select_launch(be, xp.take_along_axis(D, cand, axis=1), m, 1)
-    return xp.take_along_axis(cand, best, axis=1)
+    values, best = _select_launch(be, values, xp.zeros(values.shape[1], D.dtype),
+                                  xp.full(b, -1, xp.int64), m, 1)
+    return values, xp.take_along_axis(columns, best, axis=1)
 
 
-def _select_launch(be, D, m, segments):
-    """Columns (b, segments * m) of each row's segments' m smallest entries."""
+def _select_launch(be, D, offset, skip, m, segments):
+    """Values and columns (b, segments * m) of each row's segments' m smallest entries."""
     xp = be.xp
     b, n = D.shape
-    out = xp.empty((b, segments * m), dtype=xp.int64)
+    values = xp.empty((b, segments * m), dtype=D.dtype)
+    columns = xp.empty((b, segments * m), dtype=xp.int64)
     warps = _warps_per_block(m)
     kernel = be.kernel("knn_select.cu", "knn_select", D.dtype,
                        defines={"KNN_MAX_K": _pow2(m), "KNN_WARPS": warps})
     grid = ((b + warps - 1) // warps, segments)
-    kernel(grid, (32 * warps,), (D, np.int64(b), np.int64(n), np.int32(m), out))
-    return out
+    kernel(grid, (32 * warps,), (D, offset, skip, np.int64(b), np.int64(n), np.int32(m),
+                                 values, columns))
+    return values, columns
 
 
 def _warps_per_block(m):
@@ -223,6 +224,23 @@ def _warps_per_block(m):
 
 def _pow2(m):
     return 1 << (int(m) - 1).bit_length()
+
+
+def _finish_all(xp, Q, X, dist, sq_q, sq, perm, cand, k, block_bytes):
+    """_finish over all queries, in chunks of rows whose sorts fit about
+    ``block_bytes``; cand: the candidates' positions in the permuted points
+    (their squared norms sq and their indices perm)."""
+    m, n_cand = cand.shape
+    sqdist = xp.empty((m, k), dtype=X.dtype)
+    indices = xp.empty((m, k), dtype=xp.int64)
+    # _finish holds about 5 arrays of (rows, n_cand) int64 at once.
+    rows = max(1, block_bytes // (5 * 8 * n_cand))
+    for start in range(0, m, rows):
+        stop = min(m, start + rows)
+        c = cand[start:stop]
+        sqdist[start:stop], indices[start:stop] = _finish(
+            xp, Q[start:stop], X, dist[start:stop], sq_q[start:stop], sq[c], perm[c], k)
+    return sqdist, indices
 
 
 def _finish(xp, Q, X, dist, sq_rows, sq_cand, cand, k):

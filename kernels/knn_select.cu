@@ -1,12 +1,16 @@
-// Row-wise selection of the m smallest entries of a dense B x N block of
-// (shifted) squared distances: one warp per row and column segment.
+// Row-wise selection of the m smallest entries of D[row, j] + offset[j] over
+// the columns j != skip[row] of a dense B x N block: one warp per row and
+// column segment.  k-NN passes D = -2 x.y and offset = |y|^2, so the squared
+// norms are added as the block is read instead of by a pass over it that read
+// and wrote the whole block once more; skip is each query's own column (-1:
+// none).
 //
 // The grid's y dimension splits each row into gridDim.y segments of
 // floor or ceil(N / gridDim.y) columns; the warp of (row, segment) writes that
-// segment's m best columns, in order, to out[row, segment, :].  Segments keep
-// the GPU busy when a block has few rows (268 rows of 1e6 columns); the caller
-// selects the m best of the segments' winners with one more launch of one
-// segment.
+// segment's m best values and columns, in order, to out_val / out_idx[row,
+// segment, :].  Segments keep the GPU busy when a block has few rows (268 rows
+// of 1e6 columns); the caller selects the m best of the segments' winners with
+// one more launch of one segment.
 //
 // The warp keeps one sorted list of its m best (value, column) pairs in shared
 // memory and reads 32 columns at a time, one per lane.  Only the lanes whose
@@ -45,8 +49,10 @@ __device__ __forceinline__ bool knn_less(T a, long long ia, T b, long long ib) {
 }
 
 template <typename T>
-__global__ void knn_select(const T* __restrict__ D, long long n_rows, long long n_cols, int m,
-                           long long* __restrict__ out) {
+__global__ void knn_select(const T* __restrict__ D, const T* __restrict__ offset,
+                           const long long* __restrict__ skip, long long n_rows,
+                           long long n_cols, int m, T* __restrict__ out_val,
+                           long long* __restrict__ out_idx) {
     __shared__ T list_val[KNN_WARPS][KNN_MAX_K];
     __shared__ long long list_idx[KNN_WARPS][KNN_MAX_K];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -65,10 +71,12 @@ __global__ void knn_select(const T* __restrict__ D, long long n_rows, long long 
     const long long seg = blockIdx.y;
     const long long start = seg * n_cols / gridDim.y, stop = (seg + 1) * n_cols / gridDim.y;
     const T* d = D + row * n_cols;
+    const long long own = skip[row];
     for (long long base = start; base < stop; base += 32) {
         const long long j = base + lane;
-        const T v = j < stop ? d[j] : knn_inf<T>();
-        unsigned pending = __ballot_sync(0xffffffffu, j < stop && knn_less(v, j, last_v, last_i));
+        const bool take = j < stop && j != own;
+        const T v = take ? d[j] + offset[j] : knn_inf<T>();
+        unsigned pending = __ballot_sync(0xffffffffu, take && knn_less(v, j, last_v, last_i));
         while (pending) {
             const int src = __ffs(pending) - 1;
             pending &= pending - 1;
@@ -103,8 +111,13 @@ __global__ void knn_select(const T* __restrict__ D, long long n_rows, long long 
             last_i = idx[m - 1];
         }
     }
-    for (int t = lane; t < m; t += 32) out[(row * gridDim.y + seg) * m + t] = idx[t];
+    for (int t = lane; t < m; t += 32) {
+        out_val[(row * gridDim.y + seg) * m + t] = val[t];
+        out_idx[(row * gridDim.y + seg) * m + t] = idx[t];
+    }
 }
 
-template __global__ void knn_select<float>(const float*, long long, long long, int, long long*);
-template __global__ void knn_select<double>(const double*, long long, long long, int, long long*);
+template __global__ void knn_select<float>(const float*, const float*, const long long*, long long,
+                                           long long, int, float*, long long*);
+template __global__ void knn_select<double>(const double*, const double*, const long long*,
+                                            long long, long long, int, double*, long long*);

@@ -170,7 +170,9 @@ def test_gpu_selection_kernel_equals_cpu_selection(rng, m):
     entries all sit in one lane's columns (j = 5 mod 32), so that one lane's
     list supplies every winner, rows with ties, and columns fewer than 32 m; with
     enough columns the rows are split into segments (all sizes here but the
-    smallest for m = 1 and 7, the largest for m = 40)."""
+    smallest for m = 1 and 7, the largest for m = 40).  The column offsets are
+    added as the kernel reads, and each row but the last leaves out one column,
+    the best one in rows 0 and 2."""
     from gpuembed.neighbors import SEGMENT_COLUMNS, _select_cpu, _select_gpu
 
     be = ge.get_backend("gpu")
@@ -178,9 +180,22 @@ def test_gpu_selection_kernel_equals_cpu_selection(rng, m):
         D = rng.random((9, n))
         D[0, 5::32][:m] = -1.0 - rng.random(min(m, len(D[0, 5::32])))
         D[1] = np.round(D[1] * 4) / 4                     # ties, broken by column
-        got = np.sort(be.to_host(_select_gpu(be, be.asarray(D), m)), axis=1)
-        want = np.sort(_select_cpu(D, m), axis=1)
-        if (D[1] == np.sort(D[1])[m - 1]).sum() > 1:      # CPU keeps any m of a tie
+        offset = np.round(rng.random(n) * 4) / 16
+        skip = rng.integers(0, n, 9)
+        skip[-1] = -1
+        for r in (0, 2):
+            skip[r] = np.argmin(D[r] + offset)
+        values, columns = (be.to_host(a) for a in _select_gpu(
+            be, be.asarray(D), be.asarray(offset), be.asarray(skip), m))
+        full = D + offset
+        full[np.arange(8), skip[:8]] = np.inf
+        want_values, want = _select_cpu(be, D.copy(), offset, skip, m)
+        np.testing.assert_array_equal(values, np.take_along_axis(full, columns, 1))
+        np.testing.assert_array_equal(values, np.sort(values, axis=1))
+        np.testing.assert_array_equal(values, np.sort(want_values, axis=1))
+        got, want = np.sort(columns, axis=1), np.sort(want, axis=1)
+        assert not (got == skip[:, None]).any()
+        if (full[1] == np.sort(full[1])[m - 1]).sum() > 1:   # CPU keeps any m of a tie
             got, want = got[[0, *range(2, 9)]], want[[0, *range(2, 9)]]
         np.testing.assert_array_equal(got, want)
 
@@ -191,15 +206,24 @@ def test_gpu_selection_kernel_equals_cpu_selection(rng, m):
 def test_gpu_selection_of_many_columns(rng, m, dtype, warps):
     """Lists of m pairs leave room in 48 KiB of shared memory for fewer warps per
     block (3 or 1 here); where not even one fits (2,100 pairs) whole rows are
-    sorted.  Ties at 1/8 spacing are broken by column index."""
+    sorted.  Ties at 1/8 spacing are broken by column index; row 0 leaves out
+    column 7."""
     from gpuembed.neighbors import _select_gpu, _warps_per_block
 
     assert _warps_per_block(m) == warps
     be = ge.get_backend("gpu")
     D = (np.round(rng.random((6, 3 * m)) * 8) / 8).astype(dtype)
-    got = be.to_host(_select_gpu(be, be.asarray(D), m))
-    want = np.lexsort((np.broadcast_to(np.arange(3 * m), D.shape), D), axis=1)[:, :m]
-    np.testing.assert_array_equal(np.sort(got, axis=1), np.sort(want, axis=1))
+    offset = np.zeros(3 * m, dtype)
+    offset[::2] = 0.125
+    skip = np.full(6, -1)
+    skip[0] = 7
+    values, got = (be.to_host(a) for a in _select_gpu(
+        be, be.asarray(D), be.asarray(offset), be.asarray(skip), m))
+    full = D + offset
+    full[0, 7] = np.inf
+    want = np.lexsort((np.broadcast_to(np.arange(3 * m), D.shape), full), axis=1)[:, :m]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(values, np.take_along_axis(full, want, 1))
 
 
 def test_knn_query_matches_brute_force(backend, rng):
