@@ -25,7 +25,7 @@ from .neighbors import knn_query
 from .objectives import OBJECTIVES, default_lambda, make_objective
 from .optim import (DIRECTIONS, Monitor, Result, accuracy_schedule, homotopy, homotopy_path,
                     minimize, tsne_classic)
-from .optim.directions import Spectral
+from .optim.directions import Spectral, check_refresh
 
 __all__ = ["TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE"]
 
@@ -109,7 +109,7 @@ class _Embedding:
             "step_size": lambda v: check_float(v, "step_size", 0.0, low_open=True),
             "kappa": lambda v: check_int(v, "kappa", 1),
             "sd_solver": lambda v: check_choice(v, "sd_solver", Spectral.SOLVERS),
-            "sd_refresh": lambda v: check_int(v, "sd_refresh", 1),
+            "sd_refresh": check_refresh,
             "lbfgs_memory": lambda v: check_int(v, "lbfgs_memory", 1),
             "learning_rate": lambda v: (check_choice(v, "learning_rate", ("auto",))
                                         if isinstance(v, str) else
@@ -185,7 +185,7 @@ class _Embedding:
             params = {"kappa": p.get("kappa")}
             if self.optimizer == "sd":
                 params["solver"] = p.get("sd_solver", "auto")
-                params["refresh"] = p.get("sd_refresh")
+                params["refresh"] = p.get("sd_refresh", "auto")
             return params
         if self.optimizer == "lbfgs":
             return {"m": p.get("lbfgs_memory", 100)}

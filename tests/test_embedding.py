@@ -95,41 +95,53 @@ def test_sd_auto_solver_factorizes_small_problems_only(small, monkeypatch):
 
 
 def test_sd_refresh_rebuilds_b_from_the_layout(small):
-    """With refresh=2 the third call's B is 4 L(W) + mu I for t-SNE's attractive
-    weights at the layout, W = p / (1 + d^2) (P itself at X = 0); EE's weights
-    do not depend on the layout."""
+    """With refresh=2, B is 4 L(W) + mu I for t-SNE's attractive weights at the
+    start layout, W = p / (1 + d^2) (P itself at X = 0), and the third call
+    rebuilds it at that call's layout; by default ("auto") every 50 calls for
+    t-SNE, never for EE, whose weights do not depend on the layout."""
     from gpuembed.optim import directions
     _, _, A = small
     be = ge.get_backend("cpu")
-    Y = np.random.default_rng(3).standard_normal((120, 2))
-    D2 = ((Y[:, None] - Y[None]) ** 2).sum(-1)
+    rng = np.random.default_rng(3)
+    Y0, Y = rng.standard_normal((2, 120, 2))
     P = A.P.toarray()
+
+    def expected_B(Y):
+        W = P / (1 + ((Y[:, None] - Y[None]) ** 2).sum(-1))
+        L4 = 4 * (np.diag(W.sum(1)) - W)
+        mu = 1e-10 * L4.diagonal()[L4.diagonal() > 0].min()
+        return L4 + mu * np.eye(120)
+
     tsne = objectives.make_objective("tsne", A.P, be, np.float64)
-    np.testing.assert_allclose(tsne.attractive_weights(Y).toarray(), P / (1 + D2), rtol=1e-13)
+    np.testing.assert_allclose(tsne.attractive_weights(Y).toarray(),
+                               P / (1 + ((Y[:, None] - Y[None]) ** 2).sum(-1)), rtol=1e-13)
     assert (tsne.attractive_weights() != A.P).nnz == 0
     ee = objectives.make_objective("ee", A.P, be, np.float64)
     assert (ee.attractive_weights(Y) != A.P).nnz == 0
-    d = directions.Spectral(tsne, Y, refresh=2)
+    d = directions.Spectral(tsne, Y0, refresh=2)
+    np.testing.assert_allclose(d.B.toarray(), expected_B(Y0), rtol=1e-12, atol=1e-15)
     _, G = tsne.value_and_grad(Y)
-    initial = d.B.toarray()
     for _ in range(3):
         d(Y, G)
-    W = P / (1 + D2)
-    L4 = 4 * (np.diag(W.sum(1)) - W)
-    mu = 1e-10 * L4.diagonal()[L4.diagonal() > 0].min()
-    np.testing.assert_allclose(d.B.toarray(), L4 + mu * np.eye(120), rtol=1e-12, atol=1e-15)
-    assert np.abs(initial - d.B.toarray()).max() > 0.1 * np.abs(initial).max()
+    np.testing.assert_allclose(d.B.toarray(), expected_B(Y), rtol=1e-12, atol=1e-15)
+    assert np.abs(expected_B(Y0) - expected_B(Y)).max() > 0.1 * np.abs(expected_B(Y)).max()
+    assert directions.Spectral(tsne, Y0).refresh == directions.Spectral.REFRESH == 50
+    assert directions.Spectral(ee, Y0).refresh is None
+    assert directions.Spectral(tsne, Y0, refresh=None).refresh is None
+    never = directions.Spectral(tsne, Y0, refresh=None)
+    np.testing.assert_allclose(never.B.toarray(), 4 * (np.diag(P.sum(1)) - P), atol=1e-12)
 
 
 def test_tsne_sd_refresh_converges_further(loops):
-    """Rebuilding SD's B from the layout every 50 iterations: KL 0.764 after 300
-    iterations on rotating_objects against 0.814 with B at X = 0."""
+    """Rebuilding SD's B from the layout every 50 iterations (the default):
+    KL 0.764 after 300 iterations on rotating_objects against 0.814 with B at
+    X = 0 (sd_refresh=None)."""
     X, _ = loops
     A = ge.entropic_affinities(X, 20, backend="cpu")
     kl = {R: ge.TSNE(affinities=A, optimizer="sd", max_iter=300, tol=0, backend="cpu",
-                     sd_refresh=R).fit(X).objective_ for R in (None, 50)}
+                     sd_refresh=R).fit(X).objective_ for R in (None, "auto")}
     print(f"KL after 300 iterations: {kl}")
-    assert kl[50] < kl[None] - 0.03
+    assert kl["auto"] < kl[None] - 0.03
 
 
 def test_sd_sparsifies_large_graphs_by_default(small, monkeypatch):
@@ -485,6 +497,7 @@ def test_bad_arguments(small, make, match):
     (lambda: ge.EE(step_size=-1.0), ValueError, "step_size"),
     (lambda: ge.TSNE(optimizer="lbfgs", lbfgs_memory=0), ValueError, "lbfgs_memory"),
     (lambda: ge.TSNE(optimizer="sd", sd_refresh=0), ValueError, "sd_refresh"),
+    (lambda: ge.TSNE(optimizer="sd", sd_refresh="often"), ValueError, "sd_refresh"),
     (lambda: ge.TSNE(optimizer="tsne", learning_rate=0), ValueError, "learning_rate"),
     (lambda: ge.TSNE(optimizer="tsne", learning_rate="fast"), ValueError, "learning_rate"),
     (lambda: ge.TSNE(optimizer="tsne", early_exaggeration=-4), ValueError, "early_exaggeration"),

@@ -93,6 +93,15 @@ def pcg(xp, matvec, B, X0, precond, rtol, maxiter):
     return X
 
 
+def check_refresh(value):
+    """Spectral's ``refresh``: "auto", None (never) or an int >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return check_choice(value, "sd_refresh", ("auto",))
+    return check_int(value, "sd_refresh", 1)
+
+
 def floor_zero_curvature(xp, diag):
     """The curvatures with zeros (points or components without attractive weights,
     moved by the repulsion alone) replaced by the mean of the others, so that
@@ -216,29 +225,36 @@ class Spectral(Direction):
     at 720 points the factor wins, KL 0.849 against 0.931 after 200
     iterations), CG otherwise and on the GPU.
 
-    ``refresh=R`` (t-SNE; method_params ``sd_refresh``): every R iterations B is
-    rebuilt (and refactorized) from the attractive weights p / (1 + d^2) at the
-    current layout instead of P, their value at X = 0, which over-states the
-    curvature of the spread pairs more and more as the layout grows.  With
-    R = 50 (results/embedding.json, "sd+refresh"): on rotating_objects (720
-    points, full L+) gradient descent's 1,000-iteration KL in 0.26 s instead of
-    0.42 s (111 iterations instead of 285 in a traced run), ending at 0.708
-    instead of 0.772; on Fashion-MNIST 5k the classic optimizer's final KL at
-    1.6 s instead of 4.4 s, ending at 1.2355 instead of 1.2390 (10-NN accuracy
-    0.805 against 0.807).  Opt-in until measured at scale, where each rebuild
-    also recomputes the sparsified graph.  Other objectives' weights do not
-    depend on X, so there it only costs the rebuilds.
+    ``refresh=R`` (method_params ``sd_refresh``): every R iterations B is rebuilt
+    (and refactorized) from the attractive weights at the current layout.  For
+    t-SNE these are p / (1 + d^2), and P, their value at X = 0, over-states the
+    curvature of the spread pairs more and more as the layout grows; "auto"
+    (the default) is ``REFRESH`` = 50 for objectives whose curvature at X = 0 is
+    only a bound (t-SNE), never for the others, whose weights do not depend on X
+    (there a rebuild only costs time).  t-SNE with the default stopping test
+    (tol 1e-5, Barnes-Hut sums, CG solves; benchmarks/results/embedding_n*.json):
+    Fashion-MNIST 20k to KL 1.794 in 178 iterations and 14 s against 1.799 in 831
+    and 33 s with B at X = 0 (10-NN accuracy 0.820 both); 70k to 2.282 in 220
+    iterations and 83 s against 2.327 in 1,000 and 151 s (accuracy 0.845 and
+    0.844).  With the exact engine, 1,000 iterations (results/embedding.json):
+    on rotating_objects (720 points, full L+) gradient descent's final KL in 111
+    iterations instead of 285, ending at 0.708 instead of 0.772; on
+    Fashion-MNIST 5k the classic optimizer's final KL at 1.6 s instead of 4.4 s.
+    R = 25 gets there in fewer iterations at 20k (93) but stops at KL 1.801;
+    R = 10 spends more on rebuilds than it saves (rotating_objects: 3.6 s for
+    1,000 iterations against 1.5 s).
     """
 
     CHOLESKY_MAX_N = 20000
     CHOLESKY_MAX_N_BOUND = 10000
     FULL_LAPLACIAN_MAX_N = 2000
     AUTO_KAPPA = 15
+    REFRESH = 50
     scaled_by_attractive_curvature = True
     SOLVERS = ("auto", "cholesky", "cg")
 
     def __init__(self, objective, X, kappa=None, solver="auto", cg_tol=CG_TOL,
-                 cg_maxiter=CG_MAXITER, refresh=None):
+                 cg_maxiter=CG_MAXITER, refresh="auto"):
         super().__init__(objective, X)
         check_choice(solver, "sd_solver", self.SOLVERS)
         if kappa is not None:
@@ -246,7 +262,9 @@ class Spectral(Direction):
         elif X.shape[0] > self.FULL_LAPLACIAN_MAX_N:
             kappa = self.AUTO_KAPPA
         self.kappa = kappa
-        self.refresh = None if refresh is None else check_int(refresh, "sd_refresh", 1)
+        self.refresh = check_refresh(refresh)
+        if self.refresh == "auto":
+            self.refresh = self.REFRESH if objective.attractive_curvature_is_bound else None
         self.calls = 0
         if solver == "auto":
             limit = (self.CHOLESKY_MAX_N_BOUND if objective.attractive_curvature_is_bound
@@ -255,7 +273,9 @@ class Spectral(Direction):
         self.solver = solver
         self.cg_tol, self.cg_maxiter = cg_tol, cg_maxiter
         self.previous = None
-        self._build(objective.attractive_weights(), X)
+        # With refreshes, from the start layout's weights too (MAC builds one
+        # direction per mu at a spread layout; a new fit starts near X = 0).
+        self._build(objective.attractive_weights(X if self.refresh else None), X)
 
     def _build(self, W, X):
         """B, its diagonal and solver from the attractive weights W."""
