@@ -18,9 +18,8 @@ one subset can be read against its spread; written to embedding.json's
 first N Fashion-MNIST images with nbody="auto" (Barnes-Hut on the CPU), the
 default optimizer ("sd"), SD without refreshes of B and the classic one, against
 openTSNE's defaults, all timed from the data (affinities included, reported
-apart), with the seconds each
-gpuembed fit took to reach the others' final KL; written to embedding.json's
-"tsne_large" (the other figures are kept).
+apart), with the seconds each gpuembed fit took to reach the others' final KL;
+written to embedding_n<N>.json ("tsne_large"; ``--suffix`` names another file).
 """
 from __future__ import annotations
 
@@ -309,8 +308,8 @@ def main(argv=None):
             args.n, args.subsets, args.max_iter, args.backend)}, args.suffix, merge=True)
         return
     if args.large:
-        write_result("embedding", {"tsne_large": large(args.large, args.backend)}, args.suffix,
-                     merge=True)
+        write_result("embedding", {"tsne_large": large(args.large, args.backend)},
+                     args.suffix or f"_n{args.large}")
         return
     write_result("embedding", run(args.n, args.max_iter, args.backend, args.suffix),
                  args.suffix, merge=True)

@@ -233,9 +233,9 @@ class Spectral(Direction):
     only a bound (t-SNE), never for the others, whose weights do not depend on X
     (there a rebuild only costs time).  t-SNE with the default stopping test
     (tol 1e-5, Barnes-Hut sums, CG solves; benchmarks/results/embedding_n*.json):
-    Fashion-MNIST 20k to KL 1.794 in 178 iterations and 14 s against 1.799 in 831
-    and 33 s with B at X = 0 (10-NN accuracy 0.820 both); 70k to 2.282 in 220
-    iterations and 83 s against 2.327 in 1,000 and 151 s (accuracy 0.845 and
+    Fashion-MNIST 20k to KL 1.802 in 123 iterations and 17 s against 1.800 in 782
+    and 31 s with B at X = 0 (10-NN accuracy 0.819 both); 70k to 2.288 in 170
+    iterations and 62 s against 2.338 in 1,000 and 153 s (accuracy 0.845 and
     0.844).  With the exact engine, 1,000 iterations (results/embedding.json):
     on rotating_objects (720 points, full L+) gradient descent's final KL in 111
     iterations instead of 285, ending at 0.708 instead of 0.772; on
