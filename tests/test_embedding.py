@@ -288,26 +288,34 @@ def test_line_search_doubles_after_three_first_trial_acceptances():
     assert steps == [1, 1, 1, 2, 2, 2, 4, 4, 4, 8]
 
 
+@pytest.mark.parametrize("step_size", [None, 1.0])
 @pytest.mark.parametrize("cls", [ge.EE, ge.SSNE, ge.TSNE])
-def test_spectral_direction_does_not_fling_weakly_linked_clusters(cls):
+def test_spectral_direction_does_not_fling_weakly_linked_clusters(cls, step_size):
     """Five clusters of 60 points joined by weak affinities (3e-4 of the total: each
     point's 90 neighbours reach into other clusters): the spectral direction's
     curvature along their separations is the cuts' weights, and the first step flung
     them apart (largest coordinate 13,331 for EE, 2,947 for s-SNE, 44,395 for t-SNE
-    from a start of 0.2).  The line search's trust region moves no point farther than
-    TRUST_RADIUS times the layout's RMS radius (at least 1)."""
+    from a start of 0.2).  The trust region moves no point farther than
+    TRUST_RADIUS times the layout's RMS radius (at least 1), in the line search
+    and in fixed steps (``step_size``), where nothing else stops a fling."""
     from gpuembed.optim.loop import TRUST_RADIUS
 
     rng = np.random.default_rng(0)
     Y = np.repeat(rng.normal(size=(5, 10)) * 3, 60, axis=0) + rng.normal(size=(300, 10))
     layouts = []
-    model = cls(max_iter=20, tol=0, random_state=0, backend="cpu",
+    fixed = {} if step_size is None else {"step_size": step_size}
+    model = cls(max_iter=20, tol=0, random_state=0, backend="cpu", **fixed,
                 callbacks=[lambda it, t, E, X: layouts.append(X.copy())]).fit(Y)
+    capped = 0
     for old, new in zip(layouts, layouts[1:]):
         radius = np.sqrt(((old - old.mean(axis=0)) ** 2).sum(axis=1).mean())
         moved = np.sqrt(((new - old) ** 2).sum(axis=1)).max()
         assert moved <= TRUST_RADIUS * max(radius, 1.0) * (1 + 1e-9)
-    assert np.abs(model.embedding_).max() < 100
+        capped += moved >= TRUST_RADIUS * max(radius, 1.0) * (1 - 1e-9)
+    if step_size is None:
+        assert np.abs(model.embedding_).max() < 100
+    else:
+        assert capped >= 1          # the unit step along the spectral direction flings
 
 
 def test_lbfgs_and_cg_survive_vanishing_float32_vectors():

@@ -93,8 +93,10 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
     or memory) and an Armijo backtracking line search.
 
     ``step_size`` switches to fixed steps (no line search), as needed with
-    approximate gradients; ``schedule(iteration)`` sets the N-body accuracy
-    of each iteration (optim/schedules.py).  Stops when the relative objective
+    approximate gradients, still within the layouts' trust region (TRUST_RADIUS:
+    without it a fixed spectral step flung EE's clusters of Fashion-MNIST 70k
+    past the FGT's box count in its first iterations); ``schedule(iteration)``
+    sets the N-body accuracy of each iteration (optim/schedules.py).  Stops when the relative objective
     decrease per iteration, averaged over the last STOP_WINDOW iterations, falls
     below ``tol``, when the line search finds no decrease, after ``max_iter``
     iterations, or when a callback returns True.
@@ -129,7 +131,7 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
             P = -G
             slope = -float(xp.vdot(G, G))
         if step_size is not None:
-            alpha = step_size
+            alpha = min(step_size, _trust_step(xp, X, P)) if is_layout else step_size
             X_new = X + alpha * P
             E_new, G_new = objective.value_and_grad(X_new)
         else:
