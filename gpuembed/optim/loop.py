@@ -96,10 +96,10 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
     approximate gradients, still within the layouts' trust region (TRUST_RADIUS:
     without it a fixed spectral step flung EE's clusters of Fashion-MNIST 70k
     past the FGT's box count in its first iterations); ``schedule(iteration)``
-    sets the N-body accuracy of each iteration (optim/schedules.py).  Stops when the relative objective
-    decrease per iteration, averaged over the last STOP_WINDOW iterations, falls
-    below ``tol``, when the line search finds no decrease, after ``max_iter``
-    iterations, or when a callback returns True.
+    sets the N-body accuracy of each iteration (optim/schedules.py).  Stops when
+    the relative objective decrease per iteration, averaged over the last
+    STOP_WINDOW iterations, falls below ``tol``, when the line search finds no
+    decrease, after ``max_iter`` iterations, or when a callback returns True.
 
     ``serial_blas``: run NumPy's BLAS on one thread meanwhile (see
     Backend.serial_blas); False for objectives whose evaluation is mostly BLAS.
