@@ -154,9 +154,7 @@ def _select_cpu(be, D, offset, skip, m):
     over the whole row.
     """
     b, n = D.shape
-    D += offset[None, :]
-    own = np.flatnonzero(skip >= 0)
-    D[own, skip[own]] = np.inf
+    _offset_skip(np, D, offset, skip, out=D)
     n_sample = int(min(n, max(m, 2 * np.sqrt(m * n))))
     threshold = np.partition(D[:, :n_sample], m - 1, axis=1)[:, m - 1]
     flat = np.flatnonzero(D <= threshold[:, None])
@@ -175,6 +173,15 @@ def _select_cpu(be, D, offset, skip, m):
     return values, columns
 
 
+def _offset_skip(xp, D, offset, skip, out=None):
+    """D + offset (per column) with inf at each row's column skip[row] >= 0, into
+    ``out`` (a new array by default)."""
+    S = xp.add(D, offset[None, :], out=out)
+    own = xp.flatnonzero(skip >= 0)
+    S[own, skip[own]] = xp.inf
+    return S
+
+
 def _select_gpu(be, D, offset, skip, m):
     """GPU version of _select_cpu (D is left as it is, the values come in
     column order): kernels/knn_select.cu, one warp per row and column segment,
@@ -182,9 +189,7 @@ def _select_gpu(be, D, offset, skip, m):
     xp = be.xp
     b, n = D.shape
     if _warps_per_block(m) == 0:                # no room for the list: a full stable sort
-        D = D + offset[None, :]
-        own = xp.flatnonzero(skip >= 0)
-        D[own, skip[own]] = xp.inf
+        D = _offset_skip(xp, D, offset, skip)
         columns = xp.argsort(D, axis=1, kind="stable")[:, :m]
         return xp.take_along_axis(D, columns, axis=1), columns
     D = xp.ascontiguousarray(D)

@@ -237,10 +237,11 @@ class Spectral(Direction):
     and 30 s with B at X = 0 (10-NN accuracy 0.819 both); 70k to 2.288 in 170
     iterations and 64 s against 2.338 in 1,000 and 161 s (accuracy 0.845 and
     0.844).  CG takes more steps on a refreshed B (solves of 46 ms per iteration
-    against 13 ms at 20k), but the iterations are 6x fewer.  With the exact engine, 1,000 iterations (results/embedding.json):
-    on rotating_objects (720 points, full L+) gradient descent's final KL in 143
-    iterations instead of 285, ending at 0.666 instead of 0.772; on
-    Fashion-MNIST 5k the classic optimizer's final KL at 1.9 s instead of 4.9 s.
+    against 13 ms at 20k), but the iterations are 6x fewer.  With the exact
+    engine, 1,000 iterations (results/embedding.json): on rotating_objects (720
+    points, full L+) gradient descent's final KL in 143 iterations instead of
+    285, ending at 0.666 instead of 0.772; on Fashion-MNIST 5k the classic
+    optimizer's final KL at 1.9 s instead of 4.9 s.
     R = 25 gets there in fewer iterations at 20k (93) but stops at KL 1.801;
     R = 10 spends more on rebuilds than it saves (rotating_objects: 3.6 s for
     1,000 iterations against 1.5 s).
