@@ -214,3 +214,28 @@ def test_gpu_equals_cpu():
         labels = [ge.SpectralClustering(4, n_neighbors=15, random_state=0, backend=b,
                                         **params).fit_predict(X) for b in ("cpu", "gpu")]
         assert adjusted_rand_score(labels[0], labels[1]) == 1.0
+
+
+@pytest.mark.gpu
+def test_landmark_functions_gpu_equal_cpu(digits):
+    """The affinity graph (Gaussian and entropic), the linear LLL methods and the
+    landmark baselines with their k-NN searches and dense sums on the GPU (float64
+    inputs stay float64) against the CPU's.  Jittered digits: the integer pixels tie
+    distances, which the two GEMMs' last bits would order differently."""
+    from gpuembed.spectral import (affinity_graph, kernel_pca_lll, lda_lll, le_landmarks_only,
+                                   nystrom_le, pca_lll)
+
+    X, y = digits
+    X = X + np.random.default_rng(0).normal(scale=0.01, size=X.shape)
+    for kw in ({"sigma": 20.0}, {"perplexity": 5.0}):
+        W = [affinity_graph(X, 15, backend=b, **kw) for b in ("cpu", "gpu")]
+        assert (W[0] != W[1]).nnz == 0 or abs(W[0] - W[1]).max() < 1e-12 * W[0].max()
+    kw = dict(n_landmarks=300, random_state=0)
+    for fn in (lambda b: pca_lll(X, 2, kz=10, backend=b, **kw),
+               lambda b: lda_lll(X, y, 2, kz=10, backend=b, **kw),
+               lambda b: kernel_pca_lll(X, 2, sigma=30.0, kz=10, backend=b, **kw),
+               lambda b: le_landmarks_only(X, 2, n_neighbors=10, sigma=20.0, backend=b, **kw),
+               lambda b: nystrom_le(X, 2, n_neighbors=10, sigma=20.0, backend=b, **kw)):
+        cpu, gpu = fn("cpu"), fn("gpu")
+        assert isinstance(gpu, np.ndarray)
+        assert procrustes_error(cpu, gpu) < 1e-8

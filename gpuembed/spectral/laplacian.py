@@ -25,8 +25,12 @@ from .lll import (LANDMARK_METHODS, choose_landmarks, reconstruction_weights,
                   reduced_problem, trailing_generalized)
 
 
-def affinity_graph(X, n_neighbors, sigma=None, perplexity=None):
-    """Symmetric sparse affinities on the k-NN graph (host scipy CSR)."""
+def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, backend="auto"):
+    """Symmetric sparse affinities on the k-NN graph, as a host scipy CSR (float64).
+    The neighbour search (and the entropic calibration) runs on ``backend`` in X's
+    dtype (integers: the backend's default float)."""
+    be = get_backend(backend)
+    X = check_data(X, be)
     n = X.shape[0]
     k = check_int(n_neighbors, "n_neighbors", 2, n - 1)
     if sigma is not None and perplexity is not None:
@@ -35,25 +39,27 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None):
     if sigma is None:
         K = k / 3.0 if perplexity is None else check_float(perplexity, "perplexity", 1.0,
                                                             low_open=True)
-        W = entropic_affinities(X, max(K, 1.01), n_neighbors=k, symmetrize=False,
-                                backend="cpu").P
+        W = be.to_host(entropic_affinities(X, max(K, 1.01), n_neighbors=k, symmetrize=False,
+                                           backend=be).P).astype(np.float64)
     else:
         sigma = check_float(sigma, "sigma", 0.0, low_open=True)
-        sqdist, idx = knn(X, k, backend="cpu")
-        W = scipy.sparse.csr_matrix((np.exp(-sqdist / (2 * sigma ** 2)).ravel(),
-                                     (np.repeat(np.arange(n), k), idx.ravel())), shape=(n, n))
+        sqdist, idx = (be.to_host(a) for a in knn(X, k, backend=be))
+        values = np.exp(-sqdist.astype(np.float64) / (2 * sigma ** 2))
+        W = scipy.sparse.csr_matrix((values.ravel(), (np.repeat(np.arange(n), k), idx.ravel())),
+                                    shape=(n, n))
     return ((W + W.T) / 2).tocsr()
 
 
 def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state=None,
-                 drop_first=True):
+                 drop_first=True, backend="auto"):
     """Algorithm 3 for eq. 4.9 on affinities W: returns the embedding (N, d), the
-    landmark indices, Z (N, L), the landmarks' embedding (L, d) and kz used."""
+    landmark indices, Z (N, L), the landmarks' embedding (L, d) and kz used.  The
+    landmarks' k-NN runs on ``backend``, the rest on the host."""
     n = X.shape[0]
     L = check_int(n_landmarks, "n_landmarks", d + 2, n)
     kz = d + 1 if kz is None else check_int(kz, "kz", 1, L)
     idx = choose_landmarks(X, L, landmarks, random_state)
-    Z = reconstruction_weights(X, X[idx], kz)
+    Z = reconstruction_weights(X, X[idx], kz, backend=backend)
     degree = np.asarray(W.sum(axis=1)).ravel()
     D = scipy.sparse.diags(degree)
     A_r, B_r = reduced_problem(Z, D - W, D)
@@ -83,14 +89,14 @@ class _SpectralBase:
     def _embed(self, be, X, d, drop_first=True):
         """Embedding (N, d) exactly or by LLL; records landmarks_, Z_, landmark_embedding_.
         ``drop_first=False`` keeps the trivial solution (Ng-Jordan-Weiss clustering)."""
-        W = affinity_graph(X, self.n_neighbors, self.sigma, self.perplexity)
+        W = affinity_graph(X, self.n_neighbors, self.sigma, self.perplexity, backend=be)
         self._X = X
         if self.n_landmarks is None:
             self.landmarks_ = self.Z_ = None
             return be.to_host(spectral_embedding(W, d, backend=be, drop_first=drop_first,
                                                  random_state=self.random_state or 0))
         Y, self.landmarks_, self.Z_, self.landmark_embedding_, self._kz = lll_spectral(
-            X, W, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, drop_first)
+            X, W, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, drop_first, be)
         return Y
 
     def _map(self, X_new, embedding):
@@ -104,9 +110,9 @@ class _SpectralBase:
                              f"{self._X.shape[1]}")
         if self.landmarks_ is None:
             kz = embedding.shape[1] + 1
-            return reconstruction_weights(X_new, self._X, kz) @ embedding
-        return reconstruction_weights(X_new, self._X[self.landmarks_], self._kz) @ \
-            self.landmark_embedding_
+            return reconstruction_weights(X_new, self._X, kz, backend=self.backend) @ embedding
+        return reconstruction_weights(X_new, self._X[self.landmarks_], self._kz,
+                                      backend=self.backend) @ self.landmark_embedding_
 
 
 class LaplacianEigenmaps(_SpectralBase):

@@ -15,13 +15,14 @@ from .laplacian import affinity_graph
 from .lll import choose_landmarks, reconstruction_weights
 
 
-def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d):
+def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend):
+    """(Y on the host, landmark indices, Z); Z's k-NN search runs on ``backend``."""
     Y = np.asarray(check_data(Y, get_backend("cpu"), name="Y", min_samples=3))
     n = Y.shape[0]
     L = check_int(n_landmarks, "n_landmarks", d + 1, n)
     kz = d + 1 if kz is None else check_int(kz, "kz", 1, L)
     idx = choose_landmarks(Y, L, landmarks, random_state)
-    return Y, idx, reconstruction_weights(Y, Y[idx], kz)
+    return Y, idx, reconstruction_weights(Y, Y[idx], kz, backend=backend)
 
 
 def _leading_generalized(A, B, d):
@@ -32,11 +33,12 @@ def _leading_generalized(A, B, d):
     return vals[::-1], vecs[:, ::-1]
 
 
-def pca_lll(Y, n_components, *, n_landmarks, kz=None, landmarks="random", random_state=None):
+def pca_lll(Y, n_components, *, n_landmarks, kz=None, landmarks="random", random_state=None,
+            backend="auto"):
     """PCA by LLL: A~ = (Z^T Yc)(Z^T Yc)^T, B~ = Z^T Z, maximized (cost O(N kz D + L^2 D)).
     Returns the (N, d) projection, scaled like the unit-norm eigenvectors of Yc Yc^T."""
     d = check_int(n_components, "n_components", 1)
-    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d)
+    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend)
     # A~ has rank at most D: further "components" would be a null space's basis.
     check_int(d, "n_components", 1, Y.shape[1])
     M = Z.T @ (Y - Y.mean(axis=0))                      # (L, D)
@@ -45,13 +47,13 @@ def pca_lll(Y, n_components, *, n_landmarks, kz=None, landmarks="random", random
 
 
 def lda_lll(Y, labels, n_components, *, n_landmarks, kz=None, landmarks="random",
-            random_state=None):
+            random_state=None, backend="auto"):
     """LDA by LLL through the kernel form (eqs 4.16-4.17): with M = Z^T Yc,
     A~ = M S_b M^T and B~ = M S_t M^T, S_b and S_t the between-class and total
     scatter (D x D), maximized over the range of M.  Returns the (N, d) projection
     Yc m of the data on the discriminant directions m = Yc^T Z p~."""
     d = check_int(n_components, "n_components", 1)
-    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d)
+    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend)
     labels = np.asarray(labels)
     if labels.shape[0] != Y.shape[0]:
         raise ValueError(f"labels must have one entry per row of Y, got {labels.shape[0]}")
@@ -76,18 +78,22 @@ def lda_lll(Y, labels, n_components, *, n_landmarks, kz=None, landmarks="random"
 
 
 def kernel_pca_lll(Y, n_components, *, sigma, n_landmarks, kz=None, landmarks="random",
-                   random_state=None, block=2048):
+                   random_state=None, block=2048, backend="auto"):
     """Gaussian kernel PCA by LLL: A~ = Z^T Kc Z with Kc the centred kernel matrix,
-    B~ = Z^T Z; K Z is accumulated in row blocks, so no N x N matrix is stored."""
+    B~ = Z^T Z; K Z is accumulated in row blocks on ``backend``, so no N x N matrix
+    is stored."""
     d = check_int(n_components, "n_components", 1)
     sigma = check_float(sigma, "sigma", 0.0, low_open=True)
-    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d)
+    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend)
+    be = get_backend(backend)
+    xp = be.xp
     n = Y.shape[0]
-    Zd = Z.toarray()
-    KZ = np.empty_like(Zd)
+    Y_dev, Z_dev = be.asarray(Y), be.asarray(Z.toarray())
+    KZ = xp.empty_like(Z_dev)
     for start in range(0, n, block):
-        K = np.exp(-squared_distances(np, Y[start:start + block], Y) / (2 * sigma ** 2))
-        KZ[start:start + block] = K @ Zd
+        K = xp.exp(-squared_distances(xp, Y_dev[start:start + block], Y_dev) / (2 * sigma ** 2))
+        KZ[start:start + block] = K @ Z_dev
+    KZ, Zd = be.to_host(KZ), be.to_host(Z_dev)
     # Kc = K - 1K - K1 + 1K1 with 1 = ones / N:  Z^T Kc Z from K Z and column sums.
     col = KZ.sum(axis=0) / n                            # 1^T K Z / N
     z = Zd.sum(axis=0)                                  # Z^T 1
@@ -98,37 +104,42 @@ def kernel_pca_lll(Y, n_components, *, sigma, n_landmarks, kz=None, landmarks="r
 
 
 def le_landmarks_only(Y, n_components, *, n_neighbors, n_landmarks, kz=None, sigma=None,
-                      landmarks="random", random_state=None):
+                      landmarks="random", random_state=None, backend="auto"):
     """Baseline "LE(Z)": Laplacian eigenmaps of the landmarks alone (their own k-NN
     graph), then every point projected with Z."""
     d = check_int(n_components, "n_components", 1)
-    Y, idx, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d)
-    W = affinity_graph(Y[idx], min(n_neighbors, len(idx) - 1), sigma)
-    return Z @ spectral_embedding(W, d, backend="cpu")
+    Y, idx, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend)
+    be = get_backend(backend)
+    W = affinity_graph(Y[idx], min(n_neighbors, len(idx) - 1), sigma, backend=be)
+    return Z @ be.to_host(spectral_embedding(W, d, backend=be))
 
 
 def nystrom_le(Y, n_components, *, n_neighbors, n_landmarks, sigma, landmarks="random",
-               random_state=None):
+               random_state=None, backend="auto"):
     """Baseline: Nystrom extension of Laplacian eigenmaps from landmarks.
 
     The normalized Gaussian affinities M = D^-1/2 W D^-1/2 restricted to the
     landmarks give eigenvectors U (leading, the trivial one dropped); every point
     is extended by u(y) = M(y, landmarks) U / lambda, with the degrees estimated
-    from the N x L cross-affinities (Fowlkes et al.'s one-shot variant)."""
+    from the N x L cross-affinities (Fowlkes et al.'s one-shot variant), on
+    ``backend`` in Y's dtype.  Returns a host array."""
     d = check_int(n_components, "n_components", 1)
     sigma = check_float(sigma, "sigma", 0.0, low_open=True)
-    Y = np.asarray(check_data(Y, get_backend("cpu"), name="Y", min_samples=3))
+    be = get_backend(backend)
+    xp = be.xp
+    Y = check_data(Y, be, name="Y", min_samples=3)
     n = Y.shape[0]
     L = check_int(n_landmarks, "n_landmarks", d + 2, n)
-    idx = choose_landmarks(Y, L, landmarks, random_state)
-    C = np.exp(-squared_distances(np, Y, Y[idx]) / (2 * sigma ** 2))      # (N, L)
-    C[idx, np.arange(L)] = 0.0                                           # no self affinity
-    W_ll = C[idx]
+    idx = choose_landmarks(be.to_host(Y), L, landmarks, random_state)
+    idx_dev = be.asarray(idx)
+    C = xp.exp(-squared_distances(xp, Y, Y[idx_dev]) / (2 * sigma ** 2))      # (N, L)
+    C[idx_dev, xp.arange(L)] = 0.0                                           # no self affinity
+    W_ll = C[idx_dev]
     # Degrees of all points, approximated through the landmarks (scaled to N points).
     degree = C.sum(axis=1) * (n / L)
-    scale = 1.0 / np.sqrt(np.maximum(degree, 1e-300))
-    M_ll = scale[idx, None] * W_ll * scale[None, idx]
-    vals, U = np.linalg.eigh((M_ll + M_ll.T) / 2)
+    scale = 1.0 / xp.sqrt(xp.maximum(degree, 1e-300))
+    M_ll = scale[idx_dev, None] * W_ll * scale[None, idx_dev]
+    vals, U = xp.linalg.eigh((M_ll + M_ll.T) / 2)
     vals, U = vals[::-1][1:d + 1], U[:, ::-1][:, 1:d + 1]
-    extended = (scale[:, None] * C * scale[None, idx]) @ U / vals
-    return extended * scale[:, None]
+    extended = (scale[:, None] * C * scale[None, idx_dev]) @ U / vals
+    return be.to_host(extended * scale[:, None])

@@ -13,6 +13,7 @@ import scipy.linalg
 import scipy.sparse
 
 from .._checks import check_choice, check_int
+from ..backend import get_backend
 from ..neighbors import knn_query
 from ..nbody.exact import squared_distances
 from .kmeans import kmeans
@@ -56,7 +57,7 @@ def choose_landmarks(Y, n_landmarks, method="random", random_state=None):
     return np.unique(nearest)
 
 
-def reconstruction_weights(Y, Y_landmarks, kz):
+def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto"):
     """Sparse (N, L) Z: each row reconstructs y_n from its kz nearest landmarks with
     weights summing to one (LLE-style local Gram system, eqs 4.7-4.8; ridge
     1e-3 trace(G) / kz, needed when kz > D or landmarks are degenerate).  A point
@@ -65,10 +66,14 @@ def reconstruction_weights(Y, Y_landmarks, kz):
     G_ij = (y - l_i).(y - l_j) = (|y - l_i|^2 + |y - l_j|^2 - |l_i - l_j|^2) / 2 comes
     from the k-NN distances and the landmarks' own distances, so no (N, kz, D)
     array of differences is formed: O(N kz^2 + L^2 D) instead of O(N kz^2 D).
+    The k-NN search runs on ``backend`` in the inputs' dtype, the Gram systems on
+    the host in float64.
     """
     n, L = Y.shape[0], Y_landmarks.shape[0]
     kz = check_int(kz, "kz", 1, L)
-    sqdist, idx = knn_query(Y, Y_landmarks, kz, backend="cpu")
+    be = get_backend(backend)
+    sqdist, idx = (be.to_host(a) for a in knn_query(Y, Y_landmarks, kz, backend=be))
+    sqdist = sqdist.astype(np.float64)
     between = squared_distances(np, Y_landmarks, Y_landmarks)
     W = np.empty((n, kz))
     for start in range(0, n, REFINE_CHUNK):
