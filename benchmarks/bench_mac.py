@@ -17,6 +17,8 @@
    the chain rule's gradient (and the exact chain rule, time permitting).
 
 The time of the free embedding (shared by all) is excluded from the curves.
+``--backend gpu`` runs all of it on the GPU in its default float32 (the CPU:
+float64).
 Writes results/mac[_<suffix>].json (the parts run now replace their earlier
 figures, the others are kept) and results/mac_<part>.png.
 """
@@ -28,8 +30,9 @@ import time
 
 import numpy as np
 
-from common import RESULTS, best_time, loglog_slope, pyplot, write_result
+from common import RESULTS, best_time, device_sync, loglog_slope, pyplot, write_result
 import gpuembed as ge
+from gpuembed._checks import check_dtype
 from gpuembed.backend import get_backend
 from gpuembed.objectives import make_objective
 from gpuembed.objectives.penalty import Penalized
@@ -45,30 +48,33 @@ def pca(X, d):
 
 def cost(be, sizes, exact_max):
     rows = []
+    dtype, sync = be.default_float, device_sync(be)
     for n in sizes:
         Y, _ = ge.datasets.swiss_roll(n, random_state=0)
+        Y = be.asarray(Y, dtype=dtype)
         P = ge.entropic_affinities(Y, 30, backend=be).P
-        Z = ge.embedding.initial_layout("pca", Y, 2, be, np.float64, 5.0, 0)
+        Z = ge.embedding.initial_layout("pca", Y, 2, be, dtype, 5.0, 0)
         lin = LinearMapping().fit(Y, Z)
         timings = {}
         for engine in ("exact", "fgt"):
             if engine == "exact" and n > exact_max:
                 continue
-            objective = make_objective("ee", P, be, np.float64, nbody=engine)
+            objective = make_objective("ee", P, be, dtype, nbody=engine)
 
             def gradient():
                 E, G = objective.value_and_grad(lin.predict(Y))
                 return lin.backward(Y, G)
-            timings[f"chain-rule gradient ({engine})"] = best_time(gradient, 2)[0]
-        objective = make_objective("ee", P, be, np.float64, nbody="fgt")
+            timings[f"chain-rule gradient ({engine})"] = best_time(gradient, 2, sync)[0]
+        objective = make_objective("ee", P, be, dtype, nbody="fgt")
         penalized = Penalized(objective, lin.predict(Y), 1e-3)
         timings["MAC Z step, per iteration (sd, fgt)"] = best_time(
-            lambda: minimize(penalized, Z, "sd", max_iter=10, tol=0.0, step_size=0.1), 1)[0] / 10
+            lambda: minimize(penalized, Z, "sd", max_iter=10, tol=0.0, step_size=0.1), 1,
+            sync)[0] / 10
         timings["MAC F step (linear, warm)"] = best_time(
-            lambda: lin.fit(Y, Z, warm_start=True), 3)[0]
+            lambda: lin.fit(Y, Z, warm_start=True), 3, sync)[0]
         mlp = MLPMapping(hidden=(100, 500), initial_epochs=0, epochs=1, random_state=0).fit(Y, Z)
         timings["MAC F step (MLP 3-100-500-2, one epoch)"] = best_time(
-            lambda: mlp.fit(Y, Z, warm_start=True), 1)[0]
+            lambda: mlp.fit(Y, Z, warm_start=True), 1, sync)[0]
         for name, seconds in timings.items():
             rows.append({"n": n, "what": name, "seconds": seconds})
             print(rows[-1], flush=True)
@@ -92,11 +98,12 @@ def curves(Y, embedding, mapping, macs, chain_engines, chain_max_iter, chain_dir
         print(name, pe.objective_, out[name][-1]["seconds"], flush=True)
     pe = next(iter(fits.values()))
     be = get_backend(embedding.backend)
-    Y_dev = be.asarray(Y)
+    dtype = check_dtype(embedding.dtype, be)
+    Y_dev = be.asarray(Y, dtype=dtype)
     A = copy.copy(embedding)._affinity_matrix(Y_dev, be)
-    Z = be.asarray(pe.free_embedding_)
+    Z = be.asarray(pe.free_embedding_, dtype=dtype)
     for engine in chain_engines:
-        objective = make_objective(embedding.objective_name, A, be, np.float64, nbody=engine)
+        objective = make_objective(embedding.objective_name, A, be, dtype, nbody=engine)
         direct = (LinearMapping().fit(Y_dev, Z) if mapping == "linear"
                   else _direct_fit(pe, Y_dev, Z))
         start = time.perf_counter()
@@ -165,8 +172,9 @@ def main():
     parser.add_argument("--linear-n", type=int, default=10000)
     parser.add_argument("--chain-iter", type=int, default=100)
     parser.add_argument("--suffix", default="")
+    parser.add_argument("--backend", default="cpu")
     args = parser.parse_args()
-    be = get_backend("cpu")
+    be = get_backend(args.backend)
     parts = args.parts.split(",")
     figures = {}
     if "cost" in parts:
@@ -175,7 +183,7 @@ def main():
         figures["cost"] = {"rows": rows, "slopes": slopes}
     if "linear" in parts:
         X, _ = ge.datasets.rotating_objects()
-        data = curves(pca(X, 15), ge.EE(backend="cpu", random_state=0), "linear",
+        data = curves(pca(X, 15), ge.EE(backend=be, random_state=0), "linear",
                       {"MAC": {}, "MAC (augmented)": {"augmented": True, "mu_start": 1.0}},
                       ("exact",), 300, "gd")
         figures["linear_ee_rotating_objects"] = data
@@ -183,7 +191,7 @@ def main():
     if "linear-fmnist" in parts:
         X, _ = ge.datasets.fashion_mnist()
         Y = pca(X[: args.linear_n].astype(np.float64), 50)
-        data = curves(Y, ge.EE(backend="cpu", nbody="fgt", random_state=0), "linear",
+        data = curves(Y, ge.EE(backend=be, nbody="fgt", random_state=0), "linear",
                       {"MAC": {}, "MAC (augmented)": {"augmented": True, "mu_start": 0.1}},
                       ("fgt", "exact"), args.chain_iter, "gd")
         figures["linear_ee_fashion_mnist"] = {"n": args.linear_n, **data}
@@ -193,7 +201,7 @@ def main():
         X, _ = ge.datasets.fashion_mnist()
         Y = pca(X[: args.mlp_n].astype(np.float64), 50)
         mlp = {"hidden": (256, 256), "initial_epochs": 30, "epochs": 3, "random_state": 0}
-        data = curves(Y, ge.TSNE(backend="cpu", nbody="bh", random_state=0, max_iter=200), "mlp",
+        data = curves(Y, ge.TSNE(backend=be, nbody="bh", random_state=0, max_iter=200), "mlp",
                       {"MAC": {"mapping_params": mlp, "n_mu": 8, "max_inner": 3, "z_max_iter": 10}},
                       ("bh",), 100, "gd")
         figures["tsne_mlp_fashion_mnist"] = {"n": args.mlp_n, **data}

@@ -4,21 +4,25 @@ or more sizes: the first n images), for gpuembed's MultiscaleSNE (up to 2,000
 points also with all of the thesis' scales), gpuembed's TSNE and openTSNE's t-SNE
 with its multiscale affinities, side by side in one run, and each method's fitted
 log-log slope of seconds vs N over the subsets.  Writes results/msne[_<suffix>].json
-and R_NX(K) curves to results/msne_<dataset>.png.  The committed msne.json is
+and R_NX(K) curves to results/msne_<dataset>[<suffix>].png.  The committed msne.json is
 ``--n 2000,5000,10000,20000`` (35 minutes on 2 cores, 15 of them MultiscaleSNE at 20k).
 
 ``--scaling``: seconds of one MultiscaleSNE cost-and-gradient evaluation vs N on
 Fashion-MNIST with a fixed number of scales (``--n-scales``), exact engine vs
-FGT, and their fitted log-log slopes (results/msne_scaling.json).
+FGT, and their fitted log-log slopes (results/msne_scaling[<suffix>].json).
+
+``--backend gpu`` runs gpuembed's methods on the GPU (float32 layouts, the GPU's
+default); openTSNE stays on the CPU with all its cores.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
 
-from common import RESULTS, best_time, loglog_slope, pyplot, write_result
+from common import RESULTS, best_time, device_sync, loglog_slope, pyplot, write_result
 import gpuembed as ge
 from gpuembed.embedding import initial_layout
 from gpuembed.objectives.msne import MultiscaleObjective, ld_precisions
@@ -32,16 +36,17 @@ def datasets(sizes):
         yield (f"fashion_mnist_{n}", X[:n].astype(np.float64), y[:n])
 
 
+N_JOBS = os.cpu_count()       # openTSNE's threads: all cores
 # Up to this N the thesis' full set of scales (a dense k-NN graph) runs too, against
 # the default that leaves out the two largest.
 ALL_SCALES_MAX_N = 2000
 
 
-def methods(n):
+def methods(n, backend):
     """(name, fit) pairs; fit(X) returns the layout and a dict of run details."""
     def msne(n_scales):
         def fit(X):
-            model = ge.MultiscaleSNE(n_scales=n_scales, backend="cpu").fit(X)
+            model = ge.MultiscaleSNE(n_scales=n_scales, backend=backend).fit(X)
             return model.embedding_, {"perplexities": [float(k) for k in model.perplexities_],
                                       "iterations": model.n_iter_}
         return fit
@@ -49,7 +54,7 @@ def methods(n):
     if n <= ALL_SCALES_MAX_N:
         yield "gpuembed MultiscaleSNE n_scales=all", msne("all")
     yield "gpuembed TSNE", lambda X: (ge.TSNE(perplexity=30, optimizer="tsne",
-                                              backend="cpu").fit_transform(X), {})
+                                              backend=backend).fit_transform(X), {})
     try:
         import openTSNE
         from openTSNE import affinity
@@ -57,39 +62,39 @@ def methods(n):
         return
 
     def opentsne(X):
-        A = affinity.Multiscale(X, perplexities=[5, 50], n_jobs=2, random_state=0)
+        A = affinity.Multiscale(X, perplexities=[5, 50], n_jobs=N_JOBS, random_state=0)
         init = openTSNE.initialization.pca(X, random_state=0)
-        return np.asarray(openTSNE.TSNEEmbedding(init, A, n_jobs=2, random_state=0)
+        return np.asarray(openTSNE.TSNEEmbedding(init, A, n_jobs=N_JOBS, random_state=0)
                           .optimize(250, exaggeration=12).optimize(500)), {}
     yield "openTSNE multiscale", opentsne
 
 
-def warm_up():
+def warm_up(backend):
     """Run every method once on a small set, and the engines the larger sets switch
     to, so that no timed run pays numba's compilation (about 8 s for
-    MultiscaleSNE's sweeps)."""
+    MultiscaleSNE's sweeps) or the GPU's kernel compilation."""
     X = ge.datasets.digits()[0][:300]
-    for _, fn in methods(X.shape[0]):
+    for _, fn in methods(X.shape[0], backend):
         fn(X)
-    ge.MultiscaleSNE(nbody="fgt", max_iter=5, backend="cpu").fit(X)
-    ge.TSNE(optimizer="tsne", nbody="bh", max_iter=300, backend="cpu").fit(X)
+    ge.MultiscaleSNE(nbody="fgt", max_iter=5, backend=backend).fit(X)
+    ge.TSNE(optimizer="tsne", nbody="bh", max_iter=300, backend=backend).fit(X)
 
 
-def run(sizes):
-    warm_up()
+def run(sizes, backend, suffix=""):
+    warm_up(backend)
     rows, curves = [], {}
     for name, X, y in datasets(sizes):
-        for method, fn in methods(X.shape[0]):
+        for method, fn in methods(X.shape[0], backend):
             start = time.perf_counter()
             Y, details = fn(X)
             seconds = time.perf_counter() - start
-            R = ge.metrics.rnx(X, Y)
+            R = ge.metrics.rnx(X, Y, backend=backend)
             rows.append({"dataset": name, "n": X.shape[0], "method": method, "seconds": seconds,
                          "auc_rnx": ge.metrics.log_k_auc(R),
                          "knn_accuracy": ge.metrics.knn_accuracy(Y, y), **details})
             curves[(name, method)] = R
             print(rows[-1], flush=True)
-    plot(curves)
+    plot(curves, suffix)
     return {"runs": rows, "slopes": subset_slopes(rows)}
 
 
@@ -105,7 +110,7 @@ def subset_slopes(rows):
     return slopes
 
 
-def plot(curves):
+def plot(curves, suffix):
     plt = pyplot()
     if plt is None:
         return
@@ -119,13 +124,14 @@ def plot(curves):
         ax.set_ylabel("R_NX(K)")
         ax.set_title(dataset)
         ax.legend()
-        fig.savefig(RESULTS / f"msne_{dataset}.png", dpi=80, bbox_inches="tight")
+        fig.savefig(RESULTS / f"msne_{dataset}{suffix}.png", dpi=80, bbox_inches="tight")
         plt.close(fig)
 
 
-def scaling(sizes, n_scales, exact_max):
+def scaling(sizes, n_scales, exact_max, backend):
     """Seconds per cost-and-gradient evaluation at a PCA layout spread like an embedding."""
-    be = ge.get_backend("cpu")
+    be = ge.get_backend(backend)
+    dtype, sync = be.default_float, device_sync(be)
     X_all, _ = ge.datasets.fashion_mnist()
     rows = []
     for n in sizes:
@@ -133,13 +139,13 @@ def scaling(sizes, n_scales, exact_max):
         start = time.perf_counter()
         M = ge.multiscale_affinities(X, 2.0, n_scales=n_scales, symmetrize=False, backend=be)
         row = {"n": n, "scales": len(M.perplexities), "affinities_seconds": time.perf_counter() - start}
-        Y = initial_layout("pca", X, 2, be, np.float64, np.sqrt(n) / 2, 0)
-        p = ld_precisions(M.perplexities, Y)
+        Y = initial_layout("pca", X, 2, be, dtype, np.sqrt(n) / 2, 0)
+        p = ld_precisions(M.perplexities, be.to_host(Y))
         for engine in ("fgt", "exact"):
             if engine == "exact" and n > exact_max:
                 continue
-            objective = MultiscaleObjective(M.conditionals, be, np.float64, p, nbody=engine)
-            row[f"{engine}_seconds"] = best_time(lambda: objective.value_and_grad(Y), 2)[0]
+            objective = MultiscaleObjective(M.conditionals, be, dtype, p, nbody=engine)
+            row[f"{engine}_seconds"] = best_time(lambda: objective.value_and_grad(Y), 2, sync)[0]
         rows.append(row)
         print(row, flush=True)
     slopes = {}
@@ -159,12 +165,15 @@ def main(argv=None):
     parser.add_argument("--n-scales", type=int, default=6)
     parser.add_argument("--max-n", type=int, default=70000)
     parser.add_argument("--exact-max-n", type=int, default=20000)
+    parser.add_argument("--backend", default="cpu")
     args = parser.parse_args(argv)
     if args.scaling:
         sizes = [n for n in (2000, 5000, 10000, 20000, 40000, 70000) if n <= args.max_n]
-        write_result("msne", scaling(sizes, args.n_scales, args.exact_max_n), "_scaling")
+        write_result("msne", scaling(sizes, args.n_scales, args.exact_max_n, args.backend),
+                     "_scaling" + args.suffix)
     else:
-        write_result("msne", run([int(n) for n in args.n.split(",")]), args.suffix)
+        write_result("msne", run([int(n) for n in args.n.split(",")], args.backend, args.suffix),
+                     args.suffix)
 
 
 if __name__ == "__main__":

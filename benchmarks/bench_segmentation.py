@@ -10,7 +10,9 @@ restarts); reported per number of landmarks: seconds (graph excluded), the
 adjusted Rand index of the segmentation against the exact one and the
 Procrustes error of the embedding.  One run, one machine.
 
-Writes results/segmentation.json and results/segmentation.png.
+Writes results/segmentation<suffix>.json and results/segmentation<suffix>.png.
+``--backend gpu``: the graph's k-NN, the exact eigensolver, LLL's landmark k-NN and
+Nystrom's sums on the GPU (k-means and LLL's reduced problem on the host).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from sklearn.datasets import load_sample_image
 from sklearn.metrics import adjusted_rand_score
 
 from common import RESULTS, best_time, pyplot, write_result
+import gpuembed as ge
 from gpuembed.metrics import procrustes_error
 from gpuembed.spectral import affinity_graph, kmeans, nystrom_le, spectral_embedding
 from gpuembed.spectral.laplacian import lll_spectral
@@ -45,9 +48,15 @@ def segment(embedding, K):
     return kmeans(unit, K, n_init=10, random_state=0)[0]
 
 
-def run(step=3, K=6, landmarks=(100, 200, 500, 1000, 2000)):
+def run(step=3, K=6, landmarks=(100, 200, 500, 1000, 2000), backend="cpu", name="segmentation"):
+    be = ge.get_backend(backend)
     grey, X = pixel_features(step)
-    t_graph, W = best_time(lambda: affinity_graph(X, N_NEIGHBORS, sigma=SIGMA))
+    landmarks = [L for L in landmarks if L < X.shape[0]]
+    # Warm-up (compilation, the GPU's handles) on a few rows of pixels.
+    W_small = affinity_graph(X[:3000], N_NEIGHBORS, sigma=SIGMA, backend=be)
+    spectral_embedding(W_small, K - 1, backend=be)
+    lll_spectral(X[:3000], W_small, K - 1, landmarks[0], random_state=0, backend=be)
+    t_graph, W = best_time(lambda: affinity_graph(X, N_NEIGHBORS, sigma=SIGMA, backend=be))
     d = K - 1
 
     def embed_and_segment(embed):
@@ -59,14 +68,14 @@ def run(step=3, K=6, landmarks=(100, 200, 500, 1000, 2000)):
         seconds, (Y, labels) = best_time(lambda: embed_and_segment(embed))
         return seconds, Y, labels
 
-    t_exact, exact, exact_labels = timed(lambda: spectral_embedding(W, d, backend="cpu"))
+    t_exact, exact, exact_labels = timed(lambda: be.to_host(spectral_embedding(W, d, backend=be)))
     print(f"{X.shape[0]} pixels: graph {t_graph:.1f} s, exact {t_exact:.1f} s", flush=True)
     runs, shown = [], {"exact": exact_labels}
     for L in landmarks:
         for name, embed in (
-            ("LLL", lambda: lll_spectral(X, W, d, L, random_state=0)[0]),
+            ("LLL", lambda: lll_spectral(X, W, d, L, random_state=0, backend=be)[0]),
             ("Nystrom", lambda: nystrom_le(X, d, n_neighbors=N_NEIGHBORS, n_landmarks=L,
-                                           sigma=SIGMA, random_state=0)),
+                                           sigma=SIGMA, random_state=0, backend=be)),
         ):
             seconds, Y, labels = timed(embed)
             runs.append({"method": name, "landmarks": L, "seconds": seconds,
@@ -75,7 +84,7 @@ def run(step=3, K=6, landmarks=(100, 200, 500, 1000, 2000)):
             print(runs[-1], flush=True)
             if L == landmarks[1]:
                 shown[f"{name}, L = {L}"] = labels
-    plot(grey, shown)
+    plot(grey, shown, name)
     return {"image": "china.jpg", "shape": list(grey.shape), "pixels": X.shape[0],
             "clusters": K, "sigma_xy": SIGMA_XY, "sigma_i": SIGMA_I, "sigma": SIGMA,
             "n_neighbors": N_NEIGHBORS, "graph_seconds": t_graph, "exact_seconds": t_exact,
@@ -93,7 +102,7 @@ def matched(labels, reference):
     return mapping[labels]
 
 
-def plot(grey, shown):
+def plot(grey, shown, name):
     plt = pyplot()
     if plt is None:
         return
@@ -106,7 +115,7 @@ def plot(grey, shown):
         ax.set_title(title)
     for ax in axes:
         ax.axis("off")
-    fig.savefig(RESULTS / "segmentation.png", dpi=80, bbox_inches="tight")
+    fig.savefig(RESULTS / f"{name}.png", dpi=80, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -114,8 +123,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--step", type=int, default=3, help="keep every step-th pixel")
     parser.add_argument("--clusters", type=int, default=6)
+    parser.add_argument("--backend", default="cpu")
+    parser.add_argument("--suffix", default="")
     args = parser.parse_args(argv)
-    write_result("segmentation", run(args.step, args.clusters))
+    write_result("segmentation", run(args.step, args.clusters, backend=args.backend,
+                                     name="segmentation" + args.suffix), args.suffix)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@
 #   bash benchmarks/gpu_session.sh bench    # k-NN, entropic affinities, N-body engines up to 1e6
 #   bash benchmarks/gpu_session.sh large    # EE of 1e6 points with the FGT (the 50 ms / 60 s targets)
 #   bash benchmarks/gpu_session.sh embedding  # the optimizers on Fashion-MNIST 70k, exact engine
+#   bash benchmarks/gpu_session.sh spectral   # LLL / LE(Z) / Nystrom vs exact LE, segmentation
+#   bash benchmarks/gpu_session.sh mac        # parametric embeddings: MAC vs chain rule
+#   bash benchmarks/gpu_session.sh msne       # multi-scale SNE vs t-SNE, R_NX AUC
 #
 # Before spending device time, the same scripts' GPU branches can run here on the
 # CUDA emulator at small sizes, e.g.
@@ -59,8 +62,28 @@ embedding)
         | tee "$out/gpu_embedding.log"
     cp benchmarks/results/embedding_gpu.json benchmarks/results/embedding_*70000*_gpu.png "$out/"
     ;;
+spectral)
+    (cd benchmarks &&
+     python3 bench_lll.py --backend gpu --suffix _gpu &&
+     python3 bench_segmentation.py --backend gpu --step 2 --suffix _gpu) 2>&1 \
+        | tee "$out/gpu_spectral.log"
+    cp benchmarks/results/lll_gpu*.json benchmarks/results/segmentation_gpu.json "$out/"
+    ;;
+mac)
+    (cd benchmarks &&
+     python3 bench_mac.py --backend gpu --parts cost,linear,linear-fmnist,mlp \
+         --exact-max-n 50000 --suffix _gpu) 2>&1 | tee "$out/gpu_mac.log"
+    cp benchmarks/results/mac_gpu.json "$out/"
+    ;;
+msne)
+    (cd benchmarks &&
+     python3 bench_msne.py --backend gpu --scaling --suffix _gpu &&
+     python3 bench_msne.py --backend gpu --n 2000,5000,10000,20000 --suffix _gpu) 2>&1 \
+        | tee "$out/gpu_msne.log"
+    cp benchmarks/results/msne_scaling_gpu.json benchmarks/results/msne_gpu.json "$out/"
+    ;;
 *)
-    echo "usage: $0 tests|bench|large|embedding [more parts]" >&2
+    echo "usage: $0 tests|bench|large|embedding|spectral|mac|msne [more parts]" >&2
     exit 2
     ;;
 esac
