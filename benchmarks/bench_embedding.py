@@ -20,6 +20,9 @@ default optimizer ("sd"), SD without refreshes of B and the classic one, against
 openTSNE's defaults, all timed from the data (affinities included, reported
 apart), with the seconds each gpuembed fit took to reach the others' final KL;
 written to embedding_n<N>.json ("tsne_large"; ``--suffix`` names another file).
+``--large N --subsets K``: the default sd and classic fits alone on K disjoint
+subsets of N points, and their paired accuracy differences ("tsne_large_subsets"
+in the same file).
 """
 from __future__ import annotations
 
@@ -127,17 +130,21 @@ def opentsne(name, X, y, perplexity):
             "knn_accuracy": acc, "embedding": Y}
 
 
+def warm_up_large(be, X):
+    """Compile what the timed default fits use (numba caches it on disk: a first
+    run after installing or editing gpuembed pays about 2.5 s more, once), SD's
+    path for large N (sparsified L+, CG) included: without it the first SD fit
+    from a fresh checkout spent 2.9 s compiling before its first iteration."""
+    for optimizer, extra in (("sd", {}), ("sd", {"kappa": 5, "sd_solver": "cg"}),
+                             ("tsne", {})):
+        ge.TSNE(optimizer=optimizer, nbody="bh", max_iter=2, backend=be, **extra).fit(X[:500])
+
+
 def large(n, backend="cpu"):
     be = ge.get_backend(backend)
     X, y = ge.datasets.fashion_mnist()
     X, y = X[:n], y[:n]
-    # Compile what the timed fits use (numba caches it on disk: a first run after
-    # installing or editing gpuembed pays about 2.5 s more, once), SD's path for
-    # large N (sparsified L+, CG) included: without it the first SD fit from a
-    # fresh checkout spent 2.9 s compiling before its first iteration.
-    for optimizer, extra in (("sd", {}), ("sd", {"kappa": 5, "sd_solver": "cg"}),
-                             ("tsne", {})):
-        ge.TSNE(optimizer=optimizer, nbody="bh", max_iter=2, backend=be, **extra).fit(X[:500])
+    warm_up_large(be, X)
     start = time.perf_counter()
     A = ge.entropic_affinities(X, 30.0, backend=be)
     affinity_seconds = time.perf_counter() - start
@@ -167,6 +174,42 @@ def large(n, backend="cpu"):
         print(r["optimizer"], "seconds of optimization to reach the final KL of",
               r["seconds_to_kl"], flush=True)
     return {"n": n, "affinity_seconds": affinity_seconds, "runs": runs}
+
+
+def large_subsets(n, n_subsets, backend="cpu"):
+    """The default fits (sd and the classic optimizer, default engine and stopping
+    test) on ``n_subsets`` disjoint subsets of n Fashion-MNIST points: seconds,
+    iterations, KL (exact sums) and 10-NN accuracy, and the paired accuracy
+    differences (sd - classic).  A single run's accuracy moves by tenths of a
+    point with the last bits of the affinities, so one subset cannot tell."""
+    be = ge.get_backend(backend)
+    X_all, y_all = ge.datasets.fashion_mnist()
+    warm_up_large(be, X_all)
+    rows = []
+    for s in range(n_subsets):
+        X, y = X_all[s * n:(s + 1) * n], y_all[s * n:(s + 1) * n]
+        A = ge.entropic_affinities(X, 30.0, backend=be)
+        exact = ge.objectives.make_objective("tsne", A.P, be, np.float64, nbody="exact")
+        row = {"subset": s}
+        for label, optimizer in (("sd", "sd"), ("classic", "tsne")):
+            start = time.perf_counter()
+            model = ge.TSNE(affinities=A, optimizer=optimizer, nbody="auto", backend=be,
+                            random_state=0).fit(X)
+            row[label] = {"seconds": time.perf_counter() - start, "iterations": model.n_iter_,
+                          "kl": exact.value(be.asarray(model.embedding_, np.float64)),
+                          "knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y,
+                                                                   backend=be)}
+        row["accuracy_difference"] = row["sd"]["knn_accuracy"] - row["classic"]["knn_accuracy"]
+        rows.append(row)
+        print(row, flush=True)
+    diff = [r["accuracy_difference"] for r in rows]
+    summary = {"n": n, "subsets": n_subsets, "rows": rows,
+               "accuracy_difference_mean": float(np.mean(diff)),
+               "accuracy_difference_std": float(np.std(diff, ddof=1)) if len(diff) > 1 else None,
+               **{f"{label}_seconds_mean": float(np.mean([r[label]["seconds"] for r in rows]))
+                  for label in ("sd", "classic")}}
+    print({k: v for k, v in summary.items() if k != "rows"}, flush=True)
+    return summary
 
 
 def accuracy_subsets(n, n_subsets, max_iter=1000, backend="cpu"):
@@ -304,15 +347,21 @@ def main(argv=None):
     parser.add_argument("--suffix", default="")
     parser.add_argument("--large", type=int, help="only the t-SNE-at-scale part, N points")
     parser.add_argument("--subsets", type=int,
-                        help="only the sd vs classic accuracy comparison on this many subsets")
+                        help="only the sd vs classic accuracy comparison on this many subsets "
+                             "(of --large points: the default fits)")
     args = parser.parse_args(argv)
+    if args.subsets and args.large:
+        write_result("embedding", {"tsne_large_subsets": large_subsets(
+            args.large, args.subsets, args.backend)}, args.suffix or f"_n{args.large}",
+            merge=True)
+        return
     if args.subsets:
         write_result("embedding", {"accuracy_subsets": accuracy_subsets(
             args.n, args.subsets, args.max_iter, args.backend)}, args.suffix, merge=True)
         return
     if args.large:
         write_result("embedding", {"tsne_large": large(args.large, args.backend)},
-                     args.suffix or f"_n{args.large}")
+                     args.suffix or f"_n{args.large}", merge=True)
         return
     write_result("embedding", run(args.n, args.max_iter, args.backend, args.suffix),
                  args.suffix, merge=True)
