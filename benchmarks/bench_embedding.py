@@ -181,7 +181,7 @@ def large_subsets(n, n_subsets, backend="cpu"):
     test) on ``n_subsets`` disjoint subsets of n Fashion-MNIST points: seconds,
     iterations, KL (exact sums) and 10-NN accuracy, and the paired accuracy
     differences (sd - classic).  A single run's accuracy moves by tenths of a
-    point with the last bits of the affinities, so one subset cannot tell."""
+    point with the last bits of its sums, so one subset cannot tell."""
     be = ge.get_backend(backend)
     X_all, y_all = ge.datasets.fashion_mnist()
     warm_up_large(be, X_all)
