@@ -40,11 +40,11 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, backend="auto
         K = k / 3.0 if perplexity is None else check_float(perplexity, "perplexity", 1.0,
                                                             low_open=True)
         W = be.to_host(entropic_affinities(X, max(K, 1.01), n_neighbors=k, symmetrize=False,
-                                           backend=be).P).astype(np.float64)
+                                           backend=be).P).astype(np.float64, copy=False)
     else:
         sigma = check_float(sigma, "sigma", 0.0, low_open=True)
         sqdist, idx = (be.to_host(a) for a in knn(X, k, backend=be))
-        values = np.exp(-sqdist.astype(np.float64) / (2 * sigma ** 2))
+        values = np.exp(-sqdist.astype(np.float64, copy=False) / (2 * sigma ** 2))
         W = scipy.sparse.csr_matrix((values.ravel(), (np.repeat(np.arange(n), k), idx.ravel())),
                                     shape=(n, n))
     return ((W + W.T) / 2).tocsr()

@@ -88,12 +88,13 @@ def kernel_pca_lll(Y, n_components, *, sigma, n_landmarks, kz=None, landmarks="r
     be = get_backend(backend)
     xp = be.xp
     n = Y.shape[0]
-    Y_dev, Z_dev = be.asarray(Y), be.asarray(Z.toarray())
+    Zd = Z.toarray()
+    Y_dev, Z_dev = be.asarray(Y), be.asarray(Zd)
     KZ = xp.empty_like(Z_dev)
     for start in range(0, n, block):
         K = xp.exp(-squared_distances(xp, Y_dev[start:start + block], Y_dev) / (2 * sigma ** 2))
         KZ[start:start + block] = K @ Z_dev
-    KZ, Zd = be.to_host(KZ), be.to_host(Z_dev)
+    KZ = be.to_host(KZ)
     # Kc = K - 1K - K1 + 1K1 with 1 = ones / N:  Z^T Kc Z from K Z and column sums.
     col = KZ.sum(axis=0) / n                            # 1^T K Z / N
     z = Zd.sum(axis=0)                                  # Z^T 1

@@ -73,7 +73,7 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto"):
     kz = check_int(kz, "kz", 1, L)
     be = get_backend(backend)
     sqdist, idx = (be.to_host(a) for a in knn_query(Y, Y_landmarks, kz, backend=be))
-    sqdist = sqdist.astype(np.float64)
+    sqdist = sqdist.astype(np.float64, copy=False)
     between = squared_distances(np, Y_landmarks, Y_landmarks)
     W = np.empty((n, kz))
     for start in range(0, n, REFINE_CHUNK):
