@@ -181,6 +181,25 @@ def test_pca_lda_kernel_pca_with_lll(digits):
         pca_lll(X[:, :3], 4, n_landmarks=100)
 
 
+def test_default_kz_is_not_tied_to_the_output_dimension(digits):
+    """Section 4.4: K_Z follows the manifold's intrinsic dimension, not d.  At d = 20
+    the default (6) approximates exact LE much better than d + 1 = 21 landmarks
+    per point (jittered digits: integer pixels tie distances)."""
+    from gpuembed.spectral import affinity_graph, spectral_embedding
+    from gpuembed.spectral.laplacian import lll_spectral
+    from gpuembed.spectral.lll import default_kz
+
+    assert (default_kz(2, 784), default_kz(20, 784), default_kz(20, 3)) == (3, 6, 4)
+    X = digits[0] + np.random.default_rng(0).normal(0.0, 0.01, digits[0].shape)
+    W = affinity_graph(X, 10, sigma=20.0)
+    exact = spectral_embedding(W, 20)
+    Y, _, _, _, kz = lll_spectral(X, W, 20, 800, random_state=0)
+    Y21 = lll_spectral(X, W, 20, 800, kz=21, random_state=0)[0]
+    errors = procrustes_error(exact, Y), procrustes_error(exact, Y21)
+    print("Procrustes error at d = 20, default kz and kz = 21:", errors)
+    assert kz == 6 and errors[0] < 0.8 * errors[1]
+
+
 def test_lll_beats_landmark_only_baselines(roll):
     """Dissertation fig. 4.5: at equal L, LLL is far closer to exact LE than LE on the
     landmarks alone projected with Z, or the Nystrom extension."""

@@ -12,15 +12,19 @@ from ..backend import get_backend
 from ..nbody.exact import squared_distances
 from .embedding import spectral_embedding
 from .laplacian import affinity_graph
-from .lll import choose_landmarks, reconstruction_weights
+from .lll import choose_landmarks, default_kz, reconstruction_weights
 
 
-def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend):
-    """(Y on the host, landmark indices, Z); Z's k-NN search runs on ``backend``."""
+def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend, laplacian=False):
+    """(Y on the host, landmark indices, Z); Z's k-NN search runs on ``backend``.
+    Default kz: d + 1 (the dissertation's K_Z = K + 1 for the linear methods), or
+    LLL's for Laplacian eigenmaps (``laplacian``: :func:`default_kz`)."""
     Y = np.asarray(check_data(Y, get_backend("cpu"), name="Y", min_samples=3))
     n = Y.shape[0]
     L = check_int(n_landmarks, "n_landmarks", d + 1, n)
-    kz = d + 1 if kz is None else check_int(kz, "kz", 1, L)
+    if kz is None:
+        kz = default_kz(d, Y.shape[1]) if laplacian else d + 1
+    kz = check_int(kz, "kz", 1, L)
     idx = choose_landmarks(Y, L, landmarks, random_state)
     return Y, idx, reconstruction_weights(Y, Y[idx], kz, backend=backend)
 
@@ -109,7 +113,8 @@ def le_landmarks_only(Y, n_components, *, n_neighbors, n_landmarks, kz=None, sig
     """Baseline "LE(Z)": Laplacian eigenmaps of the landmarks alone (their own k-NN
     graph), then every point projected with Z."""
     d = check_int(n_components, "n_components", 1)
-    Y, idx, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend)
+    Y, idx, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
+                                laplacian=True)
     be = get_backend(backend)
     W = affinity_graph(Y[idx], min(n_neighbors, len(idx) - 1), sigma, backend=be)
     return Z @ be.to_host(spectral_embedding(W, d, backend=be))
