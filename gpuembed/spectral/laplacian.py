@@ -57,7 +57,7 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     landmarks' k-NN runs on ``backend``, the rest on the host."""
     n = X.shape[0]
     L = check_int(n_landmarks, "n_landmarks", d + 2, n)
-    kz = default_kz(d, X.shape[1]) if kz is None else check_int(kz, "kz", 1, L)
+    kz = default_kz(d) if kz is None else check_int(kz, "kz", 1, L)
     idx = choose_landmarks(X, L, landmarks, random_state)
     Z = reconstruction_weights(X, X[idx], kz, backend=backend)
     degree = np.asarray(W.sum(axis=1)).ravel()
@@ -109,7 +109,7 @@ class _SpectralBase:
             raise ValueError(f"X_new has {X_new.shape[1]} features, the training data "
                              f"{self._X.shape[1]}")
         if self.landmarks_ is None:
-            kz = default_kz(embedding.shape[1], self._X.shape[1])
+            kz = default_kz(embedding.shape[1])
             return reconstruction_weights(X_new, self._X, kz, backend=self.backend) @ embedding
         return reconstruction_weights(X_new, self._X[self.landmarks_], self._kz,
                                       backend=self.backend) @ self.landmark_embedding_
@@ -117,8 +117,8 @@ class _SpectralBase:
 
 class LaplacianEigenmaps(_SpectralBase):
     """Laplacian eigenmaps; ``n_landmarks`` switches to LLL with ``kz`` landmarks per
-    point (default :func:`~gpuembed.spectral.lll.default_kz`: min(n_components + 1,
-    n_features + 1, 6)) chosen by ``landmarks`` (Algorithm 3)."""
+    point (default :func:`~gpuembed.spectral.lll.default_kz`: min(n_components + 1, 6))
+    chosen by ``landmarks`` (Algorithm 3)."""
 
     def __init__(self, n_components=2, *, n_neighbors, sigma=None, perplexity=None,
                  n_landmarks=None, kz=None, landmarks="random", random_state=None,

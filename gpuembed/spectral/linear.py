@@ -23,7 +23,7 @@ def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend, lap
     n = Y.shape[0]
     L = check_int(n_landmarks, "n_landmarks", d + 1, n)
     if kz is None:
-        kz = default_kz(d, Y.shape[1]) if laplacian else d + 1
+        kz = default_kz(d) if laplacian else d + 1
     kz = check_int(kz, "kz", 1, L)
     idx = choose_landmarks(Y, L, landmarks, random_state)
     return Y, idx, reconstruction_weights(Y, Y[idx], kz, backend=backend)
