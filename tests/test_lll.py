@@ -53,6 +53,36 @@ def test_out_of_sample_of_training_points(roll):
         exact.embedding_[0] - exact.embedding_[1]) + 1e-12
 
 
+@pytest.mark.parametrize("maxiter", [None, 1])
+def test_sparse_reduced_eigensolver_equals_dense(roll, monkeypatch, maxiter):
+    """Above DENSE_MAX_L landmarks the reduced problem goes to LOBPCG: the same
+    eigenvalues and B-orthonormal vectors (up to sign) as dense eigh; an LOBPCG
+    run that cannot converge (one iteration) falls back to eigh."""
+    from gpuembed.spectral import affinity_graph
+    from gpuembed.spectral import lll
+    import scipy.sparse
+
+    if maxiter is not None:
+        monkeypatch.setattr(lll, "LOBPCG_MAXITER", maxiter)
+    X = roll[0]
+    W = affinity_graph(X, 20, sigma=1.5)
+    degree = np.asarray(W.sum(axis=1)).ravel()
+    D = scipy.sparse.diags(degree)
+    Z = reconstruction_weights(X, X[lll.choose_landmarks(X, 2000, random_state=0)], 3)
+    A, B = lll.reduced_problem(Z, D - W, D)
+    assert scipy.sparse.issparse(A) and A.shape[0] > lll.DENSE_MAX_L
+    dense_calls = []
+    dense = lll._trailing_dense
+    monkeypatch.setattr(lll, "_trailing_dense", lambda *a: dense_calls.append(1) or dense(*a))
+    vals, U = lll.trailing_generalized(A, B, 4, skip=1)
+    assert len(dense_calls) == (maxiter is not None)
+    ridge = 1e-12 * B.diagonal().sum() / A.shape[0]
+    vals_ref, U_ref = dense(A, B, ridge, 4, 1)
+    np.testing.assert_allclose(vals, vals_ref, rtol=1e-7)
+    np.testing.assert_allclose(U.T @ (B @ U), np.eye(4), atol=1e-8)
+    np.testing.assert_allclose(np.abs(U), np.abs(U_ref), atol=1e-6 * np.abs(U_ref).max())
+
+
 def test_reconstruction_weights_are_local_affine_and_reconstruct(rng):
     landmarks = rng.standard_normal((200, 3))
     Y = rng.standard_normal((100, 3)) * 0.8

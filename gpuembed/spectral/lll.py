@@ -8,9 +8,12 @@ one row per point (the dissertation's Z transposed).
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import scipy.linalg
 import scipy.sparse
+import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
 from ..backend import get_backend
@@ -22,6 +25,9 @@ LANDMARK_METHODS = ("random", "random-pruned", "kmeans")
 REFINE_CHUNK = 8192     # points per batch of local Gram systems
 REGULARIZATION = 1e-3   # ridge on the local Gram matrix, relative to its trace (as in LLE)
 KZ_MAX = 6
+DENSE_MAX_L = 1500      # reduced problems above this size go to LOBPCG (trailing_generalized)
+LOBPCG_TOL, LOBPCG_MAXITER = 1e-8, 2000
+LOBPCG_CHECK = 1e-6     # largest residual norm accepted from LOBPCG, else dense eigh
 
 
 def default_kz(d):
@@ -114,18 +120,56 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto"):
 
 
 def reduced_problem(Z, A, B):
-    """Z^T A Z and Z^T B Z (eq. 4.5) without forming any dense N x N product."""
+    """Z^T A Z and Z^T B Z (eq. 4.5) without forming any dense N x N product; sparse
+    when A and B are."""
     ZT = Z.T.tocsr()
-    A_r = ZT @ (A @ Z)
-    B_r = ZT @ (B @ Z)
-    dense = lambda M: M.toarray() if scipy.sparse.issparse(M) else np.asarray(M)
-    return dense(A_r), dense(B_r)
+    return ZT @ (A @ Z), ZT @ (B @ Z)
 
 
 def trailing_generalized(A, B, d, skip=0):
-    """d trailing eigenvectors of A u = lambda B u (dense, small), after ``skip``."""
+    """d trailing eigenvectors of A u = lambda B u (L x L, symmetric, B > 0), after
+    ``skip``, B-orthonormal.
+
+    Dense eigh up to DENSE_MAX_L (or when A or B is dense).  Beyond, LOBPCG on the
+    sparse matrices, Jacobi-preconditioned: the dense solve is O(L^3) and the
+    reduced matrices of a k-NN graph stay sparse (6% nonzero at L = 4,000 on
+    Fashion-MNIST 70k, 3% at 8,000).  There (d = 10) LOBPCG took 0.55 s at L = 4,000
+    and 1.8 s at 8,000 against 4.2 s for eigh at 4,000; ARPACK needed 1.3 s and
+    3.5 s (334-388 solves with a Cholesky factor of B) and shift-invert 1.3 s and
+    6.5 s (the factor of A + eps B fills).  Its vectors agree with eigh's to a
+    Procrustes error of 1e-8.  A block of exactly skip + d vectors was fastest
+    (Fashion-MNIST needs 85-120 iterations; a larger block cost 2-8x more time).
+    Smooth manifolds converge slowly: a swiss roll's 2,000 landmarks took about
+    1,000 iterations (0.55 s), hence the high LOBPCG_MAXITER.  A run that leaves a
+    residual above LOBPCG_CHECK falls back to eigh."""
+    L = A.shape[0]
+    ridge = 1e-12 * B.diagonal().sum() / L                  # landmarks far from all data
+    if L <= DENSE_MAX_L or not (scipy.sparse.issparse(A) and scipy.sparse.issparse(B)):
+        return _trailing_dense(A, B, ridge, d, skip)
+    k = skip + d
+    # One scale for both, so that tol is relative; the eigenvalues do not change, the
+    # B-orthonormal vectors shrink by sqrt(scale), undone at the end.
+    scale = B.diagonal().mean()
+    A = ((A + A.T) / (2 * scale)).tocsr()
+    B = ((B + B.T) / (2 * scale) + ridge / scale * scipy.sparse.identity(L)).tocsr()
+    X0 = np.random.default_rng(0).standard_normal((L, k))
+    with warnings.catch_warnings():      # non-convergence is checked below
+        warnings.simplefilter("ignore", UserWarning)
+        vals, vecs = scipy.sparse.linalg.lobpcg(
+            A, X0, B=B, M=scipy.sparse.diags(1.0 / B.diagonal()), largest=False,
+            tol=LOBPCG_TOL, maxiter=LOBPCG_MAXITER)
+    order = np.argsort(vals)
+    vals, vecs = vals[order], vecs[:, order]
+    residual = np.linalg.norm(A @ vecs - (B @ vecs) * vals, axis=0).max()
+    if not residual <= LOBPCG_CHECK:
+        vals, vecs = _trailing_dense(A, B, 0.0, k, 0)
+    return vals[skip:], vecs[:, skip:] / np.sqrt(scale)
+
+
+def _trailing_dense(A, B, ridge, d, skip):
+    dense = lambda M: M.toarray() if scipy.sparse.issparse(M) else np.asarray(M)
+    A, B = dense(A), dense(B)
     A = (A + A.T) / 2
-    B = (B + B.T) / 2
-    B = B + 1e-12 * np.trace(B) / len(B) * np.eye(len(B))       # landmarks far from all data
+    B = (B + B.T) / 2 + ridge * np.eye(len(B))
     vals, vecs = scipy.linalg.eigh(A, B, subset_by_index=[0, skip + d - 1])
     return vals[skip:], vecs[:, skip:]
