@@ -25,7 +25,8 @@ LANDMARK_METHODS = ("random", "random-pruned", "kmeans")
 REFINE_CHUNK = 8192     # points per batch of local Gram systems
 REGULARIZATION = 1e-3   # ridge on the local Gram matrix, relative to its trace (as in LLE)
 KZ_MAX = 6
-DENSE_MAX_L = 1500      # reduced problems above this size go to LOBPCG (trailing_generalized)
+DENSE_MAX_L = 1500      # reduced problems above this size, with at least
+LANDMARKS_PER_VECTOR = 100  # this many landmarks per wanted vector, go to LOBPCG
 LOBPCG_TOL, LOBPCG_MAXITER = 1e-8, 2000
 LOBPCG_CHECK = 1e-6     # largest residual norm accepted from LOBPCG, else dense eigh
 
@@ -130,23 +131,26 @@ def trailing_generalized(A, B, d, skip=0):
     """d trailing eigenvectors of A u = lambda B u (L x L, symmetric, B > 0), after
     ``skip``, B-orthonormal.
 
-    Dense eigh up to DENSE_MAX_L (or when A or B is dense).  Beyond, LOBPCG on the
-    sparse matrices, Jacobi-preconditioned: the dense solve is O(L^3) and the
-    reduced matrices of a k-NN graph stay sparse (6% nonzero at L = 4,000 on
-    Fashion-MNIST 70k, 3% at 8,000).  There (d = 10) LOBPCG took 0.55 s at L = 4,000
-    and 1.8 s at 8,000 against 4.2 s for eigh at 4,000; ARPACK needed 1.3 s and
-    3.5 s (334-388 solves with a Cholesky factor of B) and shift-invert 1.3 s and
-    6.5 s (the factor of A + eps B fills).  Its vectors agree with eigh's to a
-    Procrustes error of 1e-8.  A block of exactly skip + d vectors was fastest
-    (Fashion-MNIST needs 85-120 iterations; a larger block cost 2-8x more time).
-    Smooth manifolds converge slowly: a swiss roll's 2,000 landmarks took about
-    1,000 iterations (0.55 s), hence the high LOBPCG_MAXITER.  A run that leaves a
-    residual above LOBPCG_CHECK falls back to eigh."""
-    L = A.shape[0]
+    Dense eigh up to DENSE_MAX_L, for more than L / LANDMARKS_PER_VECTOR vectors,
+    or when A or B is dense.  Otherwise LOBPCG on the sparse matrices,
+    Jacobi-preconditioned: the dense solve is O(L^3) and the reduced matrices of a
+    k-NN graph stay sparse (6% nonzero at L = 4,000 on Fashion-MNIST 70k, 3% at
+    8,000).  There, for 11 vectors, LOBPCG took 0.55 s at L = 4,000 and 1.8 s at
+    8,000 against 4.2-5.5 s for eigh at 4,000; ARPACK needed 1.3 s and 3.5 s
+    (334-388 solves with a Cholesky factor of B), shift-invert 1.3 s and 6.5 s
+    (the factor of A + eps B fills).  LOBPCG's cost grows with the vectors wanted:
+    at L = 4,000, 11 / 21 / 31 / 51 vectors took 0.54 / 1.5 / 3.8 / 7.6 s, at 2,000
+    0.21 / 0.62 / 1.7 / 2.3 s against eigh's 0.4-0.7 s.  A block of exactly
+    skip + d vectors was fastest (Fashion-MNIST needs 85-120 iterations; larger
+    blocks cost 2-8x more).  Its vectors agree with eigh's to a Procrustes error of
+    1e-8.  Smooth manifolds converge slowly: a swiss roll's 2,000 landmarks took
+    about 1,000 iterations (0.55 s), hence the high LOBPCG_MAXITER.  A run that
+    leaves a residual above LOBPCG_CHECK falls back to eigh."""
+    L, k = A.shape[0], skip + d
     ridge = 1e-12 * B.diagonal().sum() / L                  # landmarks far from all data
-    if L <= DENSE_MAX_L or not (scipy.sparse.issparse(A) and scipy.sparse.issparse(B)):
+    if (L <= DENSE_MAX_L or k * LANDMARKS_PER_VECTOR > L
+            or not (scipy.sparse.issparse(A) and scipy.sparse.issparse(B))):
         return _trailing_dense(A, B, ridge, d, skip)
-    k = skip + d
     # One scale for both, so that tol is relative; the eigenvalues do not change, the
     # B-orthonormal vectors shrink by sqrt(scale), undone at the end.
     scale = B.diagonal().mean()
