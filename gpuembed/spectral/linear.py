@@ -4,7 +4,6 @@ N x N product.  Also the landmark baselines of section 4.8: LE(Z) and Nystrom.""
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 import scipy.sparse
 
 from .._checks import check_data, check_float, check_int
@@ -12,7 +11,7 @@ from ..backend import get_backend
 from ..nbody.exact import squared_distances
 from .embedding import spectral_embedding
 from .laplacian import affinity_graph
-from .lll import choose_landmarks, default_kz, reconstruction_weights
+from .lll import choose_landmarks, default_kz, dense_generalized_eigh, reconstruction_weights
 
 
 def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend, laplacian=False):
@@ -31,9 +30,8 @@ def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend, lap
 
 def _leading_generalized(A, B, d):
     """d leading eigenvectors of A u = lambda B u (dense, small), largest first."""
-    A, B = (A + A.T) / 2, (B + B.T) / 2
-    B = B + 1e-12 * np.trace(B) / len(B) * np.eye(len(B))
-    vals, vecs = scipy.linalg.eigh(A, B, subset_by_index=[len(A) - d, len(A) - 1])
+    ridge = 1e-12 * np.trace(B) / len(B)
+    vals, vecs = dense_generalized_eigh(A, B, ridge, [len(A) - d, len(A) - 1])
     return vals[::-1], vecs[:, ::-1]
 
 

@@ -171,9 +171,15 @@ def trailing_generalized(A, B, d, skip=0):
 
 
 def _trailing_dense(A, B, ridge, d, skip):
+    vals, vecs = dense_generalized_eigh(A, B, ridge, [0, skip + d - 1])
+    return vals[skip:], vecs[:, skip:]
+
+
+def dense_generalized_eigh(A, B, ridge, subset):
+    """Eigenpairs ``subset`` (first and last index, ascending) of the symmetrized
+    A u = lambda (B + ridge I) u, by LAPACK; sparse inputs are densified."""
     dense = lambda M: M.toarray() if scipy.sparse.issparse(M) else np.asarray(M)
     A, B = dense(A), dense(B)
     A = (A + A.T) / 2
     B = (B + B.T) / 2 + ridge * np.eye(len(B))
-    vals, vecs = scipy.linalg.eigh(A, B, subset_by_index=[0, skip + d - 1])
-    return vals[skip:], vecs[:, skip:]
+    return scipy.linalg.eigh(A, B, subset_by_index=subset)
