@@ -216,6 +216,40 @@ def test_multiscale_fgt_matches_exact(rng, cost):
     assert np.linalg.norm(G - G0) <= 1e-3 * np.linalg.norm(G0)
 
 
+@pytest.mark.parametrize("d", [2, 3])
+def test_isolated_rows_summed_over_their_balls(rng, d):
+    """The CPU's sums of isolated rows and sources over their k-d tree balls
+    (msne._Balls) equal the exact shifted sums over all points, at a fine scale
+    that isolates most rows (and a far outlier) and a coarse one that isolates few."""
+    from gpuembed.objectives import msne
+    Y = np.concatenate([rng.standard_normal((400, d)), 0.3 * rng.standard_normal((400, d)) + 5])
+    Y[0] = 60.0
+    X = rng.standard_normal((800, 5))
+    M = ge.multiscale_affinities(X, 2.0, n_scales=2, symmetrize=False, backend="cpu")
+    be = ge.get_backend("cpu")
+    obj = MultiscaleObjective(M.conditionals, be, np.float64, [1.0, 1.0], nbody="fgt")
+    balls = msne._Balls(Y)
+    nearest = balls.nearest_sqdist()
+    w = rng.standard_normal(len(Y))
+    for p in (2e3, 20.0):
+        c = np.sqrt(p / 2)
+        m = 0.5 * p * nearest
+        isolated = m > msne.ISOLATED
+        assert 0 < isolated.sum() < len(Y) and isolated[0]
+        # Both round the squared distances t (the tree from Y, the exact sums from
+        # c Y) to eps |c y|^2, and exp(-(t - m)) inherits that error.
+        rtol = max(1e-13, 8 * np.finfo(float).eps * (c * np.abs(Y)).sum(axis=1).max() ** 2)
+        Z, SX = obj._row_sums(c * Y, m, c, balls)
+        Z0, SX0 = obj._row_sums(c * Y, m)                   # exact sums for isolated rows
+        np.testing.assert_allclose(Z[isolated], Z0[isolated], rtol=rtol)
+        np.testing.assert_allclose(SX[isolated], SX0[isolated], rtol=rtol,
+                                   atol=rtol * np.abs(SX0).max())
+        S, SXw = obj._column_sums(c * Y, m, w, c, balls)
+        S0, SXw0 = obj._column_sums(c * Y, m, w)
+        np.testing.assert_allclose(S, S0, rtol=rtol, atol=rtol * np.abs(S0).max())
+        np.testing.assert_allclose(SXw, SXw0, rtol=rtol, atol=rtol * np.abs(SXw0).max())
+
+
 def test_multiscale_sne_fgt_and_n_scales(rng):
     X = np.concatenate([rng.standard_normal((150, 5)), rng.standard_normal((150, 5)) + 8.0])
     fits = {nbody: ge.MultiscaleSNE(cost="kl", nbody=nbody, n_scales=4, max_iter=20,

@@ -18,8 +18,11 @@ exact engine on the CPU all of it is one compiled sweep (msne_cpu.fused_exact).
 Each row's kernels are shifted by its nearest-neighbour distance (exp(-(t - m))),
 so the finest scales cannot underflow.  The exact engine takes the shift
 directly; the FGT and Barnes-Hut sum unshifted kernels and rescale, which is
-safe while m <= ISOLATED; rows (and, for the column sums, sources) beyond it are
-few outliers at the finest scales and are summed exactly with their shift.
+safe while m <= ISOLATED; rows (and, for the column sums, sources) beyond it
+are summed exactly with their shift: on the GPU against every point, on the CPU
+over the points within their balls, where the shifted kernel exceeds e^-TAIL
+(class _Balls, a k-d tree; the finest scale isolates most rows, whose
+kernels reach only a few neighbours).
 """
 from __future__ import annotations
 
@@ -43,6 +46,10 @@ ISOLATED = 2.0
 # 0.14 s against 0.17 s per evaluation at 5,000 points, 0.61 s against 0.32 s
 # at 10,000; log-log interpolation crosses near 6,000).
 EXACT_BELOW = {"cpu": 6_000}
+# An isolated row's shifted kernels are summed over the points with
+# t - m < TAIL + log N: those beyond add less than e^-TAIL = 9e-17 of its largest
+# term, 1.
+TAIL = 37.0
 
 
 def ld_precisions(perplexities, X, U=1.0):
@@ -88,23 +95,24 @@ class MultiscaleObjective(Objective):
         self.cost, self.kappa = cost, float(kappa)
         self.compiled = True        # the CPU's edge sweep in msne_cpu.py; False: array code
 
-    def _scales(self, X):
+    def _scales(self, X, balls=None):
         """Per scale: (p_h, Z_h, SX_h, shift m_h).
 
         Kernels are shifted by each row's nearest-neighbour distance m_i (as the
         entropic affinities shift by the row minimum): Z_hi >= 1, so nothing
         underflows at the small scales' large precisions.  s_hij is unchanged."""
-        nearest = _nearest_sqdist(X, self.be)
+        nearest = _nearest_sqdist(X, self.be) if balls is None else balls.nearest_sqdist()
         out = []
         for p in self.p:
             c = math.sqrt(p / 2.0)
             m = 0.5 * p * nearest
-            Z, SXs = self._row_sums(X * c, m)
+            Z, SXs = self._row_sums(X * c, m, c, balls)
             out.append((p, Z, SXs / c, m))
         return out
 
-    def _row_sums(self, Xs, m):
-        """sum_k exp(-(t_ik - m_i)) (1, x_k): each row in its own shifted units."""
+    def _row_sums(self, Xs, m, c=None, balls=None):
+        """sum_k exp(-(t_ik - m_i)) (1, x_k): each row in its own shifted units
+        (``balls``: the CPU's sums of isolated rows, Xs = c X)."""
         if self.nbody == "exact":
             return self.sums(Xs, ("gaussian",), target_shift=m)[0]
         xp = self.be.xp
@@ -112,13 +120,15 @@ class MultiscaleObjective(Objective):
         scale = xp.exp(xp.minimum(m, ISOLATED))
         Z, SX = Z * scale, SX * scale[:, None]
         isolated = xp.flatnonzero(m > ISOLATED)
-        if isolated.size:
+        if isolated.size and balls is not None:
+            Z[isolated], SX[isolated] = balls.row_sums(Xs, c, isolated, m[isolated])
+        elif isolated.size:
             (Z[isolated], SX[isolated]), = exact_sums(
                 self.be, Xs, ("gaussian",), Y=Xs[isolated], target_shift=m[isolated],
                 exclude=isolated)
         return Z, SX
 
-    def _column_sums(self, Xs, m, w):
+    def _column_sums(self, Xs, m, w, c=None, balls=None):
         """sum_k exp(-(t_ik - m_k)) w_k (1, x_k): each source in its own shifted units."""
         if self.nbody == "exact":
             return self.sums(Xs, ("gaussian",), weights=w, source_shift=m)[0]
@@ -127,7 +137,10 @@ class MultiscaleObjective(Objective):
         (S, SX), = self.sums(Xs, ("gaussian",),
                              weights=xp.where(far, 0.0, w * xp.exp(xp.minimum(m, ISOLATED))))
         isolated = xp.flatnonzero(far)
-        if isolated.size:
+        if isolated.size and balls is not None:
+            Si, SXi = balls.column_sums(Xs, c, isolated, m[isolated], w[isolated])
+            S, SX = S + Si, SX + SXi
+        elif isolated.size:
             own = xp.full(Xs.shape[0], -1, dtype=xp.int64)
             own[isolated] = xp.arange(isolated.size)
             (Si, SXi), = exact_sums(self.be, Xs[isolated], ("gaussian",), Y=Xs,
@@ -198,7 +211,8 @@ class MultiscaleObjective(Objective):
         # overflow; on the GPU the float32 gradient was off by 100%).
         X = X_in.astype(np.float64, copy=False)
         H = len(self.p)
-        scales = self._scales(X)
+        balls = None if self.be.is_gpu or self.nbody == "exact" else _Balls(X)
+        scales = self._scales(X, balls)
         value, row_sums, grad = self._edge_terms(X, scales)
         for (p, Z, SX, m), rs in zip(scales, row_sums):
             w = (0.5 * p / H) * rs / Z
@@ -206,7 +220,7 @@ class MultiscaleObjective(Objective):
             # with Z and w in row i's shifted units: the column term takes each
             # source's own shift (d_ik >= m_k, so it cannot overflow).
             cs = math.sqrt(p / 2.0)
-            Sw, SXw = self._column_sums(X * cs, m, w)
+            Sw, SXw = self._column_sums(X * cs, m, w, cs, balls)
             grad -= 2.0 * (w[:, None] * (Z[:, None] * X - SX) + Sw[:, None] * X - SXw / cs)
         return value, grad.astype(X_in.dtype, copy=False)
 
@@ -225,6 +239,68 @@ class MultiscaleObjective(Objective):
             np.empty((threads, d, n)), grad)
         value = self.constant + part if self.cost == "kl" else self._js_value(part, n - mass)
         return value, grad.astype(X.dtype, copy=False)
+
+
+class _Balls:
+    """Exact shifted Gaussian sums of a few rows (or sources) over their
+    neighbourhoods, on the CPU: a k-d tree of the layout X (built once per
+    evaluation, for every scale) gives each isolated point the points within its
+    ball t - m < TAIL + log N, in kernel units of the scale's Xs = c X.  The
+    row and column sums of a scale isolate the same points: their pairs and
+    kernels are found once."""
+
+    def __init__(self, X):
+        from scipy.spatial import cKDTree
+        self.X, self.tree = X, cKDTree(X)
+        self.tail = TAIL + math.log(X.shape[0])
+        self.kernels = {}
+
+    def nearest_sqdist(self):
+        return self.tree.query(self.X, k=2)[0][:, 1] ** 2
+
+    def _kernels(self, rows, m, c):
+        """(position in rows, neighbour j != row, exp(-(t - m_row))) for every
+        point in each row's ball (and some beyond), t = |xs_row - xs_j|^2.
+        k-NN queries with k the ball's count rounded up to a power of 2, rows
+        grouped by it: fixed-size arrays where a ball query returns a Python
+        list per row."""
+        if c in self.kernels:
+            return self.kernels[c]
+        radius = np.sqrt(m + self.tail) / c
+        counts = self.tree.query_ball_point(self.X[rows], radius, return_length=True, workers=-1)
+        groups = np.minimum(2 ** np.ceil(np.log2(np.maximum(counts, 2))).astype(np.int64),
+                            self.X.shape[0])
+        pos, nbr, t = [], [], []
+        for k in np.unique(groups):
+            sel = np.flatnonzero(groups == k)
+            dist, idx = self.tree.query(self.X[rows[sel]], k=int(k), workers=-1)
+            keep = idx != rows[sel, None]
+            pos.append(np.broadcast_to(sel[:, None], idx.shape)[keep])
+            nbr.append(idx[keep])
+            t.append(c * c * dist[keep] ** 2)
+        pos = np.concatenate(pos)
+        found = pos, np.concatenate(nbr), np.exp(m[pos] - np.concatenate(t))
+        self.kernels[c] = found
+        return found
+
+    def row_sums(self, Xs, c, rows, m):
+        """(Z, SX) of ``rows``: sum_k exp(-(t_ik - m_i)) (1, xs_k), Xs = c X."""
+        pos, nbr, e = self._kernels(rows, m, c)
+        return _scatter(pos, e, Xs[nbr], rows.size)
+
+    def column_sums(self, Xs, c, sources, m, w):
+        """(S, SX) of every point i from ``sources`` alone:
+        sum_k exp(-(t_ik - m_k)) w_k (1, xs_k), Xs = c X."""
+        pos, nbr, e = self._kernels(sources, m, c)
+        return _scatter(nbr, e * w[pos], Xs[sources[pos]], Xs.shape[0])
+
+
+def _scatter(into, e, x, n):
+    """(sum of e, sum of e x) grouped by ``into`` (n groups)."""
+    S = np.bincount(into, e, minlength=n)
+    SX = np.stack([np.bincount(into, e * x[:, k], minlength=n) for k in range(x.shape[1])],
+                  axis=1)
+    return S, SX
 
 
 def _nearest_sqdist(X, be):
