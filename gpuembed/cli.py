@@ -12,21 +12,31 @@ import numpy as np
 
 from . import __version__, datasets
 from .backend import BackendUnavailable, get_backend, kernel_dirs
-from .embedding import EE, SNE, SSNE, TSNE
+from .embedding import EE, SNE, SSNE, TSNE, MultiscaleSNE
 from .metrics import auc_rnx, knn_accuracy
 from .optim import OPTIMIZERS
 
 DEMO_DATASETS = ("digits", "rotating_objects", "swiss_roll")
+# Defaults of the options left unset, for every method but msne (which keeps
+# MultiscaleSNE's own: perplexity 2, the smallest scale; L-BFGS; 100 iterations
+# per scale; tol 1e-7).
+DEFAULTS = {"perplexity": 30.0, "optimizer": "sd", "max_iter": 1000, "tol": 1e-4}
+
+
+def _option(args, name):
+    value = getattr(args, name)
+    return DEFAULTS[name] if value is None else value
 
 
 def _perplexity(args, n):
     """--perplexity, lowered (with a note) where N is too small for its 3K neighbours."""
     largest = (n - 2) / 3.0
-    if args.perplexity > largest:
-        print(f"perplexity {args.perplexity:g} lowered to {largest:g} for {n} points "
+    perplexity = _option(args, "perplexity")
+    if perplexity > largest:
+        print(f"perplexity {perplexity:g} lowered to {largest:g} for {n} points "
               "(3 x perplexity neighbours per point)", file=sys.stderr)
         return largest
-    return args.perplexity
+    return perplexity
 
 
 def _embed_le(X, n_components, backend, args):
@@ -41,16 +51,25 @@ def _embed_le(X, n_components, backend, args):
 
 def _estimator(cls):
     def embed(X, n_components, backend, args):
-        model = cls(n_components, _perplexity(args, X.shape[0]), optimizer=args.optimizer,
-                    nbody=args.nbody, max_iter=args.max_iter, tol=args.tol,
+        model = cls(n_components, _perplexity(args, X.shape[0]),
+                    optimizer=_option(args, "optimizer"), nbody=args.nbody,
+                    max_iter=_option(args, "max_iter"), tol=_option(args, "tol"),
                     random_state=args.random_state, backend=backend, verbose=args.verbose)
         return model.fit_transform(X)
     return embed
 
 
+def _embed_msne(X, n_components, backend, args):
+    """Multi-scale SNE; the options given replace its own defaults."""
+    given = {name: getattr(args, name) for name in DEFAULTS if getattr(args, name) is not None}
+    model = MultiscaleSNE(n_components, nbody=args.nbody, random_state=args.random_state,
+                          backend=backend, verbose=args.verbose, **given)
+    return model.fit_transform(X)
+
+
 # Embedding methods the CLI offers: name -> function(X, n_components, backend, args).
 METHODS = {"tsne": _estimator(TSNE), "ee": _estimator(EE), "ssne": _estimator(SSNE),
-           "sne": _estimator(SNE), "le": _embed_le}
+           "sne": _estimator(SNE), "le": _embed_le, "msne": _embed_msne}
 
 
 def _load_demo(name):
@@ -183,12 +202,16 @@ def cmd_bench(args):
 
 
 def _method_options(parser):
-    parser.add_argument("--method", choices=sorted(METHODS), default="tsne")
-    parser.add_argument("--perplexity", type=float, default=30.0)
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sd")
-    parser.add_argument("--max-iter", type=int, default=1000, help="at most this many iterations")
-    parser.add_argument("--tol", type=float, default=1e-4,
-                        help="stop when the relative objective decrease is below this")
+    parser.add_argument("--method", choices=sorted(METHODS), default="tsne",
+                        help="msne: multi-scale SNE, whose unset options keep its own defaults")
+    parser.add_argument("--perplexity", type=float,
+                        help="default 30 (msne: its smallest scale, default 2)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, help="default sd (msne: lbfgs)")
+    parser.add_argument("--max-iter", type=int,
+                        help="at most this many iterations (default 1000; msne: per scale, 100)")
+    parser.add_argument("--tol", type=float,
+                        help="stop when the relative objective decrease is below this "
+                             "(default 1e-4; msne: 1e-7)")
     parser.add_argument("--random-state", type=int, default=None,
                         help="seed of the random parts (init random, landmarks)")
     parser.add_argument("--nbody", choices=("auto", "exact", "fgt", "bh"), default="auto",

@@ -66,6 +66,23 @@ def test_embed_passes_iteration_limit_and_seed(tmp_path):
     assert out.returncode == 1 and "max_iter" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_embed_multiscale_sne_keeps_its_defaults(tmp_path):
+    """--method msne: the options left unset keep MultiscaleSNE's defaults (not the
+    SNE family's perplexity 30 and SD); those given pass through."""
+    import gpuembed as ge
+
+    X = np.random.default_rng(0).standard_normal((150, 5))
+    np.save(tmp_path / "x.npy", X)
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"),
+                  "--backend", "cpu", "--method", "msne", "--max-iter", "5")
+    assert out.returncode == 0, out.stderr
+    expected = ge.MultiscaleSNE(2, max_iter=5, backend="cpu").fit_transform(X)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-12)
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"),
+                  "--backend", "cpu", "--method", "msne", "--optimizer", "sd")
+    assert out.returncode == 1 and "optimizer" in out.stderr and "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize("args", [[], ["nonsense"], ["demo", "--dataset", "nope"],
                                   ["embed"], ["demo", "--backend", "tpu"],
                                   ["demo", "--perplexity", "abc"], ["demo", "--optimizer", "adam"]])
