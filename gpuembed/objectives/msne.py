@@ -307,8 +307,7 @@ def _nearest_sqdist(X, be):
     """Squared distance of every point to its nearest neighbour: a k-d tree for a
     low-dimensional embedding on the CPU (O(N log N)), else the exact k-NN."""
     if not be.is_gpu and X.shape[1] <= 3:
-        from scipy.spatial import cKDTree
-        return cKDTree(X).query(X, k=2)[0][:, 1] ** 2
+        return _Balls(X).nearest_sqdist()
     # The distance again coordinate by coordinate, as the shifted sums take it:
     # k-NN's GEMM distances err by eps |x|^2, and the shift should make the
     # nearest kernel exactly 1.
