@@ -77,7 +77,9 @@ def test_embed_multiscale_sne_keeps_its_defaults(tmp_path):
                   "--backend", "cpu", "--method", "msne", "--max-iter", "5")
     assert out.returncode == 0, out.stderr
     expected = ge.MultiscaleSNE(2, max_iter=5, backend="cpu").fit_transform(X)
-    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-12)
+    # Another process: the parallel sweeps' sums may round differently.
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-9,
+                               atol=1e-12 * np.abs(expected).max())
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"),
                   "--backend", "cpu", "--method", "msne", "--optimizer", "sd")
     assert out.returncode == 1 and "optimizer" in out.stderr and "Traceback" not in out.stderr
