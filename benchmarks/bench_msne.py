@@ -5,7 +5,8 @@ points also with all of the thesis' scales), gpuembed's TSNE and openTSNE's t-SN
 with its multiscale affinities, side by side in one run, and each method's fitted
 log-log slope of seconds vs N over the subsets.  Writes results/msne[_<suffix>].json
 and R_NX(K) curves to results/msne_<dataset>[<suffix>].png.  The committed msne.json is
-``--n 2000,5000,10000,20000`` (35 minutes on 2 cores, 15 of them MultiscaleSNE at 20k).
+``--n 2000,5000,10000,20000`` (about 30 minutes on 2 cores, 10.5 of them MultiscaleSNE
+at 20k).
 
 ``--scaling``: seconds of one MultiscaleSNE cost-and-gradient evaluation vs N on
 Fashion-MNIST with a fixed number of scales (``--n-scales``), exact engine vs

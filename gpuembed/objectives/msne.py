@@ -267,13 +267,14 @@ class _Balls:
         if c in self.kernels:
             return self.kernels[c]
         radius = np.sqrt(m + self.tail) / c
-        counts = self.tree.query_ball_point(self.X[rows], radius, return_length=True, workers=-1)
+        points = self.X[rows]
+        counts = self.tree.query_ball_point(points, radius, return_length=True, workers=-1)
         groups = np.minimum(2 ** np.ceil(np.log2(np.maximum(counts, 2))).astype(np.int64),
                             self.X.shape[0])
         pos, nbr, t = [], [], []
         for k in np.unique(groups):
             sel = np.flatnonzero(groups == k)
-            dist, idx = self.tree.query(self.X[rows[sel]], k=int(k), workers=-1)
+            dist, idx = self.tree.query(points[sel], k=int(k), workers=-1)
             keep = idx != rows[sel, None]
             pos.append(np.broadcast_to(sel[:, None], idx.shape)[keep])
             nbr.append(idx[keep])
