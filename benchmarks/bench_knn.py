@@ -7,6 +7,9 @@ matrix, what ``knn`` did on the CPU before it took the upper triangle only).  On
 timed too (after one warm-up call that compiles the kernel), and where its time
 goes for ``--stages-n`` random 50-D points (the selection kernel, the candidates'
 finish, the rest: the GEMM blocks and their bookkeeping).
+
+``--sparse``: synthetic TF-IDF documents (common.bag_of_words, 20,000 x 20,000
+by default) given as a CSR matrix to both, written to knn_sparse.json.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from unittest import mock
 
 import numpy as np
 
-from common import best_time, device_sync, write_result
+from common import bag_of_words, best_time, device_sync, write_result
 import gpuembed as ge
 from gpuembed import neighbors
 
@@ -70,9 +73,39 @@ def run(n=None, k=90, repeat=2, gpu_only=False, stages_n=1_000_000):
     return figures
 
 
+def run_sparse(n=20_000, vocab=20_000, k=90, repeat=2, gpu_only=False):
+    """gpuembed and scikit-learn's brute force on the same sparse rows."""
+    X = bag_of_words(n, vocab)
+    figures = {"n": n, "vocab": vocab, "nnz_per_row": X.nnz / n, "k": k, "dtype": "float32"}
+    cpu_indices = ge.knn(X, k, backend="cpu")[1] if gpu_only else None
+    if not gpu_only:
+        from sklearn.neighbors import NearestNeighbors
+
+        def sklearn():
+            return NearestNeighbors(n_neighbors=k + 1, algorithm="brute").fit(X).kneighbors(X)
+
+        t_ours = t_sk = np.inf
+        for _ in range(repeat):
+            t, (_, cpu_indices) = best_time(lambda: ge.knn(X, k, backend="cpu"))
+            t_ours = min(t_ours, t)
+            t, (_, i_sk) = best_time(sklearn)
+            t_sk = min(t_sk, t)
+        figures.update({
+            "gpuembed_cpu_seconds": t_ours, "sklearn_brute_seconds": t_sk,
+            "speedup_vs_sklearn": t_sk / t_ours,
+            "index_agreement_with_sklearn": float(
+                (np.sort(i_sk[:, 1:], axis=1) == np.sort(cpu_indices, axis=1)).mean())})
+    if ge.backend.gpu_available():
+        be = ge.get_backend("gpu")
+        figures.update(run_gpu(be.sparse.csr_matrix(X), k, cpu_indices))
+    for key, value in figures.items():
+        print(f"{key:32s} {value}")
+    return figures
+
+
 def run_gpu(X, k, cpu_indices):
     be = ge.get_backend("gpu")
-    Xg = be.asarray(X)
+    Xg = X if hasattr(X, "tocsr") else be.asarray(X)
     ge.knn(Xg, k, backend=be)                      # compile + warm up
     sync = device_sync(be)
     t_gpu, (_, ig) = best_time(lambda: ge.knn(Xg, k, backend=be), repeat=3, sync=sync)
@@ -121,9 +154,18 @@ def main(argv=None):
                         help="only the GPU timing (and its agreement), written to knn_gpu.json")
     parser.add_argument("--stages-n", type=int, default=1_000_000,
                         help="points of the GPU stage breakdown (with --gpu-only)")
+    parser.add_argument("--sparse", action="store_true",
+                        help="synthetic TF-IDF documents as a CSR matrix (knn_sparse.json)")
     args = parser.parse_args(argv)
-    figures = run(n=args.n, repeat=args.repeat, gpu_only=args.gpu_only, stages_n=args.stages_n)
-    suffix = "" if args.n is None else f"_n{args.n}"
+    if args.sparse:
+        figures = run_sparse(**({"n": args.n} if args.n else {}), repeat=args.repeat,
+                             gpu_only=args.gpu_only)
+        suffix = "_sparse"
+    else:
+        figures = run(n=args.n, repeat=args.repeat, gpu_only=args.gpu_only,
+                      stages_n=args.stages_n)
+        suffix = ""
+    suffix += "" if args.n is None else f"_n{args.n}"
     write_result("knn", figures, suffix=suffix + ("_gpu" if args.gpu_only else ""))
 
 

@@ -153,3 +153,22 @@ def fashion_mnist_knn(k, n=None):
     CACHE.mkdir(exist_ok=True)
     np.savez(path, sqdist=sqdist, indices=indices)
     return X, y, sqdist, indices
+
+
+def bag_of_words(n, vocab=20_000, mean_length=80, zipf=1.1, seed=0):
+    """Synthetic documents as TF-IDF rows (CSR float32, unit length): Poisson
+    lengths, words drawn from a Zipf law over ``vocab`` words, so that the
+    common words make the inner products of all pairs nonzero, as in real text."""
+    import scipy.sparse
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.poisson(mean_length, n) + 1
+    p = 1.0 / np.arange(1, vocab + 1) ** zipf
+    words = rng.choice(vocab, lengths.sum(), p=p / p.sum())
+    X = scipy.sparse.csr_matrix((np.ones(words.size), (np.repeat(np.arange(n), lengths), words)),
+                                shape=(n, vocab))
+    X.sum_duplicates()
+    document_frequency = np.bincount(X.indices, minlength=vocab)
+    X.data *= np.log((1 + n) / (1 + document_frequency[X.indices])) + 1
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+    return (scipy.sparse.diags(1 / norms) @ X).tocsr().astype(np.float32)

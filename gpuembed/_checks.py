@@ -9,18 +9,23 @@ import numbers
 
 import numpy as np
 
+from ._sparse import is_sparse, to_csr
 
-def check_data(X, backend, *, name="X", dtype=None, min_samples=2):
+
+def check_data(X, backend, *, name="X", dtype=None, min_samples=2, sparse=False):
     """``X`` as a finite 2-D floating array on ``backend``'s device.
 
     Integer input becomes float64 (float32 on the GPU unless ``dtype`` says
     otherwise); float32/float64 input keeps its dtype unless ``dtype`` is given.
+    ``sparse=True``: a sparse matrix is accepted and comes back as a canonical
+    CSR copy on the device (scipy or cupyx); otherwise it is refused.
     """
     xp = backend.xp
     if X is None:
         raise ValueError(f"{name} is required")
-    if hasattr(X, "tocsr"):         # scipy or cupyx sparse: k-NN works on dense rows
-        raise TypeError(f"{name} is a sparse matrix; pass a dense array ({name}.toarray())")
+    if is_sparse(X) and not sparse:
+        raise TypeError(f"{name} is a sparse matrix, which this function does not take; "
+                        f"pass a dense array ({name}.toarray())")
     shape = getattr(X, "shape", None)
     if shape is None:
         X = np.asarray(X)
@@ -39,8 +44,8 @@ def check_data(X, backend, *, name="X", dtype=None, min_samples=2):
             dtype = backend.default_float
         else:
             raise TypeError(f"{name} must be numeric, got dtype {X.dtype}")
-    X = backend.asarray(X, dtype=dtype)
-    if not bool(xp.isfinite(X).all()):
+    X = to_csr(X, backend, dtype) if is_sparse(X) else backend.asarray(X, dtype=dtype)
+    if not bool(xp.isfinite(X.data if is_sparse(X) else X).all()):
         raise ValueError(f"{name} contains NaN or infinite values")
     return X
 

@@ -164,18 +164,31 @@ def _load_csv(path):
     return np.loadtxt(path, delimiter=",", ndmin=2, skiprows=header)
 
 
+def _load_sparse(path):
+    """A sparse matrix written by scipy.sparse.save_npz."""
+    import scipy.sparse
+
+    try:
+        return scipy.sparse.load_npz(path)
+    except ValueError as exc:       # e.g. numpy.savez's arrays, without a sparse format
+        raise ValueError(f"{path} is not a sparse matrix from scipy.sparse.save_npz "
+                         f"({exc})") from None
+
+
 def cmd_embed(args):
     path = Path(args.input)
     if path.suffix == ".npy":
         X = np.load(path)
     elif path.suffix == ".csv":
         X = _load_csv(path)
+    elif path.suffix == ".npz":
+        X = _load_sparse(path)
     else:
-        raise ValueError(f"INPUT must be a .npy or .csv file, got {path}")
+        raise ValueError(f"INPUT must be a .npy, .csv or .npz (sparse) file, got {path}")
     # Everything that can fail after the fit is checked before it.
     labels = np.load(args.labels) if args.labels else None
-    if labels is not None and len(labels) != len(X):
-        raise ValueError(f"--labels has {len(labels)} entries but INPUT {len(X)} rows")
+    if labels is not None and len(labels) != X.shape[0]:
+        raise ValueError(f"--labels has {len(labels)} entries but INPUT {X.shape[0]} rows")
     for out in (args.output, args.plot):
         if out and not Path(out).resolve().parent.is_dir():
             raise ValueError(f"no such directory for {out}")
@@ -235,7 +248,8 @@ def build_parser():
     _method_options(demo)
     demo.set_defaults(func=cmd_demo)
 
-    embed = sub.add_parser("embed", help="embed a .npy or .csv file")
+    embed = sub.add_parser("embed", help="embed a .npy or .csv file, or a sparse matrix "
+                                          "(.npz from scipy.sparse.save_npz)")
     embed.add_argument("input")
     embed.add_argument("-o", "--output", required=True)
     embed.add_argument("--n-components", type=int, default=2)

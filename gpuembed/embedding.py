@@ -17,6 +17,7 @@ import scipy.sparse.linalg
 
 from ._checks import (check_callbacks, check_choice, check_data, check_dtype, check_float,
                       check_int, check_random_state)
+from ._sparse import gram, is_sparse
 from .affinities import EntropicAffinities, entropic_affinities
 from .affinities.entropic import conditional_affinities
 from .backend import get_backend
@@ -69,7 +70,7 @@ class _Embedding:
     # -- fitting -----------------------------------------------------------
     def fit(self, X):
         be = get_backend(self.backend)
-        X = check_data(X, be, min_samples=4)
+        X = check_data(X, be, min_samples=4, sparse=True)
         n = X.shape[0]
         d = check_int(self.n_components, "n_components", 1, n - 2)
         max_iter = check_int(self.max_iter, "max_iter", 1)
@@ -233,7 +234,8 @@ class _Embedding:
             raise RuntimeError("call fit before transform")
         be, X_train, Y_train, objective, n = self._fitted
         xp = be.xp
-        X_new = check_data(X_new, be, name="X_new", dtype=X_train.dtype, min_samples=1)
+        X_new = check_data(X_new, be, name="X_new", dtype=X_train.dtype, min_samples=1,
+                           sparse=True)
         if X_new.shape[1] != X_train.shape[1]:
             raise ValueError(f"X_new has {X_new.shape[1]} features, the training data "
                              f"{X_train.shape[1]}")
@@ -346,6 +348,9 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
             seed = 0 if random_state is None else random_state
             Y = Y + 1e-4 * std * np.random.default_rng(seed).standard_normal(Y.shape)
     else:
+        if is_sparse(init):
+            raise TypeError("init array is a sparse matrix; pass a dense (N, n_components) "
+                            "array")
         Y = be.to_host(init) if hasattr(init, "shape") else np.asarray(init)
         if Y.shape != (n, d):
             raise ValueError(f"init array must have shape {(n, d)}, got {Y.shape}")
@@ -354,21 +359,41 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
     return be.asarray(Y, dtype=dtype)
 
 
+def _centred_operator(X):
+    """X - mean(X) as a LinearOperator, for sparse X."""
+    mean = np.asarray(X.mean(axis=0)).ravel()
+    return scipy.sparse.linalg.LinearOperator(
+        X.shape, dtype=X.dtype,
+        matvec=lambda v: X @ v - mean @ v,
+        matmat=lambda V: X @ V - mean @ V,
+        rmatvec=lambda u: X.T @ u - mean * u.sum(),
+        rmatmat=lambda U: X.T @ U - np.outer(mean, U.sum(axis=0)))
+
+
+def _sparse_scatter(X):
+    """(X - mean)^T (X - mean), dense D x D, from sparse X."""
+    mean = np.asarray(X.mean(axis=0)).ravel()
+    return gram(X.T, X.T) - X.shape[0] * np.outer(mean, mean)
+
+
 def _has_duplicate_rows(Y):
     return np.unique(Y, axis=0).shape[0] < Y.shape[0]
 
 
 def _pca(X, d):
     """Top-d principal component scores of host data X (signs fixed); columns
-    beyond the number of features are zero."""
-    Xc = X - X.mean(axis=0)
-    if Xc.shape[1] < d:
-        return np.hstack([_pca(X, Xc.shape[1]), np.zeros((X.shape[0], d - Xc.shape[1]))])
-    if Xc.shape[1] <= 2000:
-        vals, vecs = np.linalg.eigh(Xc.T @ Xc)
+    beyond the number of features are zero.  Sparse X is centred implicitly
+    (its centred copy would be dense)."""
+    n, D = X.shape
+    if D < d:
+        return np.hstack([_pca(X, D), np.zeros((n, d - D))])
+    Xc = _centred_operator(X) if is_sparse(X) else X - X.mean(axis=0)
+    if D <= 2000:
+        scatter = _sparse_scatter(X) if is_sparse(X) else Xc.T @ Xc
+        vals, vecs = np.linalg.eigh(scatter)
         V = vecs[:, ::-1][:, :d]
     else:
-        v0 = np.random.default_rng(0).random(min(Xc.shape))
+        v0 = np.random.default_rng(0).random(min(n, D))
         _, _, Vt = scipy.sparse.linalg.svds(Xc, k=d, v0=v0)
         V = Vt[::-1].T
     Y = Xc @ V
@@ -490,7 +515,7 @@ class MultiscaleSNE:
                                       ld_precisions)
 
         be = get_backend(self.backend)
-        X = check_data(X, be, min_samples=5)
+        X = check_data(X, be, min_samples=5, sparse=True)
         n = X.shape[0]
         d = check_int(self.n_components, "n_components", 1, n - 2)
         max_iter = check_int(self.max_iter, "max_iter", 1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import check_data, check_int
+from ._sparse import row_sqnorms
 from .backend import get_backend
 from .neighbors import knn
 from .nbody.exact import squared_distances
@@ -47,7 +48,7 @@ def knn_accuracy(X_low, labels, k=10, *, backend="cpu"):
 
 
 def _pair(X_high, X_low, be):
-    X_high = check_data(X_high, be, name="X_high", min_samples=3)
+    X_high = check_data(X_high, be, name="X_high", min_samples=3, sparse=True)
     X_low = check_data(X_low, be, name="X_low", min_samples=3)
     if X_high.shape[0] != X_low.shape[0]:
         raise ValueError(f"X_high has {X_high.shape[0]} rows but X_low has {X_low.shape[0]}")
@@ -59,7 +60,7 @@ def _rank_blocks(X_high, X_low, k_max, be):
     every point's low-D rank (B, N) (1-based; k_max + 1 stands for 'beyond k_max')."""
     xp = be.xp
     n = X_high.shape[0]
-    sq_h, sq_l = (X_high * X_high).sum(axis=1), (X_low * X_low).sum(axis=1)
+    sq_h, sq_l = row_sqnorms(xp, X_high), row_sqnorms(xp, X_low)
     rows = max(1, min(n, BLOCK_BYTES // (8 * n)))
     for start in range(0, n, rows):
         stop = min(n, start + rows)

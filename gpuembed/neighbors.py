@@ -16,6 +16,10 @@ so ties are ordered deterministically.  That finish runs once the candidates of
 all blocks are in, over large chunks of rows: per 268-row block of a 1e6-point
 k-NN its sorts and synchronization would be repeated 3,700 times.
 
+Sparse X (scipy or cupyx) is searched as it is: no centring (it would make
+the rows dense), each block a sparse product made dense, the exact
+recomputation on sparse row differences (gpuembed._sparse).
+
 Memory bound: apart from X, the (N, k) outputs and the (N, k + margin)
 candidates, one block holds a B x N
 distance matrix and (the filter) one more of the same shape (at most 2 x
@@ -25,8 +29,10 @@ grow to millions.
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse
 
 from ._checks import check_data, check_int
+from ._sparse import gram, is_sparse, row_sqnorms, same_kind
 from .backend import get_backend
 
 __all__ = ["knn", "knn_query"]
@@ -47,7 +53,7 @@ def knn(X, n_neighbors, *, backend="auto", block_bytes=None):
 
     Parameters
     ----------
-    X : array (N, D), numpy or cupy, finite.
+    X : array (N, D), numpy or cupy, finite, or a sparse matrix (scipy or cupyx).
     n_neighbors : int in [1, N - 1].
     backend : "auto" | "cpu" | "gpu" | Backend.
     block_bytes : bytes for one block of the distance matrix (see module doc).
@@ -60,18 +66,20 @@ def knn(X, n_neighbors, *, backend="auto", block_bytes=None):
     Both live on the backend's device.
     """
     be = get_backend(backend)
-    X = check_data(X, be)
+    X = check_data(X, be, sparse=True)
     k = check_int(n_neighbors, "n_neighbors", 1, X.shape[0] - 1)
     return _knn(be, X, X, k, True, block_bytes)
 
 
 def knn_query(Q, X, n_neighbors, *, backend="auto", block_bytes=None):
-    """Exact k nearest neighbours in ``X`` of every row of ``Q`` (no self exclusion)."""
+    """Exact k nearest neighbours in ``X`` of every row of ``Q`` (no self exclusion);
+    either may be sparse."""
     be = get_backend(backend)
-    X = check_data(X, be, min_samples=1)
-    Q = check_data(Q, be, name="Q", dtype=X.dtype, min_samples=1)
+    X = check_data(X, be, min_samples=1, sparse=True)
+    Q = check_data(Q, be, name="Q", dtype=X.dtype, min_samples=1, sparse=True)
     if Q.shape[1] != X.shape[1]:
         raise ValueError(f"Q has {Q.shape[1]} features but X has {X.shape[1]}")
+    Q, X = same_kind(be, Q, X)
     k = check_int(n_neighbors, "n_neighbors", 1, X.shape[0])
     return _knn(be, Q, X, k, False, block_bytes)
 
@@ -85,9 +93,11 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
 
     n_cand = min(n - 1 if exclude_self else n, k + CANDIDATE_MARGIN)
     # Centring leaves distances unchanged but shrinks the norms, which is what
-    # GEMM-based distances lose precision to.
-    mean = X.mean(axis=0)
-    Xc = X - mean
+    # GEMM-based distances lose precision to.  Sparse rows stay uncentred: the
+    # exact recomputation in _finish covers the larger rounding.
+    sparse = is_sparse(X)
+    mean = 0 if sparse else X.mean(axis=0)
+    Xc = X if sparse else X - mean
     # A fixed random column order makes the first columns of every block a
     # random sample, from which the CPU filter takes its threshold, and keeps the
     # improvements to the CPU's candidate heaps few whatever the input's order.
@@ -95,12 +105,12 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     inv_perm = xp.empty_like(perm)
     inv_perm[perm] = xp.arange(n)
     Yp = Xc[perm]
-    sq = xp.einsum("ij,ij->i", Yp, Yp)
+    sq = row_sqnorms(xp, Yp)
     if exclude_self:                    # Q is X: its centred copy and norms are at hand
         Qc, sq_q = Xc, sq[inv_perm]
     else:
-        Qc = Q - mean
-        sq_q = xp.einsum("ij,ij->i", Qc, Qc)
+        Qc = Q if sparse else Q - mean
+        sq_q = row_sqnorms(xp, Qc)
     # Squared distances reach 4 x the largest squared norm about the mean; past
     # the dtype's range they were inf, and the affinities failed deep in numba.
     largest = float(xp.maximum(sq.max(), sq_q.max()))
@@ -112,7 +122,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     Yp_m2 = -2 * Yp
 
     m = Q.shape[0]
-    rows = max(1, min(m, block_bytes // (n * X.dtype.itemsize)))
+    rows = _block_rows(m, n, X, block_bytes)
     select = _select_gpu if be.is_gpu else _select_cpu
     values = xp.empty((m, n_cand), dtype=X.dtype)
     cand = xp.empty((m, n_cand), dtype=xp.int64)
@@ -120,7 +130,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
         stop = min(m, start + rows)
         # D[i, j] + |y_j|^2 = |y_j|^2 - 2 x_i.y_j ranks j like the distance does.
         skip = inv_perm[start:stop] if exclude_self else xp.full(stop - start, -1, xp.int64)
-        values[start:stop], cand[start:stop] = select(be, Qc[start:stop] @ Yp_m2.T, sq, skip,
+        values[start:stop], cand[start:stop] = select(be, gram(Qc[start:stop], Yp_m2), sq, skip,
                                                       n_cand)
     values += sq_q[:, None]
     return _finish_all(xp, Q, X, values, sq_q, sq, perm, cand, k, block_bytes)
@@ -135,13 +145,22 @@ def _self_knn_cpu(X, Yp, sq, sq_x, perm, inv_perm, k, n_cand, block_bytes):
     n = X.shape[0]
     values = np.full((n, n_cand), np.inf, dtype=X.dtype)
     cand = np.full((n, n_cand), -1, dtype=np.int64)
-    rows = max(1, min(n, block_bytes // (n * X.dtype.itemsize)))
+    rows = _block_rows(n, n, X, block_bytes)
     for start in range(0, n, rows):
-        strip = Yp[start:start + rows] @ Yp[start:].T
+        strip = gram(Yp[start:start + rows], Yp[start:])
         offer_strip(strip, sq, start, values, cand)
     # Back to the caller's order: row r is Yp's row inv_perm[r].
     return _finish_all(np, X, X, values[inv_perm], sq_x, sq, perm, cand[inv_perm], k,
                        block_bytes)
+
+
+def _block_rows(m, n, X, block_bytes):
+    """Rows of a block of the B x n distance matrix within ``block_bytes``; for
+    sparse X on the GPU the product's sparse form (a value and a column index
+    per entry) comes before the dense block."""
+    on_device_sparse = is_sparse(X) and not scipy.sparse.issparse(X)
+    per_entry = X.dtype.itemsize * (3 if on_device_sparse else 1)
+    return max(1, min(m, block_bytes // (n * per_entry)))
 
 
 def _select_cpu(be, D, offset, skip, m):
@@ -255,8 +274,7 @@ def _finish(xp, Q, X, dist, sq_rows, sq_cand, cand, k):
     rounding = np.sqrt(X.shape[1]) * np.finfo(X.dtype).eps / RTOL[X.dtype]
     r, c = xp.nonzero(dist <= rounding * (sq_rows[:, None] + sq_cand))
     if r.size:
-        diff = Q[r] - X[cand[r, c]]
-        dist[r, c] = xp.einsum("ij,ij->i", diff, diff)
+        dist[r, c] = row_sqnorms(xp, Q[r] - X[cand[r, c]])
     # Sort by index, then stably by distance: ties end up in index order.
     by_index = xp.argsort(cand, axis=1)
     cand = xp.take_along_axis(cand, by_index, axis=1)

@@ -413,6 +413,11 @@ class DeviceSparse:
 
     T = property(lambda self: DeviceSparse(self._m.T))
 
+    def __getitem__(self, key):
+        """cupyx's indexing: slices and integer arrays of rows (a gather)."""
+        count("calls")
+        return _wrap(self._m[_index(key)])
+
     def __neg__(self):
         return DeviceSparse(-self._m)
 

@@ -48,6 +48,26 @@ def test_embed_file(tmp_path):
     assert out.returncode == 1 and "Gaussian" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_embed_sparse_file(tmp_path):
+    """A scipy.sparse.save_npz file is embedded as it is, as the estimator would."""
+    import scipy.sparse
+
+    import gpuembed as ge
+
+    X = scipy.sparse.random(150, 400, density=0.05, random_state=0, format="csr")
+    scipy.sparse.save_npz(tmp_path / "x.npz", X)
+    np.save(tmp_path / "labels.npy", np.arange(150) % 3)
+    out = run_cli("embed", str(tmp_path / "x.npz"), "-o", str(tmp_path / "y.npy"),
+                  "--labels", str(tmp_path / "labels.npy"), "--backend", "cpu",
+                  "--perplexity", "10", "--max-iter", "20", "--random-state", "1", "--auc")
+    assert out.returncode == 0, out.stderr
+    assert "10-NN accuracy" in out.stdout and "R_NX AUC" in out.stdout
+    expected = ge.TSNE(2, 10.0, max_iter=20, tol=1e-4, random_state=1,
+                       backend="cpu").fit_transform(X)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-9,
+                               atol=1e-12 * np.abs(expected).max())
+
+
 def test_embed_passes_iteration_limit_and_seed(tmp_path):
     """The CLI's result equals the estimator's with the same settings."""
     import gpuembed as ge
@@ -99,7 +119,10 @@ def test_runtime_errors_have_no_traceback(tmp_path):
     assert out.returncode == 1 and "error" in out.stderr and "Traceback" not in out.stderr
     (tmp_path / "bad.txt").write_text("1,2")
     out = run_cli("embed", str(tmp_path / "bad.txt"), "-o", str(tmp_path / "o.npy"))
-    assert out.returncode == 1 and ".npy or .csv" in out.stderr
+    assert out.returncode == 1 and ".npy, .csv or .npz" in out.stderr
+    np.savez(tmp_path / "arrays.npz", x=np.ones((5, 2)))        # not scipy.sparse.save_npz's
+    out = run_cli("embed", str(tmp_path / "arrays.npz"), "-o", str(tmp_path / "o.npy"))
+    assert out.returncode == 1 and "save_npz" in out.stderr and "Traceback" not in out.stderr
     np.save(tmp_path / "x.npy", np.random.default_rng(0).random((50, 3)))
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy"),
                   "--method", "ee", "--optimizer", "tsne", "--backend", "cpu")

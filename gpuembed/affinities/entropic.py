@@ -51,7 +51,8 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
 
     Parameters
     ----------
-    X : (N, D) data, or None when ``neighbors`` is given.
+    X : (N, D) data (dense, or a scipy / cupyx sparse matrix), or None when
+        ``neighbors`` is given.
     perplexity : float in (1, n_neighbors), or an (N,) array of per-point values
         (NumPy, or CuPy on the GPU).
     n_neighbors : neighbours per point; default ``min(N - 1, ceil(3 * max perplexity))``,
@@ -226,7 +227,7 @@ def _neighbors(X, neighbors, perplexity, n_neighbors, be):
         if k < 2:
             raise ValueError("neighbors: need at least 2 neighbours per point")
         return sqdist, indices.astype(xp.int64)
-    X = check_data(X, be, min_samples=3)
+    X = check_data(X, be, min_samples=3, sparse=True)
     n = X.shape[0]
     if n_neighbors is None:
         n_neighbors = min(n - 1, math.ceil(3 * float(np.max(perplexity))))

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .._sparse import gram, row_sqnorms
 from .exact_cpu import exact_sums_cpu
 
 KERNELS = ("gaussian", "student", "student2")
@@ -58,9 +59,10 @@ def squared_distances(xp, Y, X, sq_y=None, sq_x=None):
     Their absolute rounding error, ~eps (|y|^2 + |x|^2), is negligible against
     the unit width of the embedding kernels, so no coordinate-wise pass is needed.
     """
-    sq_y = (Y * Y).sum(axis=1) if sq_y is None else sq_y
-    sq_x = (X * X).sum(axis=1) if sq_x is None else sq_x
-    D = Y @ (-2.0 * X).T
+    sq_y = row_sqnorms(xp, Y) if sq_y is None else sq_y
+    sq_x = row_sqnorms(xp, X) if sq_x is None else sq_x
+    D = gram(Y, X)          # both may be sparse (high-dimensional data in the metrics)
+    D *= -2.0
     D += sq_y[:, None]
     D += sq_x[None, :]
     return xp.maximum(D, 0.0, out=D)

@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from .._checks import check_data, check_float, check_int, check_random_state
+from .._sparse import is_sparse
 from ..objectives.penalty import Penalized
 from ..optim import DIRECTIONS, Monitor, minimize
 from .mappings import make_mapping
@@ -106,6 +107,9 @@ class ParametricEmbedding:
     def fit(self, Y):
         from ..embedding import EE, _Embedding
 
+        if is_sparse(Y):        # the free embedding would take it, the mappings not
+            raise TypeError("Y is a sparse matrix, which the mappings do not take; pass a "
+                            "dense array (Y.toarray())")
         embedding = EE() if self.embedding is None else self.embedding
         if not isinstance(embedding, _Embedding):
             raise TypeError("embedding must be an EE, SSNE, TSNE or SNE estimator, got "

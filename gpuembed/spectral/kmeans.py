@@ -1,8 +1,12 @@
-"""k-means (Lloyd's iterations, k-means++ seeding), vectorized over points."""
+"""k-means (Lloyd's iterations, k-means++ seeding), vectorized over points.
+
+X may be a scipy sparse matrix (the centers are dense, K x D)."""
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse
 
+from .._sparse import is_sparse, row_sqnorms
 from ..nbody.exact import squared_distances
 
 
@@ -11,7 +15,7 @@ def kmeans(X, n_clusters, *, n_init=10, max_iter=300, tol=1e-9, init=None, rando
 
     ``init`` (K, D) starts one run from the given centers instead (warm start).
     """
-    X = np.asarray(X, dtype=np.float64)
+    X = X.astype(np.float64) if is_sparse(X) else np.asarray(X, dtype=np.float64)
     rng = np.random.default_rng(random_state)
     best = None
     runs = [init] if init is not None else [None] * n_init
@@ -26,14 +30,32 @@ def kmeans(X, n_clusters, *, n_init=10, max_iter=300, tol=1e-9, init=None, rando
 def _plusplus(X, k, rng):
     """k-means++ seeding: each new center drawn with probability proportional to the
     squared distance to the nearest center so far."""
-    centers = [X[rng.integers(len(X))]]
-    d2 = ((X - centers[0]) ** 2).sum(axis=1)
+    n = X.shape[0]
+    chosen = [rng.integers(n)]
+    d2 = _sqdist_to_row(X, chosen[0])
     for _ in range(1, k):
         total = d2.sum()
-        idx = rng.integers(len(X)) if total <= 0 else rng.choice(len(X), p=d2 / total)
-        centers.append(X[idx])
-        d2 = np.minimum(d2, ((X - X[idx]) ** 2).sum(axis=1))
-    return np.array(centers)
+        idx = rng.integers(n) if total <= 0 else rng.choice(n, p=d2 / total)
+        chosen.append(idx)
+        d2 = np.minimum(d2, _sqdist_to_row(X, idx))
+    return X[chosen].toarray() if is_sparse(X) else X[chosen]
+
+
+def _sqdist_to_row(X, i):
+    if is_sparse(X):
+        sq = row_sqnorms(np, X)
+        return np.maximum(sq + sq[i] - 2.0 * (X @ X[i].T).toarray().ravel(), 0.0)
+    return ((X - X[i]) ** 2).sum(axis=1)
+
+
+def _cluster_sums(X, labels, k):
+    """(k, D) sums of each cluster's points."""
+    if is_sparse(X):
+        member = scipy.sparse.csr_matrix((np.ones(X.shape[0]), (labels, np.arange(X.shape[0]))),
+                                         shape=(k, X.shape[0]))
+        return (member @ X).toarray()
+    return np.stack([np.bincount(labels, weights=X[:, j], minlength=k)
+                     for j in range(X.shape[1])], axis=1)
 
 
 def _lloyd(X, centers, max_iter, tol):
@@ -41,10 +63,9 @@ def _lloyd(X, centers, max_iter, tol):
     for _ in range(max_iter):
         D = squared_distances(np, X, centers)
         labels = D.argmin(axis=1)
-        inertia = float(D[np.arange(len(X)), labels].sum())
+        inertia = float(D[np.arange(X.shape[0]), labels].sum())
         counts = np.bincount(labels, minlength=len(centers))
-        sums = np.stack([np.bincount(labels, weights=X[:, j], minlength=len(centers))
-                         for j in range(X.shape[1])], axis=1)
+        sums = _cluster_sums(X, labels, len(centers))
         empty = counts == 0
         centers = np.where(empty[:, None], centers, sums / np.maximum(counts, 1)[:, None])
         if previous - inertia <= tol * max(inertia, 1e-300):
@@ -52,4 +73,4 @@ def _lloyd(X, centers, max_iter, tol):
         previous = inertia
     D = squared_distances(np, X, centers)
     labels = D.argmin(axis=1)
-    return labels, centers, float(D[np.arange(len(X)), labels].sum())
+    return labels, centers, float(D[np.arange(X.shape[0]), labels].sum())

@@ -30,7 +30,7 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, backend="auto
     The neighbour search (and the entropic calibration) runs on ``backend`` in X's
     dtype (integers: the backend's default float)."""
     be = get_backend(backend)
-    X = check_data(X, be)
+    X = check_data(X, be, sparse=True)
     n = X.shape[0]
     k = check_int(n_neighbors, "n_neighbors", 2, n - 1)
     if sigma is not None and perplexity is not None:
@@ -84,7 +84,7 @@ class _SpectralBase:
         check_choice(self.landmarks, "landmarks", LANDMARK_METHODS)
         check_random_state(self.random_state)
         be = get_backend(self.backend)
-        return be, be.to_host(check_data(X, be, min_samples=3))
+        return be, be.to_host(check_data(X, be, min_samples=3, sparse=True))
 
     def _embed(self, be, X, d, drop_first=True):
         """Embedding (N, d) exactly or by LLL; records landmarks_, Z_, landmark_embedding_.
@@ -104,7 +104,7 @@ class _SpectralBase:
         the nearest training points (exact), applied to their embedding."""
         if not hasattr(self, "_X"):
             raise RuntimeError("call fit before transform")
-        X_new = np.asarray(check_data(X_new, get_backend("cpu"), name="X_new", min_samples=1))
+        X_new = check_data(X_new, get_backend("cpu"), name="X_new", min_samples=1, sparse=True)
         if X_new.shape[1] != self._X.shape[1]:
             raise ValueError(f"X_new has {X_new.shape[1]} features, the training data "
                              f"{self._X.shape[1]}")

@@ -1,0 +1,59 @@
+"""Row operations on data that may be a sparse matrix (scipy or cupyx CSR).
+
+The neighbour searches need only inner products and squared norms of rows,
+so sparse data (a bag of words, TF-IDF, one-hot features) is never made dense:
+a block of distances is a sparse-times-sparse product turned dense, B x N,
+and a point's D coordinates stay sparse however large D is.
+"""
+from __future__ import annotations
+
+import scipy.sparse
+
+
+def is_sparse(X):
+    """scipy.sparse or cupyx.scipy.sparse matrix (or array)."""
+    return hasattr(X, "tocsr")
+
+
+def to_csr(X, backend, dtype):
+    """A canonical CSR copy of sparse ``X`` on ``backend``'s device in ``dtype``
+    (duplicates summed, indices sorted); the caller's matrix is left alone."""
+    if scipy.sparse.issparse(X):
+        X = X.tocsr().astype(dtype, copy=True)      # on the host: cupyx has no integers
+        if backend.is_gpu:
+            X = backend.sparse.csr_matrix(X)
+    else:                                           # a cupyx matrix
+        X = X.tocsr().astype(dtype, copy=True)
+        if not backend.is_gpu:
+            X = X.get()
+    X.sum_duplicates()
+    return X
+
+
+def row_sqnorms(xp, X):
+    """Squared Euclidean norm of every row, dense (N,)."""
+    if is_sparse(X):
+        return xp.asarray(X.multiply(X).sum(axis=1)).ravel()
+    return xp.einsum("ij,ij->i", X, X)
+
+
+def gram(A, B):
+    """A @ B.T as a dense array; A and B dense or sparse, in any mix (two scipy
+    matrices: the compiled neighbors_cpu.sparse_gram; cupyx: cuSPARSE)."""
+    if scipy.sparse.issparse(A) and scipy.sparse.issparse(B):
+        from .neighbors_cpu import sparse_gram
+
+        return sparse_gram(A.tocsr(), B.tocsr())
+    G = A @ B.T
+    return G.toarray() if is_sparse(G) else G
+
+
+def same_kind(be, Q, X):
+    """Q and X both dense or, when either is sparse, both sparse (a dense one
+    becomes CSR), so that their rows can be subtracted and multiplied."""
+    if is_sparse(Q) == is_sparse(X):
+        return Q, X
+    if is_sparse(Q):
+        return Q, be.sparse.csr_matrix(X)
+    return be.sparse.csr_matrix(Q), X
+
