@@ -44,10 +44,12 @@ tests)
 bench)
     (cd benchmarks &&
      python3 bench_knn.py --gpu-only &&
+     python3 bench_knn.py --sparse --gpu-only &&
      python3 bench_entropic.py --gpu-only &&
      python3 bench_nbody.py --backend gpu --parts scaling,accuracy,crossover \
          --max-n 1000000 --exact-max-n 200000 --suffix _gpu) 2>&1 | tee "$out/gpu_bench.log"
-    cp benchmarks/results/knn_gpu.json benchmarks/results/entropic_gpu.json \
+    cp benchmarks/results/knn_gpu.json benchmarks/results/knn_sparse_gpu.json \
+       benchmarks/results/entropic_gpu.json \
        benchmarks/results/nbody_gpu.json benchmarks/results/nbody_scaling_gpu.png "$out/"
     ;;
 large)
