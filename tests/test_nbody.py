@@ -445,6 +445,48 @@ def test_exact_gpu_kernel_matches_numpy(d, kernels, rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [1, 2, 3])
+def test_exact_gpu_kernel_shifts_and_exclusions(d, rng):
+    """The NBODY_SHIFTED variant (multi-scale SNE's fine scales on the GPU):
+    per-target or per-source shifts, excluded pairs between two point sets.
+    float64 where every unshifted kernel underflows (nearest squared distances
+    900-4900), as accurate as the CPU (1e-11); float32 ten times closer (9-49),
+    within the rounding of t - m from float32 coordinates (up to 2,000 in 1-D:
+    ulp 1e-4, so t errs by about 1e-3)."""
+    gpu = get_backend("gpu")
+    side = round(400 ** (1 / d))
+    grid = np.stack(np.meshgrid(*[np.arange(side)] * d), axis=-1).reshape(-1, d)
+    grid = grid + rng.uniform(-0.2, 0.2, size=(side ** d, d))
+    n = len(grid)
+    w = rng.uniform(0.5, 2.0, n)
+    some = rng.choice(n, 60, replace=False)
+    own = np.full(n, -1)
+    own[some] = np.arange(60)
+    for spacing, dtype, tol in ((50.0, np.float64, 1e-11), (5.0, np.float32, 5e-3)):
+        X = grid * spacing
+        D = ((X[:, None] - X[None]) ** 2).sum(-1)
+        np.fill_diagonal(D, np.inf)
+        m = D.min(axis=1)
+        cases = [  # (sources, targets, weights, target_shift, source_shift, exclude)
+            (X, None, w, m, None, None),
+            (X[some], X, w[some], None, m[some], own),
+            (X, X[some], w, m[some], None, some),
+        ]
+        for sources, targets, weights, t_shift, s_shift, exclude in cases:
+            S0, SX0 = brute(sources, "gaussian", Y=targets, w=weights,
+                            target_shift=0.0 if t_shift is None else t_shift,
+                            source_shift=0.0 if s_shift is None else s_shift, exclude=exclude)
+
+            def dev(a):
+                return None if a is None else gpu.asarray(a, dtype)
+            (S, SX), = exact_sums(gpu, dev(sources), ("gaussian",), Y=dev(targets),
+                                  weights=dev(weights), target_shift=dev(t_shift),
+                                  source_shift=dev(s_shift),
+                                  exclude=None if exclude is None else gpu.asarray(exclude))
+            assert rel(gpu.to_host(S), S0) < tol and rel(gpu.to_host(SX), SX0) < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("method,accuracy", [("fgt", {"p": 8}), ("bh", {"theta": 0.5})])
 def test_fast_engines_gpu_match_cpu(d, method, accuracy, rng):
     # The FGT's per-target kernels (kernels/fgt.cu) and the CuPy paths against

@@ -8,10 +8,12 @@ excluding m = n when the targets are the sources.  Blocks of B targets hold a
 B x N matrix of kernel values (``block_bytes``: 1 MiB on the CPU, spread over
 threads, and 512 MiB on the GPU; at least 64 rows), so memory stays bounded.  Written once
 against ``xp``: the reference for the compiled kernels and the path for the
-cases they do not cover (distance shifts, excluded pairs, more than 16
-dimensions).  The common kernel sets run compiled: on the GPU in the tiled
-RawKernel of kernels/nbody_exact.cu (one thread per two targets, sources through
-shared memory, no N x B block), on the CPU in its numba twin (exact_cpu.py).
+cases they do not cover (more than 16 dimensions; on the GPU, distance shifts
+and excluded pairs for the Student-t kernels).  The common kernel sets run
+compiled: on the GPU in the tiled RawKernel of kernels/nbody_exact.cu (one
+thread per two targets, sources through shared memory, no N x B block; the
+Gaussian with multi-scale SNE's shifts too), on the CPU in its numba twin
+(exact_cpu.py).
 """
 from __future__ import annotations
 
@@ -118,11 +120,12 @@ def exact_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_sh
     kernels = tuple(kernels)
     plain = target_shift is None and source_shift is None and exclude is None
     if (kernels in KERNEL_CODES and X.shape[1] <= MAX_COMPILED_DIM
-            and (plain or not be.is_gpu)):
-        # The CUDA kernel has no shifts or exclusions; the compiled CPU loop has.
+            and (plain or not be.is_gpu or kernels == ("gaussian",))):
+        # The CUDA kernel takes shifts and exclusions for the Gaussian alone, the
+        # compiled CPU loop for every kernel.
         code = KERNEL_CODES[kernels]
         if be.is_gpu:
-            S, SX = _exact_gpu(be, X, code, Y, weights)
+            S, SX = _exact_gpu(be, X, code, Y, weights, target_shift, source_shift, exclude)
         else:
             S, SX = exact_sums_cpu(X, code, Y, weights, target_shift, source_shift, exclude)
         return compiled_results(kernels, S, SX)
@@ -177,8 +180,9 @@ def blocked_sums(be, X, kernels, Y=None, weights=None, block_bytes=None, target_
     return out
 
 
-def _exact_gpu(be, X, code, Y, weights):
-    """S (outs, N_t) and SX (outs, N_t, d) by the tiled RawKernel of kernels/nbody_exact.cu."""
+def _exact_gpu(be, X, code, Y, weights, target_shift=None, source_shift=None, exclude=None):
+    """S (outs, N_t) and SX (outs, N_t, d) by the tiled RawKernel of kernels/nbody_exact.cu;
+    with shifts or exclusions (Gaussian only) its NBODY_SHIFTED variant."""
     xp = be.xp
     targets = xp.ascontiguousarray(X if Y is None else Y)
     X = xp.ascontiguousarray(X)
@@ -188,12 +192,24 @@ def _exact_gpu(be, X, code, Y, weights):
     SX = xp.empty((outs, n_t, d), dtype=X.dtype)
     w = xp.ones(n_s, dtype=X.dtype) if weights is None else xp.ascontiguousarray(
         weights, dtype=X.dtype)
+    shifted = not (target_shift is None and source_shift is None and exclude is None)
+    shifts = ()
+    if shifted:
+        def per(values, n):
+            return (xp.zeros(n, dtype=X.dtype) if values is None
+                    else xp.ascontiguousarray(values, dtype=X.dtype))
+        if exclude is None:
+            exclude = xp.arange(n_t) if Y is None else xp.full(n_t, -1)
+        shifts = (per(target_shift, n_t), per(source_shift, n_s),
+                  xp.ascontiguousarray(exclude, dtype=xp.int64))
     fn = be.kernel("nbody_exact.cu", "nbody_exact", X.dtype,
-                   defines={"NBODY_DIM": d, "NBODY_KERNEL": code})
+                   defines={"NBODY_DIM": d, "NBODY_KERNEL": code,
+                            "NBODY_SHIFTED": int(shifted)})
     per_block = GPU_THREADS * GPU_TARGETS_PER_THREAD
     fn(((n_t + per_block - 1) // per_block,), (GPU_THREADS,),
-       (X, w, targets, np.int64(n_s), np.int64(n_t), np.int32(Y is None), S, SX),
-       shared_mem=GPU_THREADS * (d + 1) * X.dtype.itemsize)
+       (X, w, targets, np.int64(n_s), np.int64(n_t), np.int32(Y is None and not shifted),
+        *shifts, S, SX),
+       shared_mem=GPU_THREADS * (d + 1 + shifted) * X.dtype.itemsize)
     return S, SX
 
 

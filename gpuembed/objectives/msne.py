@@ -19,7 +19,8 @@ Each row's kernels are shifted by its nearest-neighbour distance (exp(-(t - m)))
 so the finest scales cannot underflow.  The exact engine takes the shift
 directly; the FGT and Barnes-Hut sum unshifted kernels and rescale, which is
 safe while m <= ISOLATED; rows (and, for the column sums, sources) beyond it
-are summed exactly with their shift: on the GPU against every point, on the CPU
+are summed exactly with their shift: on the GPU against every point (the
+tiled CUDA kernel's shifted variant, kernels/nbody_exact.cu), on the CPU
 over the points within their balls, where the shifted kernel exceeds e^-TAIL
 (class _Balls, a k-d tree; the finest scale isolates most rows, whose
 kernels reach only a few neighbours).
