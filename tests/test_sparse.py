@@ -28,9 +28,10 @@ def sparse_data(n=300, d=2000, density=0.02, seed=1, duplicate=True):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "csr_array"])
 def test_sparse_knn_matches_brute_force(backend, dtype, fmt):
-    X = sparse_data().astype(dtype).asformat(fmt)
+    X = sparse_data().astype(dtype)
+    X = scipy.sparse.csr_array(X) if fmt == "csr_array" else X.asformat(fmt)
     ref_d, ref_i = brute_knn(X.toarray(), 9)
     given = be_sparse(backend, X) if fmt == "csr" else X
     sqdist, idx = (backend.to_host(a) for a in ge.knn(given, 9, backend=backend))
