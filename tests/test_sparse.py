@@ -50,13 +50,19 @@ def be_sparse(backend, X):
 def test_compiled_sparse_gram_equals_scipy(dtype):
     from gpuembed.neighbors_cpu import sparse_gram
 
+    from gpuembed.neighbors_cpu import FREQUENT_MAX
+
     A = sparse_data(n=60, d=300, density=0.1).astype(dtype)
-    B = sparse_data(n=90, d=300, density=0.05, seed=2).astype(dtype)
-    got = sparse_gram(A, B)
-    assert got.dtype == dtype and got.shape == (60, 90) and got.flags.c_contiguous
-    np.testing.assert_allclose(got, (A @ B.T).toarray(), rtol=1e-5 if dtype == np.float32
-                               else 1e-13, atol=1e-6 if dtype == np.float32 else 1e-13)
-    assert not got[11].any() and not got[:, 11].any()          # the empty rows
+    rare = sparse_data(n=90, d=300, density=0.01, seed=2).astype(dtype)
+    common = rare.tolil()
+    common[:, :FREQUENT_MAX + 20] = 1.0        # in every row: more than the GEMM takes
+    common[11] = 0
+    for B in (rare, common.tocsr()):
+        got = sparse_gram(A, B)
+        assert got.dtype == dtype and got.shape == (60, 90) and got.flags.c_contiguous
+        np.testing.assert_allclose(got, (A @ B.T).toarray(), rtol=1e-5 if dtype == np.float32
+                                   else 1e-13, atol=1e-5 if dtype == np.float32 else 1e-13)
+        assert not got[11].any() and not got[:, 11].any()          # the empty rows
 
 
 def test_sparse_knn_in_small_blocks_and_queries(rng):
