@@ -2,8 +2,8 @@
 
 The neighbour searches need only inner products and squared norms of rows,
 so sparse data (a bag of words, TF-IDF, one-hot features) is never made dense:
-a block of distances is a sparse-times-sparse product turned dense, B x N,
-and a point's D coordinates stay sparse however large D is.
+a block of distances is a sparse product written into a dense B x N block
+(``gram``), and a point's D coordinates stay sparse however large D is.
 """
 from __future__ import annotations
 
