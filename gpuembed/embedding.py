@@ -17,6 +17,7 @@ import scipy.sparse.linalg
 
 from ._checks import (check_callbacks, check_choice, check_data, check_dtype, check_float,
                       check_int, check_random_state)
+from ._params import Params
 from ._sparse import gram, is_sparse
 from .affinities import EntropicAffinities, entropic_affinities
 from .affinities.entropic import conditional_affinities
@@ -41,8 +42,9 @@ METHOD_PARAMS = {"n_neighbors", "kappa", "sd_solver", "sd_refresh", "lbfgs_memor
                  "transform_max_iter", "accuracy", "accuracy_schedule"}
 
 
-class _Embedding:
+class _Embedding(Params):
     objective_name = None
+    extra_params = METHOD_PARAMS
     optimizers = tuple(DIRECTIONS)
 
     def __init__(self, n_components=2, perplexity=30.0, *, affinities=None, optimizer="sd",
@@ -68,7 +70,8 @@ class _Embedding:
         self.method_params = method_params
 
     # -- fitting -----------------------------------------------------------
-    def fit(self, X):
+    def fit(self, X, y=None):
+        """Embed X (N, D), dense or sparse; ``y`` is ignored (scikit-learn pipelines)."""
         be = get_backend(self.backend)
         X = check_data(X, be, min_samples=4, sparse=True)
         n = X.shape[0]
@@ -97,7 +100,7 @@ class _Embedding:
         self._fitted = (be, X, result.X, objective, P.shape[0])
         return self
 
-    def fit_transform(self, X):
+    def fit_transform(self, X, y=None):
         return self.fit(X).embedding_
 
     def _objective_params(self, n):
@@ -458,7 +461,7 @@ class EE(_Embedding):
                         monitor=monitor, direction_params=self._direction_params())
 
 
-class MultiscaleSNE:
+class MultiscaleSNE(Params):
     """Multi-scale SNE (thesis 004, sections 2.9-2.11): HD similarities averaged over
     perplexities K_h = 2^(h-1) K*, LD similarities averaged over per-scale
     precisions p_h, cost "js" (eq. 2.7, mixture ``kappa``; Lee et al.'s Ms.JSE, the
@@ -509,7 +512,8 @@ class MultiscaleSNE:
         self.verbose = verbose
         self.callbacks = callbacks
 
-    def fit(self, X):
+    def fit(self, X, y=None):
+        """Embed X (N, D), dense or sparse; ``y`` is ignored (scikit-learn pipelines)."""
         from .affinities import multiscale_affinities
         from .objectives.msne import (COSTS, EXACT_BELOW, MultiscaleObjective, intrinsic_exponent,
                                       ld_precisions)
@@ -552,5 +556,5 @@ class MultiscaleSNE:
         self.exponent_ = U
         return self
 
-    def fit_transform(self, X):
+    def fit_transform(self, X, y=None):
         return self.fit(X).embedding_

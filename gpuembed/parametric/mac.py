@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from .._checks import check_data, check_float, check_int, check_random_state
+from .._params import Params
 from .._sparse import is_sparse
 from ..objectives.penalty import Penalized
 from ..optim import DIRECTIONS, Monitor, minimize
@@ -31,7 +32,7 @@ from .mappings import make_mapping
 __all__ = ["ParametricEmbedding"]
 
 
-class ParametricEmbedding:
+class ParametricEmbedding(Params):
     """Parametric embedding by MAC.
 
     Parameters
@@ -104,7 +105,7 @@ class ParametricEmbedding:
         n = check_int(self.n_mu, "n_mu", 1)
         return start * curvature * factor ** np.arange(n)
 
-    def fit(self, Y):
+    def fit(self, Y, y=None):
         from ..embedding import EE, _Embedding
 
         if is_sparse(Y):        # the free embedding would take it, the mappings not
@@ -203,7 +204,7 @@ class ParametricEmbedding:
         self._dtype = Z.dtype
         return self
 
-    def fit_transform(self, Y):
+    def fit_transform(self, Y, y=None):
         return self.fit(Y).embedding_
 
     def transform(self, Y_new):

@@ -16,6 +16,7 @@ import numpy as np
 import scipy.sparse
 
 from .._checks import check_choice, check_data, check_float, check_int, check_random_state
+from .._params import Params
 from ..affinities import entropic_affinities
 from ..backend import get_backend
 from ..neighbors import knn
@@ -67,7 +68,7 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     return Z @ U, idx, Z, U, kz
 
 
-class _SpectralBase:
+class _SpectralBase(Params):
     def __init__(self, *, n_neighbors, sigma, perplexity, n_landmarks, kz, landmarks,
                  random_state, backend):
         self.n_neighbors = n_neighbors
@@ -128,13 +129,13 @@ class LaplacianEigenmaps(_SpectralBase):
                          random_state=random_state, backend=backend)
         self.n_components = n_components
 
-    def fit(self, X):
+    def fit(self, X, y=None):
         be, X = self._data(X)
         d = check_int(self.n_components, "n_components", 1, X.shape[0] - 2)
         self.embedding_ = self._embed(be, X, d)
         return self
 
-    def fit_transform(self, X):
+    def fit_transform(self, X, y=None):
         return self.fit(X).embedding_
 
     def transform(self, X_new):
@@ -156,7 +157,7 @@ class SpectralClustering(_SpectralBase):
         self.n_clusters = n_clusters
         self.n_init = n_init
 
-    def fit(self, X):
+    def fit(self, X, y=None):
         be, X = self._data(X)
         K = check_int(self.n_clusters, "n_clusters", 1, X.shape[0] - 2)
         n_init = check_int(self.n_init, "n_init", 1)
@@ -173,7 +174,7 @@ class SpectralClustering(_SpectralBase):
         self.labels_, self.cluster_centers_ = labels, centers
         return self
 
-    def fit_predict(self, X):
+    def fit_predict(self, X, y=None):
         return self.fit(X).labels_
 
 

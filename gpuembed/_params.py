@@ -1,0 +1,77 @@
+"""get_params / set_params in scikit-learn's convention, without depending on it.
+
+With them (and ``fit(X, y=None)``) the estimators work in scikit-learn's
+Pipeline, ``clone`` and GridSearchCV: a parameter is an ``__init__`` argument
+of the class or of one of its bases, stored under its own name; nested
+estimators' parameters read ``outer__inner``.
+"""
+from __future__ import annotations
+
+import inspect
+
+
+class Params:
+    """Mixin: parameters from the ``__init__`` signatures along the MRO, plus
+    the names in ``extra_params`` kept in the dict ``self.method_params``
+    (the embeddings' ``**method_params``)."""
+
+    extra_params = frozenset()
+
+    @classmethod
+    def _param_names(cls):
+        names = []
+        for klass in cls.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None or klass is object:
+                continue
+            for p in inspect.signature(init).parameters.values():
+                if (p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                        and p.name not in names):
+                    names.append(p.name)
+        return names
+
+    def get_params(self, deep=True):
+        params = {name: getattr(self, name) for name in self._param_names()}
+        params.update(getattr(self, "method_params", {}))
+        if deep:
+            for name, value in list(params.items()):
+                if hasattr(value, "get_params") and not isinstance(value, type):
+                    params.update({f"{name}__{k}": v for k, v in value.get_params().items()})
+        return params
+
+    def set_params(self, **params):
+        names = self._param_names()
+        nested = {}
+        for key, value in params.items():
+            head, _, tail = key.partition("__")
+            if tail and head in names:
+                nested.setdefault(head, {})[tail] = value
+            elif key in names:
+                setattr(self, key, value)
+            elif key in self.extra_params:
+                self.method_params[key] = value
+            else:
+                valid = sorted(set(names) | set(self.extra_params))
+                raise ValueError(f"invalid parameter {key!r} for {type(self).__name__}; "
+                                 f"valid parameters are {valid}")
+        for head, values in nested.items():
+            getattr(self, head).set_params(**values)
+        return self
+
+    def __repr__(self):
+        defaults = {}
+        for klass in reversed(type(self).__mro__):
+            init = klass.__dict__.get("__init__")
+            if init is not None and klass is not object:
+                defaults.update({p.name: p.default for p in
+                                 inspect.signature(init).parameters.values()})
+        changed = [f"{k}={v!r}" for k, v in self.get_params(deep=False).items()
+                   if k not in defaults or not _same(defaults[k], v)]
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+
+def _same(default, value):
+    try:
+        return bool(default is value or default == value)
+    except (TypeError, ValueError):       # arrays compare elementwise
+        return False

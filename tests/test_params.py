@@ -1,0 +1,56 @@
+"""scikit-learn conventions: get_params / set_params, clone, Pipeline, repr."""
+import numpy as np
+import pytest
+
+import gpuembed as ge
+
+sklearn = pytest.importorskip("sklearn")
+from sklearn.base import clone  # noqa: E402
+from sklearn.pipeline import make_pipeline  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
+
+ESTIMATORS = [
+    ge.TSNE(perplexity=5, kappa=3), ge.SSNE(optimizer="lbfgs"), ge.SNE(init="random"),
+    ge.EE(lambda_=0.5, homotopy=True), ge.MultiscaleSNE(n_scales=3),
+    ge.LaplacianEigenmaps(3, n_neighbors=10, n_landmarks=50),
+    ge.SpectralClustering(4, n_neighbors=10), ge.ParametricEmbedding(ge.EE(lambda_=2.0), "rbf"),
+]
+
+
+@pytest.mark.parametrize("est", ESTIMATORS, ids=lambda e: type(e).__name__)
+def test_clone_keeps_every_parameter(est):
+    params = est.get_params(deep=False)
+    copy = clone(est)
+    assert type(copy) is type(est)
+    for name, value in copy.get_params(deep=False).items():
+        if hasattr(value, "get_params"):            # nested estimators are cloned too
+            assert value is not params[name]
+            assert value.get_params() == params[name].get_params()
+        else:
+            assert value is params[name], name
+
+
+def test_set_params_and_its_errors():
+    model = ge.TSNE().set_params(perplexity=5.0, kappa=3, max_iter=10)
+    assert model.perplexity == 5.0 and model.max_iter == 10
+    assert model.method_params == {"kappa": 3}
+    assert model.get_params()["kappa"] == 3
+    with pytest.raises(ValueError, match="invalid parameter 'perplexty' for TSNE"):
+        model.set_params(perplexty=5)
+    pe = ge.ParametricEmbedding(ge.EE()).set_params(embedding__lambda_=2.0, n_mu=3)
+    assert pe.embedding.lambda_ == 2.0 and pe.n_mu == 3
+    assert pe.get_params()["embedding__lambda_"] == 2.0
+    assert repr(ge.TSNE(perplexity=5, kappa=3)) == "TSNE(perplexity=5, kappa=3)"
+    assert repr(ge.LaplacianEigenmaps(n_neighbors=10)) == "LaplacianEigenmaps(n_neighbors=10)"
+
+
+def test_pipeline_fits_like_the_estimator():
+    X, _ = ge.datasets.gaussian_clusters(200, 3, 8, random_state=0)
+    X = X * np.arange(1, 9)                       # features on different scales
+    params = dict(perplexity=10, max_iter=50, random_state=0, backend="cpu")
+    piped = make_pipeline(StandardScaler(), ge.TSNE(**params)).fit_transform(X, np.zeros(200))
+    direct = ge.TSNE(**params).fit_transform(StandardScaler().fit_transform(X))
+    np.testing.assert_array_equal(piped, direct)
+    labels = make_pipeline(StandardScaler(), ge.SpectralClustering(
+        3, n_neighbors=10, random_state=0, backend="cpu")).fit_predict(X)
+    assert len(np.unique(labels)) == 3
