@@ -54,3 +54,18 @@ def test_pipeline_fits_like_the_estimator():
     labels = make_pipeline(StandardScaler(), ge.SpectralClustering(
         3, n_neighbors=10, random_state=0, backend="cpu")).fit_predict(X)
     assert len(np.unique(labels)) == 3
+
+
+def test_text_pipeline_embeds_sparse_tfidf_rows():
+    """TfidfVectorizer's sparse rows straight into t-SNE: documents of three
+    topics (15 topic words and 20 shared ones each) separate."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    rng = np.random.default_rng(0)
+    topics = [[f"t{t}w{i}" for i in range(30)] for t in range(3)]
+    common = [f"c{i}" for i in range(50)]
+    labels = np.arange(150) % 3
+    docs = [" ".join([*rng.choice(topics[t], 15), *rng.choice(common, 20)]) for t in labels]
+    Y = make_pipeline(TfidfVectorizer(), ge.TSNE(perplexity=10, backend="cpu",
+                                                 random_state=0)).fit_transform(docs)
+    assert ge.metrics.knn_accuracy(Y, labels) >= 0.95
