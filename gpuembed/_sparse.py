@@ -44,6 +44,8 @@ def gram(A, B):
         from .neighbors_cpu import sparse_gram
 
         return sparse_gram(A.tocsr(), B.tocsr())
+    if is_sparse(A) and is_sparse(B):        # cupyx: CSR times CSR, cuSPARSE's SpGEMM
+        return (A @ B.T.tocsr()).toarray()
     G = A @ B.T
     return G.toarray() if is_sparse(G) else G
 
