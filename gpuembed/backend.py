@@ -48,6 +48,11 @@ class Backend:
     def __repr__(self):
         return f"Backend(name={self.name!r}, device={self.device_name!r})"
 
+    def __reduce__(self):
+        # Pickled by name (its modules cannot be): a fitted estimator saved with
+        # pickle or joblib finds its backend again where it is loaded.
+        return get_backend, (self.name,)
+
     @property
     def is_gpu(self):
         return self.name == "gpu"

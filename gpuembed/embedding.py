@@ -10,6 +10,7 @@ the kernel distribution around it), all new points together.
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 import scipy.sparse
@@ -102,6 +103,17 @@ class _Embedding(Params):
 
     def fit_transform(self, X, y=None):
         return self.fit(X).embedding_
+
+    def __getstate__(self):
+        # A pickled or copied model keeps what transform needs; the objective's
+        # affinity pairs (about 100 bytes per edge) stay behind.
+        state = dict(self.__dict__)
+        if "_fitted" in state:
+            be, X, Y, objective, n = state["_fitted"]
+            kept = types.SimpleNamespace(lambda_=getattr(objective, "lambda_", None),
+                                         nbody=objective.nbody, accuracy=objective.accuracy)
+            state["_fitted"] = (be, X, Y, kept, n)
+        return state
 
     def _objective_params(self, n):
         return {}

@@ -69,3 +69,31 @@ def test_text_pipeline_embeds_sparse_tfidf_rows():
     Y = make_pipeline(TfidfVectorizer(), ge.TSNE(perplexity=10, backend="cpu",
                                                  random_state=0)).fit_transform(docs)
     assert ge.metrics.knn_accuracy(Y, labels) >= 0.95
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ge.TSNE(max_iter=30, backend="cpu"),
+    lambda: ge.EE(max_iter=30, nbody="fgt", backend="cpu"),
+    lambda: ge.SNE(max_iter=20, backend="cpu"),
+    lambda: ge.MultiscaleSNE(max_iter=5, backend="cpu"),
+    lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=40, backend="cpu"),
+    lambda: ge.SpectralClustering(3, n_neighbors=10, backend="cpu"),
+    lambda: ge.ParametricEmbedding(ge.TSNE(max_iter=20, backend="cpu"), "mlp", n_mu=2)],
+    ids=["TSNE", "EE", "SNE", "MultiscaleSNE", "LaplacianEigenmaps", "SpectralClustering",
+         "ParametricEmbedding"])
+def test_fitted_models_pickle(make):
+    """A fitted model saved with pickle (joblib alike) gives the same results; the
+    SNE family's copy leaves its affinity pairs behind (a few times X's size)."""
+    import pickle
+
+    X, _ = ge.datasets.gaussian_clusters(300, 3, 5, random_state=0)
+    est = make().fit(X)
+    data = pickle.dumps(est)
+    loaded = pickle.loads(data)
+    for name in ("embedding_", "labels_"):
+        if hasattr(est, name):
+            np.testing.assert_array_equal(getattr(loaded, name), getattr(est, name))
+    if hasattr(est, "transform"):
+        np.testing.assert_array_equal(loaded.transform(X[:7]), est.transform(X[:7]))
+    if isinstance(est, (ge.TSNE, ge.EE, ge.SNE)):
+        assert len(data) < 4 * X.nbytes + 50_000
