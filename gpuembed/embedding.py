@@ -10,6 +10,7 @@ the kernel distribution around it), all new points together.
 from __future__ import annotations
 
 import math
+import time
 import types
 
 import numpy as np
@@ -87,11 +88,16 @@ class _Embedding(Params):
         dtype = check_dtype(self.dtype, be)
         nbody = resolve_method(self.nbody, n, d, OBJECTIVES[self.objective_name].kernel, be)
         accuracy = check_accuracy(nbody, self.method_params.get("accuracy"))
+        start = time.perf_counter()
         P = self._affinity_matrix(X, be)
+        start = _stage(self.verbose, start, f"affinities: {n} points, {int(P.nnz)} pairs"
+                       + ("" if self.affinities is None else " (given)"))
         objective = make_objective(self.objective_name, P, be, dtype, nbody=nbody,
                                    **self._objective_params(n))
         objective.accuracy = accuracy
         X0 = self._initial(X, P, be, dtype, d)
+        _stage(self.verbose, start, f"setup: initial layout {_init_name(self.init)}, optimizer "
+                                    f"{self.optimizer}, N-body engine {nbody}")
         monitor = Monitor(self.callbacks, self.verbose)
         result = self._optimize(objective, X0, max_iter, tol, monitor)
         self.embedding_ = be.to_host(result.X)
@@ -374,6 +380,19 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
     return be.asarray(Y, dtype=dtype)
 
 
+def _stage(verbose, start, what):
+    """With ``verbose``, one line saying what a stage of fit did and its seconds
+    since ``start``; returns the time now (the next stage's start)."""
+    now = time.perf_counter()
+    if verbose:
+        print(f"{what} ({now - start:.2f} s)", flush=True)
+    return now
+
+
+def _init_name(init):
+    return init if isinstance(init, str) else "given array"
+
+
 def _centred_operator(X):
     """X - mean(X) as a LinearOperator, for sparse X."""
     mean = np.asarray(X.mean(axis=0)).ravel()
@@ -543,11 +562,16 @@ class MultiscaleSNE(Params):
         check_callbacks(self.callbacks)
         dtype = check_dtype(self.dtype, be)
         nbody = resolve_method(self.nbody, n, d, "gaussian", be, EXACT_BELOW.get(be.name))
+        start = time.perf_counter()
         M = multiscale_affinities(X, self.perplexity, n_scales=self.n_scales,
                                   n_neighbors=self.n_neighbors, symmetrize=False, backend=be)
+        start = _stage(self.verbose, start, f"multi-scale affinities: {n} points, perplexities "
+                                            + ", ".join(f"{K:g}" for K in M.perplexities))
         U = intrinsic_exponent(be.to_host(M.beta), d) if self.fit_exponent else 1.0
         # Any scale works: the LD precisions follow the embedding's spread.
         Y = initial_layout(self.init, X, d, be, dtype, 1.0, self.random_state)
+        _stage(self.verbose, start, f"setup: initial layout {_init_name(self.init)}, N-body "
+                                    f"engine {nbody}")
         monitor = Monitor(self.callbacks, self.verbose)
         H = len(M.perplexities)
         total = 0

@@ -479,6 +479,13 @@ def test_callbacks_and_verbose(small, capsys):
     assert seen == list(range(6)) and model.n_iter_ == 5
     out = capsys.readouterr().out
     assert "iter     0" in out and "objective" in out
+    # The stages before the iterations, with their seconds; nothing without verbose.
+    assert f"affinities: {X.shape[0]} points, {A.P.nnz} pairs (given) (" in out
+    assert "setup: initial layout pca, optimizer sd, N-body engine exact (" in out
+    ge.TSNE(max_iter=3, backend="cpu").fit(X)
+    ge.MultiscaleSNE(max_iter=2, n_scales=2, verbose=True, backend="cpu").fit(X)
+    out = capsys.readouterr().out
+    assert out.startswith(f"multi-scale affinities: {X.shape[0]} points, perplexities 2, 4 (")
 
 
 @pytest.mark.parametrize("make,match", [
