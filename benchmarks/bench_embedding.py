@@ -23,6 +23,12 @@ written to embedding_n<N>.json ("tsne_large"; ``--suffix`` names another file).
 ``--large N --subsets K``: the default sd and classic fits alone on K disjoint
 subsets of N points, and their paired accuracy differences ("tsne_large_subsets"
 in the same file).
+
+``--text N`` embeds N synthetic documents of 20 topics (common.topic_documents,
+sparse TF-IDF rows): gpuembed's default t-SNE on the sparse matrix against
+scikit-learn's and openTSNE's t-SNE on the same matrix, each timed from the data,
+with 10-NN accuracy of the topics and the KL under gpuembed's affinities;
+written to embedding_text_n<N>.json ("tsne_text").
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ import time
 
 import numpy as np
 
-from common import RESULTS, pyplot, write_result
+from common import RESULTS, pyplot, topic_documents, write_result
 import gpuembed as ge
 
 SNAPSHOT_EVERY = 50
@@ -174,6 +180,43 @@ def large(n, backend="cpu"):
         print(r["optimizer"], "seconds of optimization to reach the final KL of",
               r["seconds_to_kl"], flush=True)
     return {"n": n, "affinity_seconds": affinity_seconds, "runs": runs}
+
+
+def text(n, backend="cpu"):
+    be = ge.get_backend(backend)
+    X, y = topic_documents(n, 20)
+    ge.TSNE(max_iter=5, backend=be).fit(topic_documents(600, 3, seed=1)[0])   # compile
+    A = ge.entropic_affinities(X, 30.0, backend=be)
+    exact = ge.objectives.make_objective("tsne", A.P, be, np.float64, nbody="auto")
+
+    def timed(label, fit):
+        start = time.perf_counter()
+        Y = np.asarray(fit())
+        seconds = time.perf_counter() - start
+        run = {"method": label, "seconds": seconds,
+               "kl": exact.value(be.asarray(Y, np.float64)),
+               "knn_accuracy": ge.metrics.knn_accuracy(Y, y, backend=be)}
+        print(run, flush=True)
+        return run
+
+    runs = [timed("gpuembed TSNE (default, sparse X)",
+                  lambda: ge.TSNE(random_state=0, backend=be).fit_transform(X))]
+    try:
+        from sklearn.manifold import TSNE as SkTSNE
+        runs.append(timed("scikit-learn TSNE", lambda: SkTSNE(
+            init="pca", random_state=0, n_jobs=2).fit_transform(X)))
+    except ImportError:
+        pass
+    try:
+        import openTSNE
+        runs.append(timed("openTSNE", lambda: openTSNE.TSNE(n_jobs=2, random_state=0).fit(X)))
+    except ImportError:
+        pass
+    except (TypeError, ValueError) as exc:    # its Annoy index takes dense rows only
+        runs.append({"method": "openTSNE", "error": f"{type(exc).__name__}: {exc}"})
+        print(runs[-1], flush=True)
+    return {"n": n, "topics": 20, "nnz_per_row": X.nnz / n, "vocab": X.shape[1],
+            "kl_engine": exact.nbody, "runs": runs}
 
 
 def large_subsets(n, n_subsets, backend="cpu"):
@@ -346,6 +389,7 @@ def main(argv=None):
     parser.add_argument("--backend", default="cpu")
     parser.add_argument("--suffix", default="")
     parser.add_argument("--large", type=int, help="only the t-SNE-at-scale part, N points")
+    parser.add_argument("--text", type=int, help="only the sparse-documents part, N documents")
     parser.add_argument("--subsets", type=int,
                         help="only the sd vs classic accuracy comparison on this many subsets "
                              "(of --large points: the default fits)")
@@ -358,6 +402,10 @@ def main(argv=None):
     if args.subsets:
         write_result("embedding", {"accuracy_subsets": accuracy_subsets(
             args.n, args.subsets, args.max_iter, args.backend)}, args.suffix, merge=True)
+        return
+    if args.text:
+        write_result("embedding", {"tsne_text": text(args.text, args.backend)},
+                     args.suffix or f"_text_n{args.text}", merge=True)
         return
     if args.large:
         write_result("embedding", {"tsne_large": large(args.large, args.backend)},

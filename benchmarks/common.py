@@ -159,16 +159,28 @@ def bag_of_words(n, vocab=20_000, mean_length=80, zipf=1.1, seed=0):
     """Synthetic documents as TF-IDF rows (CSR float32, unit length): Poisson
     lengths, words drawn from a Zipf law over ``vocab`` words, so that the
     common words make the inner products of all pairs nonzero, as in real text."""
+    return topic_documents(n, 1, vocab, mean_length, zipf, topic_share=0.0, seed=seed)[0]
+
+
+def topic_documents(n, n_topics, vocab=20_000, mean_length=80, zipf=1.1, topic_share=0.1,
+                    seed=0):
+    """(TF-IDF rows as in bag_of_words, topic labels): each word is drawn from
+    the shared Zipf law, or with probability ``topic_share`` from the document's
+    topic's own Zipf law (the same law over a topic's shuffled vocabulary)."""
     import scipy.sparse
 
     rng = np.random.default_rng(seed)
+    labels = rng.integers(n_topics, size=n)
     lengths = rng.poisson(mean_length, n) + 1
     p = 1.0 / np.arange(1, vocab + 1) ** zipf
     words = rng.choice(vocab, lengths.sum(), p=p / p.sum())
-    X = scipy.sparse.csr_matrix((np.ones(words.size), (np.repeat(np.arange(n), lengths), words)),
-                                shape=(n, vocab))
+    doc = np.repeat(np.arange(n), lengths)
+    own = rng.random(words.size) < topic_share
+    topic_words = np.stack([rng.permutation(vocab) for _ in range(n_topics)])
+    words[own] = topic_words[labels[doc[own]], words[own]]
+    X = scipy.sparse.csr_matrix((np.ones(words.size), (doc, words)), shape=(n, vocab))
     X.sum_duplicates()
     document_frequency = np.bincount(X.indices, minlength=vocab)
     X.data *= np.log((1 + n) / (1 + document_frequency[X.indices])) + 1
     norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
-    return (scipy.sparse.diags(1 / norms) @ X).tocsr().astype(np.float32)
+    return (scipy.sparse.diags(1 / norms) @ X).tocsr().astype(np.float32), labels
