@@ -173,6 +173,36 @@ def test_compiled_csr_product_equals_scipy(rng, dtype, k):
                                atol=1e-6 if dtype == np.float32 else 1e-14)
 
 
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_compiled_jacobi_cg_equals_the_array_code(rng, k):
+    """SD's compiled CG (the CPU's) against directions.pcg, the GPU's array code:
+    the same iterates but for the summation order, and both converge to A^-1 B;
+    a column that starts solved stays put."""
+    import scipy.sparse.linalg
+
+    from gpuembed.optim.directions import pcg
+    from gpuembed.optim.sparse_cpu import jacobi_pcg
+
+    W = scipy.sparse.random(300, 300, density=0.03, random_state=4, format="csr")
+    W = W + W.T
+    A = (scipy.sparse.diags(np.asarray(W.sum(axis=1)).ravel()) - W
+         + 1e-2 * scipy.sparse.identity(300)).tocsr()
+    diag = A.diagonal()
+    B = rng.standard_normal((300, k))
+    B[:, 0] = 0.0                                   # solved from the start (X0 = 0)
+    X0 = np.zeros((300, k))
+    tiny = np.finfo(np.float64).tiny
+    for rtol, steps in ((0.1, 50), (1e-12, 2000), (1e-12, 3)):
+        ref = pcg(np, lambda V: A @ V, B, X0, lambda R: R / diag[:, None], rtol, steps)
+        got = jacobi_pcg(A.indptr, A.indices, A.data, diag, B, X0, rtol, steps, tiny)
+        np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
+        assert not got[:, 0].any()
+    exact = scipy.sparse.linalg.spsolve(A.tocsc(), B)
+    np.testing.assert_allclose(jacobi_pcg(A.indptr, A.indices, A.data, diag, B, X0, 1e-12,
+                                          2000, tiny), exact.reshape(300, k), rtol=1e-8,
+                               atol=1e-8 * np.abs(exact).max())
+
+
 def test_sparsify_keeps_each_rows_largest_weights(rng):
     """Against a dense per-row reference: rows shorter than kappa kept whole, ties
     (weights drawn from a few values) resolved to the earlier column, then the

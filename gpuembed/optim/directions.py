@@ -34,7 +34,7 @@ import scipy.sparse.csgraph
 import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
-from .sparse_cpu import csr_times, largest_per_row
+from .sparse_cpu import csr_times, jacobi_pcg, largest_per_row
 
 try:
     import cholespy as _cholespy
@@ -347,8 +347,13 @@ class Spectral(Direction):
                 P = -self.solve(np.ascontiguousarray(G))
         else:
             x0 = self.previous if self.previous is not None else -G / self.diag[:, None]
-            P = pcg(self.be.xp, self.times_B, -G, x0, lambda R: R / self.diag[:, None],
-                    self.cg_tol, self.cg_maxiter)
+            if self.be.is_gpu:
+                P = pcg(self.be.xp, self.times_B, -G, x0, lambda R: R / self.diag[:, None],
+                        self.cg_tol, self.cg_maxiter)
+            else:
+                P = jacobi_pcg(self.B.indptr, self.B.indices, self.B.data, self.diag,
+                               np.ascontiguousarray(-G), np.ascontiguousarray(x0),
+                               self.cg_tol, self.cg_maxiter, np.finfo(G.dtype).tiny)
         self.previous = P = self._join(P, translation)
         return P
 

@@ -4,7 +4,7 @@
 entries with one ``np.lexsort`` over (row, -weight), 1.0 s for t-SNE's 2.7M
 affinities on Fashion-MNIST 20k, paid again for every mu of a MAC run, each of
 which builds its own direction.  ``csr_times`` is the CG's product with the
-SD matrix on all cores (SciPy's runs on one).
+SD matrix on all cores (SciPy's runs on one), ``jacobi_pcg`` SD's whole CG.
 """
 from __future__ import annotations
 
@@ -39,3 +39,48 @@ def csr_times(indptr, indices, data, V):
             for c in range(k):
                 out[i, c] += w * V[j, c]
     return out
+
+
+@njit(parallel=True, cache=True)
+def jacobi_pcg(indptr, indices, data, diag, B, X0, rtol, maxiter, tiny):
+    """directions.pcg for the CSR matrix A = (indptr, indices, data) with the
+    Jacobi preconditioner 1 / ``diag``, compiled: the vector updates of a step
+    and its two dot products are one pass per column on all cores (as array
+    code they cost as much as the product with A at 20,000 points)."""
+    n, k = B.shape
+    X = X0.copy()
+    R = B - csr_times(indptr, indices, data, X)
+    Z = np.empty_like(R)
+    rz, rr, target = np.zeros(k), np.zeros(k), np.zeros(k)
+    for c in range(k):
+        s_rz, s_rr, s_bb = 0.0, 0.0, 0.0
+        for i in prange(n):
+            Z[i, c] = R[i, c] / diag[i]
+            s_rz += R[i, c] * Z[i, c]
+            s_rr += R[i, c] * R[i, c]
+            s_bb += B[i, c] * B[i, c]
+        rz[c], rr[c], target[c] = s_rz, s_rr, rtol * np.sqrt(s_bb)
+    P = Z.copy()
+    for _ in range(maxiter):
+        if np.all(np.sqrt(rr) <= target):
+            break
+        AP = csr_times(indptr, indices, data, P)
+        for c in range(k):
+            pap = 0.0
+            for i in prange(n):
+                pap += P[i, c] * AP[i, c]
+            alpha = rz[c] / max(pap, tiny)
+            s_rz, s_rr = 0.0, 0.0
+            for i in prange(n):
+                X[i, c] += alpha * P[i, c]
+                r = R[i, c] - alpha * AP[i, c]
+                R[i, c] = r
+                z = r / diag[i]
+                Z[i, c] = z
+                s_rz += r * z
+                s_rr += r * r
+            beta = s_rz / max(rz[c], tiny)
+            for i in prange(n):
+                P[i, c] = Z[i, c] + beta * P[i, c]
+            rz[c], rr[c] = s_rz, s_rr
+    return X
