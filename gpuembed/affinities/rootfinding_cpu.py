@@ -24,7 +24,12 @@ _EPS = float(np.finfo(np.float64).eps)
 ROWS_PER_TASK = 64                    # rows sharing one scratch allocation
 
 
-@njit(fastmath=True, cache=True)
+# No fastmath: with reassociation the sums' order depended on the code's
+# compilation path, and the affinities of a process that compiled _solve_rows
+# differed in the last bits from those of one that loaded it from numba's cache
+# (the same input, 20k Fashion-MNIST points: other P, another t-SNE stopping
+# iteration).  Strict sums cost nothing measurable here.
+@njit(cache=True)
 def _entropy_terms(d, beta, w, bits):
     """H, dH/dalpha, d2H/dalpha2 of one row (rootfinding.entropy_terms)."""
     negexp(beta, d, w, bits)
