@@ -1,7 +1,8 @@
 """get_params / set_params in scikit-learn's convention, without depending on it.
 
 With them (and ``fit(X, y=None)``) the estimators work in scikit-learn's
-Pipeline, ``clone`` and GridSearchCV: a parameter is an ``__init__`` argument
+Pipeline and ``clone`` (GridSearchCV also asks for ``__sklearn_tags__``, which
+only scikit-learn's BaseEstimator provides): a parameter is an ``__init__`` argument
 of the class or of one of its bases, stored under its own name; nested
 estimators' parameters read ``outer__inner``.
 """
