@@ -1,8 +1,8 @@
 """get_params / set_params in scikit-learn's convention, without depending on it.
 
-With them (and ``fit(X, y=None)``) the estimators work in scikit-learn's
-Pipeline and ``clone`` (GridSearchCV also asks for ``__sklearn_tags__``, which
-only scikit-learn's BaseEstimator provides): a parameter is an ``__init__`` argument
+With them (and ``fit(X, y=None)``, and ``__sklearn_tags__`` for scikit-learn
+1.6 and later) the estimators work in scikit-learn's Pipeline, ``clone`` and
+GridSearchCV: a parameter is an ``__init__`` argument
 of the class or of one of its bases, stored under its own name; nested
 estimators' parameters read ``outer__inner``.
 """
@@ -17,6 +17,7 @@ class Params:
     (the embeddings' ``**method_params``)."""
 
     extra_params = frozenset()
+    takes_sparse = True         # ParametricEmbedding: False
 
     @classmethod
     def _param_names(cls):
@@ -58,6 +59,14 @@ class Params:
         for head, values in nested.items():
             getattr(self, head).set_params(**values)
         return self
+
+    def __sklearn_tags__(self):
+        # Only scikit-learn calls this, so it is there to import.
+        from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
+
+        return Tags(estimator_type=None, target_tags=TargetTags(required=False),
+                    transformer_tags=TransformerTags() if hasattr(self, "transform") else None,
+                    input_tags=InputTags(sparse=self.takes_sparse))
 
     def __repr__(self):
         defaults = {}

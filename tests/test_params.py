@@ -97,3 +97,22 @@ def test_fitted_models_pickle(make):
         np.testing.assert_array_equal(loaded.transform(X[:7]), est.transform(X[:7]))
     if isinstance(est, (ge.TSNE, ge.EE, ge.SNE)):
         assert len(data) < 4 * X.nbytes + 50_000
+
+
+def test_grid_search_over_perplexity():
+    """GridSearchCV clones, sets parameters and scores held-out folds by
+    transform; scikit-learn 1.6+ asks for the estimator's tags first."""
+    from sklearn.model_selection import GridSearchCV
+
+    X, y = ge.datasets.gaussian_clusters(200, 3, 6, random_state=0)
+
+    def heldout_accuracy(est, X_test, y_test):
+        return ge.metrics.knn_accuracy(est.transform(X_test), y_test, k=5)
+
+    search = GridSearchCV(ge.TSNE(max_iter=30, backend="cpu", random_state=0),
+                          {"perplexity": [5.0, 10.0]}, scoring=heldout_accuracy, cv=2)
+    search.fit(X, y)
+    assert search.best_params_["perplexity"] in (5.0, 10.0)
+    assert search.best_score_ >= 0.9
+    assert ge.TSNE().__sklearn_tags__().input_tags.sparse
+    assert not ge.ParametricEmbedding().__sklearn_tags__().input_tags.sparse

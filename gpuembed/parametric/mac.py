@@ -72,6 +72,8 @@ class ParametricEmbedding(Params):
         the direct fit of the free embedding (mu = 0).
     """
 
+    takes_sparse = False
+
     def __init__(self, embedding=None, mapping="linear", *, mu=None, mu_start=0.01, n_mu=16,
                  mu_factor=2.0, max_inner=10, tol=1e-3, z_max_iter=20, z_tol=1e-4,
                  constraint_tol=1e-8, augmented=False, mapping_params=None, random_state=None,
