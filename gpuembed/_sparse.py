@@ -17,8 +17,15 @@ def is_sparse(X):
 
 def to_csr(X, backend, dtype):
     """A canonical CSR copy of sparse ``X`` on ``backend``'s device in ``dtype``
-    (duplicates summed, indices sorted); the caller's matrix is left alone."""
-    if scipy.sparse.issparse(X):
+    (duplicates summed, indices sorted); the caller's matrix is left alone.  One
+    that is already all of that comes back as it is: the entry points check the
+    data they pass on again (fit, entropic_affinities, knn), and each copy was
+    a full one."""
+    on_host = scipy.sparse.issparse(X)
+    if (on_host != backend.is_gpu and X.format == "csr" and X.dtype == dtype
+            and X.has_canonical_format):
+        return X
+    if on_host:
         X = X.tocsr().astype(dtype, copy=True)      # on the host: cupyx has no integers
         if backend.is_gpu:
             X = backend.sparse.csr_matrix(X)
@@ -37,15 +44,31 @@ def row_sqnorms(xp, X):
     return xp.einsum("ij,ij->i", X, X)
 
 
-def gram(A, B):
-    """A @ B.T as a dense array; A and B dense or sparse, in any mix (two scipy
-    matrices: the compiled neighbors_cpu.sparse_gram; cupyx: cuSPARSE)."""
-    if scipy.sparse.issparse(A) and scipy.sparse.issparse(B):
-        from .neighbors_cpu import sparse_gram
+def transposed(B):
+    """B prepared as the right factor of products A @ B.T with many blocks A (one
+    conversion for all of them): a dense view, cupyx's B^T in CSR (cuSPARSE's
+    SpGEMM takes CSR times CSR), or for scipy neighbors_cpu.split_features."""
+    if scipy.sparse.issparse(B):
+        from .neighbors_cpu import split_features
 
-        return sparse_gram(A.tocsr(), B.tocsr())
-    if is_sparse(A) and is_sparse(B):        # cupyx: CSR times CSR, cuSPARSE's SpGEMM
-        return (A @ B.T.tocsr()).toarray()
+        return split_features(B.tocsr())
+    return B.T.tocsr() if is_sparse(B) else B.T
+
+
+def product(A, Bt):
+    """A @ B.T as a dense array, from Bt = transposed(B); A sparse where B is."""
+    from .neighbors_cpu import FeatureSplit, sparse_gram
+
+    if isinstance(Bt, FeatureSplit):
+        return sparse_gram(A.tocsr(), Bt)
+    G = A @ Bt
+    return G.toarray() if is_sparse(G) else G
+
+
+def gram(A, B):
+    """A @ B.T as a dense array; A and B dense or sparse, in any mix."""
+    if is_sparse(A) == is_sparse(B):
+        return product(A, transposed(B))
     G = A @ B.T
     return G.toarray() if is_sparse(G) else G
 

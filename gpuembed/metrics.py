@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import check_data, check_int
-from ._sparse import row_sqnorms
+from ._sparse import row_sqnorms, transposed
 from .backend import get_backend
 from .neighbors import knn
 from .nbody.exact import squared_distances
@@ -60,14 +60,16 @@ def _rank_blocks(X_high, X_low, k_max, be):
     every point's low-D rank (B, N) (1-based; k_max + 1 stands for 'beyond k_max')."""
     xp = be.xp
     n = X_high.shape[0]
-    sq_h, sq_l = row_sqnorms(xp, X_high), row_sqnorms(xp, X_low)
+    # Each space's norms and right factor (sparse X_high: its feature split),
+    # prepared once for all the blocks.
+    spaces = [(X, row_sqnorms(xp, X), transposed(X)) for X in (X_high, X_low)]
     rows = max(1, min(n, BLOCK_BYTES // (8 * n)))
     for start in range(0, n, rows):
         stop = min(n, start + rows)
         own = xp.arange(start, stop)
         orders = []
-        for X, sq in ((X_high, sq_h), (X_low, sq_l)):
-            D = squared_distances(xp, X[start:stop], X, sq[start:stop], sq)
+        for X, sq, Xt in spaces:
+            D = squared_distances(xp, X[start:stop], X, sq[start:stop], sq, Xt)
             D[own - start, own] = xp.inf
             orders.append(_smallest_sorted(xp, D, k_max))
         order_h, order_l = orders

@@ -32,7 +32,7 @@ import numpy as np
 import scipy.sparse
 
 from ._checks import check_data, check_int
-from ._sparse import gram, is_sparse, row_sqnorms, same_kind
+from ._sparse import gram, is_sparse, product, row_sqnorms, same_kind, transposed
 from .backend import get_backend
 
 __all__ = ["knn", "knn_query"]
@@ -119,7 +119,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
                          f"distance from the mean {largest:.3g}); rescale it, e.g. X / X.std()")
     if exclude_self and not be.is_gpu:
         return _self_knn_cpu(X, Yp, sq, sq_q, perm, inv_perm, k, n_cand, block_bytes)
-    Yp_m2 = -2 * Yp
+    right = transposed(-2 * Yp)           # for every block's product, prepared once
 
     m = Q.shape[0]
     rows = _block_rows(m, n, X, block_bytes)
@@ -130,7 +130,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
         stop = min(m, start + rows)
         # D[i, j] + |y_j|^2 = |y_j|^2 - 2 x_i.y_j ranks j like the distance does.
         skip = inv_perm[start:stop] if exclude_self else xp.full(stop - start, -1, xp.int64)
-        values[start:stop], cand[start:stop] = select(be, gram(Qc[start:stop], Yp_m2), sq, skip,
+        values[start:stop], cand[start:stop] = select(be, product(Qc[start:stop], right), sq, skip,
                                                       n_cand)
     values += sq_q[:, None]
     return _finish_all(xp, Q, X, values, sq_q, sq, perm, cand, k, block_bytes)

@@ -13,6 +13,8 @@ For sparse rows the strips come from ``sparse_gram``, compiled here too.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import scipy.sparse
 from numba import njit, prange
@@ -74,32 +76,52 @@ def offer_strip(T, sq, start, values, indices):
                     _replace_top(values[j], indices[j], d, i)
 
 
-def sparse_gram(A, B):
-    """A @ B.T, dense (a, b), for scipy CSR A and B of one dtype.
+class FeatureSplit(NamedTuple):
+    """B's rows (b x D) prepared as the right factor of sparse_gram: the
+    ``frequent`` features' columns dense and transposed, ``common`` (F, b), and
+    the rest as B^T in CSR, ``rare`` (D, b), the frequent features' rows empty."""
+    frequent: np.ndarray
+    common: np.ndarray
+    rare: scipy.sparse.csr_matrix
 
-    Columns (features) present in more than 1/FREQUENT_SHARE of B's rows (at
-    most FREQUENT_MAX of them), the common words of a text, go through one
-    dense GEMM; for the rest each row of A is accumulated straight into its
-    output row over the columns of B (CSC), the rows in parallel: no count of
-    the output's entries and no sparse intermediate as in scipy's product.  On
-    TF-IDF rows (benchmarks/common.bag_of_words, 2 cores) the accumulation alone
-    was 2.7-5.5x as fast as scipy's product made dense; the GEMM for the common
-    words takes 1.8x off that."""
-    C = B.tocsc()
-    present = np.diff(C.indptr)
+
+def split_features(B):
+    """FeatureSplit of scipy CSR B: features present in more than
+    1/FREQUENT_SHARE of its rows (at most FREQUENT_MAX of them), the common
+    words of a text, go to the dense part.  Made once for all the products
+    with one B (knn_query's blocks), it is O(nnz(B)) per product otherwise."""
+    Bt = B.T.tocsr()
+    present = np.diff(Bt.indptr)
     frequent = np.argsort(present)[::-1][:FREQUENT_MAX]
     frequent = np.sort(frequent[present[frequent] * FREQUENT_SHARE > B.shape[0]])
-    dtype = np.result_type(A.dtype, B.dtype)
-    if frequent.size:
-        out = np.ascontiguousarray(A[:, frequent].toarray() @ C[:, frequent].toarray().T,
-                                   dtype=dtype)
-        keep = np.ones(C.shape[1], dtype=dtype)
-        keep[frequent] = 0
-        C = (C @ scipy.sparse.diags(keep)).tocsc()
-        C.eliminate_zeros()
+    if not frequent.size:
+        return FeatureSplit(frequent, np.zeros((0, B.shape[0]), dtype=B.dtype), Bt)
+    keep = np.ones(Bt.shape[0], dtype=B.dtype)
+    keep[frequent] = 0
+    rare = (scipy.sparse.diags(keep) @ Bt).tocsr()
+    rare.eliminate_zeros()
+    return FeatureSplit(frequent, Bt[frequent].toarray(), rare)
+
+
+def sparse_gram(A, B):
+    """A @ B.T, dense (a, b), for scipy CSR A and B of one dtype (or B's
+    split_features).
+
+    The frequent features go through one dense GEMM; for the rest each row of
+    A is accumulated straight into its output row over the rows of B^T, the
+    rows in parallel: no count of the output's entries and no sparse
+    intermediate as in scipy's product.  On TF-IDF rows
+    (benchmarks/common.bag_of_words, 2 cores) the accumulation alone was
+    2.7-5.5x as fast as scipy's product made dense; the GEMM for the common
+    words takes 1.8x off that."""
+    right = B if isinstance(B, FeatureSplit) else split_features(B)
+    dtype = np.result_type(A.dtype, right.rare.dtype)
+    if right.frequent.size:
+        out = np.ascontiguousarray(A[:, right.frequent].toarray() @ right.common, dtype=dtype)
     else:
-        out = np.zeros((A.shape[0], B.shape[0]), dtype=dtype)
-    _accumulate_rows(A.indptr, A.indices, A.data, C.indptr, C.indices, C.data, out)
+        out = np.zeros((A.shape[0], right.rare.shape[1]), dtype=dtype)
+    rare = right.rare
+    _accumulate_rows(A.indptr, A.indices, A.data, rare.indptr, rare.indices, rare.data, out)
     return out
 
 

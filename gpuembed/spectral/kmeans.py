@@ -32,18 +32,19 @@ def _plusplus(X, k, rng):
     squared distance to the nearest center so far."""
     n = X.shape[0]
     chosen = [rng.integers(n)]
-    d2 = _sqdist_to_row(X, chosen[0])
+    sq = row_sqnorms(np, X) if is_sparse(X) else None
+    d2 = _sqdist_to_row(X, chosen[0], sq)
     for _ in range(1, k):
         total = d2.sum()
         idx = rng.integers(n) if total <= 0 else rng.choice(n, p=d2 / total)
         chosen.append(idx)
-        d2 = np.minimum(d2, _sqdist_to_row(X, idx))
+        d2 = np.minimum(d2, _sqdist_to_row(X, idx, sq))
     return X[chosen].toarray() if is_sparse(X) else X[chosen]
 
 
-def _sqdist_to_row(X, i):
+def _sqdist_to_row(X, i, sq):
+    """Squared distances of X's rows to row i; sq: sparse X's squared row norms."""
     if is_sparse(X):
-        sq = row_sqnorms(np, X)
         return np.maximum(sq + sq[i] - 2.0 * (X @ X[i].T).toarray().ravel(), 0.0)
     return ((X - X[i]) ** 2).sum(axis=1)
 
