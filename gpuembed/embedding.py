@@ -20,7 +20,7 @@ import scipy.sparse.linalg
 from ._checks import (check_callbacks, check_choice, check_data, check_dtype, check_float,
                       check_int, check_random_state)
 from ._params import Params
-from ._sparse import gram, is_sparse
+from ._sparse import is_sparse
 from .affinities import EntropicAffinities, entropic_affinities
 from .affinities.entropic import conditional_affinities
 from .backend import get_backend
@@ -393,21 +393,14 @@ def _init_name(init):
     return init if isinstance(init, str) else "given array"
 
 
-def _centred_operator(X):
-    """X - mean(X) as a LinearOperator, for sparse X."""
-    mean = np.asarray(X.mean(axis=0)).ravel()
+def _centred_operator(X, mean):
+    """X - mean as a LinearOperator, for sparse X."""
     return scipy.sparse.linalg.LinearOperator(
         X.shape, dtype=X.dtype,
         matvec=lambda v: X @ v - mean @ v,
         matmat=lambda V: X @ V - mean @ V,
         rmatvec=lambda u: X.T @ u - mean * u.sum(),
         rmatmat=lambda U: X.T @ U - np.outer(mean, U.sum(axis=0)))
-
-
-def _sparse_scatter(X):
-    """(X - mean)^T (X - mean), dense D x D, from sparse X."""
-    mean = np.asarray(X.mean(axis=0)).ravel()
-    return gram(X.T, X.T) - X.shape[0] * np.outer(mean, mean)
 
 
 def _has_duplicate_rows(Y):
@@ -421,9 +414,11 @@ def _pca(X, d):
     n, D = X.shape
     if D < d:
         return np.hstack([_pca(X, D), np.zeros((n, d - D))])
-    Xc = _centred_operator(X) if is_sparse(X) else X - X.mean(axis=0)
+    mean = np.asarray(X.mean(axis=0)).ravel()
+    Xc = _centred_operator(X, mean) if is_sparse(X) else X - mean
     if D <= 2000:
-        scatter = _sparse_scatter(X) if is_sparse(X) else Xc.T @ Xc
+        scatter = ((X.T @ X).toarray() - n * np.outer(mean, mean) if is_sparse(X)
+                   else Xc.T @ Xc)
         vals, vecs = np.linalg.eigh(scatter)
         V = vecs[:, ::-1][:, :d]
     else:
