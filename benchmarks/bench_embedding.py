@@ -17,7 +17,8 @@ one subset can be read against its spread; written to embedding.json's
 ``--large N`` runs only the user's view at scale instead: t-SNE from the raw
 first N Fashion-MNIST images with nbody="auto" (Barnes-Hut on the CPU), the
 default optimizer ("sd"), SD without refreshes of B and the classic one, against
-openTSNE's defaults, all timed from the data (affinities included, reported
+openTSNE's and UMAP's defaults (umap-learn: another objective, so seconds and
+10-NN accuracy only), all timed from the data (affinities included, reported
 apart), with the seconds each gpuembed fit took to reach the others' final KL;
 written to embedding_n<N>.json ("tsne_large"; ``--suffix`` names another file).
 ``--large N --subsets K``: the default sd and classic fits alone on K disjoint
@@ -26,8 +27,8 @@ in the same file).
 
 ``--text N`` embeds N synthetic documents of 20 topics (common.topic_documents,
 sparse TF-IDF rows): gpuembed's default t-SNE on the sparse matrix against
-scikit-learn's and openTSNE's t-SNE on the same matrix, each timed from the data,
-with 10-NN accuracy of the topics and the KL under gpuembed's affinities;
+scikit-learn's and openTSNE's t-SNE and UMAP on the same matrix, each timed from
+the data, with 10-NN accuracy of the topics and the KL under gpuembed's affinities;
 written to embedding_text_n<N>.json ("tsne_text").
 """
 from __future__ import annotations
@@ -136,6 +137,25 @@ def opentsne(name, X, y, perplexity):
             "knn_accuracy": acc, "embedding": Y}
 
 
+def umap_run(name, X, y):
+    """umap-learn's defaults (15 neighbours by NN-descent, 2-D), on two threads
+    (a random_state would make it single-threaded), after a fit of 5,000 points
+    that compiles its numba code (NN-descent from 4,096 points on); X dense or
+    sparse."""
+    try:
+        import umap
+    except ImportError:
+        return {"dataset": name, "optimizer": "UMAP", "skipped": True}
+    umap.UMAP(n_jobs=2).fit(X[:5000])
+    start = time.perf_counter()
+    Y = umap.UMAP(n_jobs=2).fit_transform(X)
+    seconds = time.perf_counter() - start
+    run = {"dataset": name, "optimizer": "UMAP", "seconds": seconds,
+           "knn_accuracy": ge.metrics.knn_accuracy(Y, y)}
+    print(run, flush=True)
+    return run
+
+
 def warm_up_large(be, X):
     """Compile what the timed default fits use (numba caches it on disk: a first
     run after installing or editing gpuembed pays about 2.5 s more, once), SD's
@@ -174,6 +194,7 @@ def large(n, backend="cpu"):
         run["kl"] = exact.value(be.asarray(run.pop("embedding"), np.float64))
     runs.append(run)
     print(runs[-1], flush=True)
+    runs.append(umap_run("fashion_mnist", X, y))
     for r in runs[:len(fits)]:
         r["seconds_to_kl"] = {other["optimizer"]: first_time_below(r["curve"], other["kl"])
                               for other in runs if other is not r and "kl" in other}
@@ -215,6 +236,9 @@ def text(n, backend="cpu"):
     except (TypeError, ValueError) as exc:    # its Annoy index takes dense rows only
         runs.append({"method": "openTSNE", "error": f"{type(exc).__name__}: {exc}"})
         print(runs[-1], flush=True)
+    umap = umap_run("topic_documents", X, y)
+    umap["method"] = umap.pop("optimizer")
+    runs.append(umap)
     return {"n": n, "topics": 20, "nnz_per_row": X.nnz / n, "vocab": X.shape[1],
             "kl_engine": exact.nbody, "runs": runs}
 
