@@ -230,11 +230,11 @@ def ee_large(be, n, budget, step, subset):
     optimized for ``budget`` seconds by SD with the line search (a default fit's
     path) and the large one also by fixed-step FP (the earlier runs' path).  After
     a warm-up on 2,000 points (compilation), the k-NN, affinities and PCA start
-    are timed; layouts are kept when the whole run,
-    from the data, passes ``budget`` seconds and when the optimization passes a
-    quarter, half and all of it, each scored by 10-NN accuracy over all its points
-    and over the first ``subset`` alone (the exact run's points); one EE gradient
-    of the final SD layout at p = 4, 6, 8."""
+    are timed; layouts are kept when the whole run, from the data, passes
+    ``budget`` seconds and when the optimization passes a quarter, half and all
+    of it, each scored by 10-NN accuracy over all its points and over the first
+    ``subset`` alone (the exact run's points); one EE gradient of the final SD
+    layout at p = 4, 6, 8."""
     sync = device_sync(be)
     X, y = fashion_grown(n)
     out = {"n": n, "subset": subset, "budget_seconds": budget, "step_size": step}
