@@ -23,6 +23,27 @@ def test_knn_accuracy_matches_brute_force(rng, backend):
     assert got == pytest.approx(brute_knn_accuracy(Y, labels, 7))
 
 
+@pytest.mark.parametrize("dim", [1, 2, 3, 4])
+def test_knn_accuracy_ties_and_duplicates_match_brute_force(rng, dim):
+    """Exact copies of points and points at equal distances from them, ordered
+    by index as the brute force orders them (a k-d tree up to 3-D, the
+    backend's knn beyond; ties number less than k + CANDIDATE_MARGIN)."""
+    Y = rng.standard_normal((300, dim))
+    Y[100:104] = Y[0]                       # four copies of point 0
+    for j, sign in enumerate((1.0, -1.0)):  # and points at distance 0.01 on either side
+        Y[110 + j] = Y[0]
+        Y[110 + j, 0] += sign * 0.01
+    Y[200:203] = Y[50]
+    labels = rng.integers(0, 3, 300)
+    for k in (1, 5, 15):
+        assert knn_accuracy(Y, labels, k=k) == pytest.approx(brute_knn_accuracy(Y, labels, k))
+
+
+def test_knn_accuracy_bad_layout():
+    with pytest.raises(ValueError, match="X_low"):
+        knn_accuracy(np.array([[0.0, 1.0], [np.nan, 0.0], [1.0, 1.0]]), np.zeros(3), k=1)
+
+
 def test_knn_accuracy_extremes(rng):
     Y = np.concatenate([rng.standard_normal((50, 2)), rng.standard_normal((50, 2)) + 100])
     labels = np.repeat([0, 1], 50)
