@@ -1,8 +1,10 @@
 import numpy as np
+import pytest
 import scipy.linalg
 import scipy.sparse
 
 import gpuembed as ge
+from gpuembed.metrics import procrustes_error
 from gpuembed.spectral import spectral_embedding
 
 
@@ -17,6 +19,40 @@ def test_matches_dense_generalized_eigenproblem(rng, backend):
     for j in range(2):                                  # equal up to sign and scale
         cos = abs(Y[:, j] @ D @ ref[:, j]) / np.sqrt((Y[:, j] @ D @ Y[:, j]) * (ref[:, j] @ D @ ref[:, j]))
         assert cos > 1 - 1e-8
+
+
+@pytest.mark.parametrize("connected", [True, False])
+def test_shift_invert_equals_lanczos(rng, connected):
+    """The CHOLMOD shift-invert path against the Lanczos one: on a swiss roll's
+    graph (small spectral gaps), and with a second component, whose two zero
+    eigenvalues make "the trivial one" ambiguous, all vectors kept."""
+    X = ge.datasets.swiss_roll(400, random_state=0)[0]
+    if not connected:
+        X = np.concatenate([X, rng.standard_normal((150, 3)) + 100])
+    W = ge.spectral.affinity_graph(X, 10, 2.0, backend="cpu")
+    Wd = W.toarray()
+    D = np.diag(Wd.sum(1))
+    vals, _ = scipy.linalg.eigh(D - Wd, D)
+    assert (vals[1] < 1e-12) != connected and vals[2] < 1e-2
+    for d in (2, 5):
+        kw = dict(n_components=d, backend="cpu", drop_first=connected)
+        ref = spectral_embedding(W, **kw)
+        got = spectral_embedding(W, shift_invert=True, **kw)
+        assert procrustes_error(ref, got) < 1e-8
+        np.testing.assert_allclose(np.einsum("ij,ik,i->jk", got, got, D.diagonal()), np.eye(d),
+                                   atol=1e-8)               # Y^T D Y = I
+
+
+def test_estimators_take_shift_invert_for_low_dimensional_points(monkeypatch):
+    X, t = ge.datasets.swiss_roll(600, random_state=0)
+    calls = []
+    real = ge.spectral.embedding._shift_invert_eigsh
+    monkeypatch.setattr(ge.spectral.embedding, "_shift_invert_eigsh",
+                        lambda *a: calls.append(a[1]) or real(*a))
+    ge.LaplacianEigenmaps(2, n_neighbors=10, backend="cpu").fit(X)
+    assert calls == [3]
+    ge.LaplacianEigenmaps(2, n_neighbors=10, backend="cpu").fit(np.c_[X, X[:, :1]])   # 4-D
+    assert calls == [3]
 
 
 def test_bad_graph():

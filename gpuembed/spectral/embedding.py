@@ -2,12 +2,24 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse
+import scipy.sparse.linalg
 
 from .._checks import check_int
 from ..backend import get_backend
 
+# Points of at most this many coordinates get shift_invert=True from the
+# estimators on the CPU: their graphs' Cholesky factors stay sparse (nested
+# dissection).  A Fashion-MNIST 20k graph (784-D) took 3.7 s to factorize,
+# against 0.31 s for the plain Lanczos.
+SHIFT_INVERT_MAX_DIM = 3
+# (1 + SHIFT) I - M is positive definite, and SHIFT lies far below the spectral
+# gaps of interest (1e-4 among the segmentation graph's first eigenvalues).
+SHIFT = 1e-6
 
-def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_first=True):
+
+def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_first=True,
+                       shift_invert=False):
     """Coordinates from the normalized Laplacian of a symmetric affinity matrix.
 
     Solves L u = lambda D u (L = D - W) for the ``n_components`` smallest
@@ -17,6 +29,12 @@ def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_
     shape (N, n_components).
     A disconnected graph has several zero eigenvalues; the coordinates then
     separate components instead of spreading within them.
+
+    ``shift_invert=True`` (CPU only): Lanczos on ((1 + SHIFT) I - M)^-1 through
+    one sparse Cholesky factor (optim.directions.factorize_cpu) instead of on M.
+    On graphs of low-dimensional points M's leading eigenvalues crowd near 1 and
+    the plain Lanczos crawls: the 30,602-pixel segmentation graph took 2.14 s,
+    against 0.42 s this way (same vectors to 1e-11).
     """
     be = get_backend(backend)
     xp = be.xp
@@ -34,10 +52,27 @@ def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_
     v0 = be.asarray(np.random.default_rng(random_state).random(n), dtype=M.dtype)
     # Largest eigenvalues of M = smallest of the normalized Laplacian I - M.
     skip = 1 if drop_first else 0
-    vals, vecs = be.sparse_linalg.eigsh(M, k=n_components + skip, which="LA", v0=v0)
+    if shift_invert and not be.is_gpu:
+        vals, vecs = _shift_invert_eigsh(M, n_components + skip, v0)
+    else:
+        vals, vecs = be.sparse_linalg.eigsh(M, k=n_components + skip, which="LA", v0=v0)
     order = xp.argsort(-vals)
     vecs = vecs[:, order[skip:]]       # drop the trivial eigenvector D^1/2 1
     Y = vecs * d_isqrt[:, None]
     # Fix each eigenvector's sign so that the result is reproducible.
     signs = xp.sign(Y[xp.argmax(xp.abs(Y), axis=0), xp.arange(n_components)])
     return Y * signs
+
+
+def _shift_invert_eigsh(M, k, v0):
+    """The k largest eigenpairs of the symmetric sparse M (host), from the
+    largest of ((1 + SHIFT) I - M)^-1, whose eigenvalues 1 / (1 + SHIFT - lambda)
+    spread M's crowded leading ones apart."""
+    from ..optim.directions import factorize_cpu
+
+    n = M.shape[0]
+    solve = factorize_cpu(((1.0 + SHIFT) * scipy.sparse.identity(n, format="csr") - M).tocsr())
+    op = scipy.sparse.linalg.LinearOperator(
+        (n, n), matvec=lambda x: solve(x.reshape(n, 1))[:, 0], dtype=np.float64)
+    mu, vecs = scipy.sparse.linalg.eigsh(op, k=k, which="LA", v0=v0)
+    return 1.0 + SHIFT - 1.0 / mu, vecs
