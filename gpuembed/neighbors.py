@@ -50,7 +50,7 @@ SHARED_BYTES = 48 * 1024   # static shared memory per block without opting in
 # Relative accuracy of the returned distances, per dtype (see module doc).
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
 # Up to this many features the CPU walks a k-d tree instead (_tree_knn): the
-# 10-NN of a 2-D layout of 70,000 points in 0.1 s against seconds by brute force.
+# 10-NN of 70,000 2-D points in 0.22 s against 14.3 s by brute force (2 cores).
 TREE_MAX_DIM = 3
 
 

@@ -233,9 +233,9 @@ class Spectral(Direction):
     only a bound (t-SNE), never for the others, whose weights do not depend on X
     (there a rebuild only costs time).  t-SNE with the default stopping test
     (tol 1e-5, Barnes-Hut sums, CG solves; benchmarks/results/embedding_n*.json):
-    Fashion-MNIST 20k to KL 1.801 in 131 iterations and 8.3 s against 1.800 in 782
-    and 27 s with B at X = 0 (10-NN accuracy 0.820 and 0.819); 70k to 2.284 in 173
-    iterations and 50 s against 2.338 in 1,000 and 142 s (accuracy 0.845 and
+    Fashion-MNIST 20k to KL 1.801 in 131 iterations and 8.5 s against 1.800 in 782
+    and 30 s with B at X = 0 (10-NN accuracy 0.820 and 0.819); 70k to 2.284 in 173
+    iterations and 49 s against 2.338 in 1,000 and 155 s (accuracy 0.845 and
     0.844).  CG takes more steps on a refreshed B (solves of 46 ms per iteration
     against 13 ms at 20k), but the iterations are 6x fewer.  With the exact
     engine, 1,000 iterations (results/embedding.json): on rotating_objects (720
