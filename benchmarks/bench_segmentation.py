@@ -27,7 +27,7 @@ from common import RESULTS, best_time, pyplot, write_result
 import gpuembed as ge
 from gpuembed.metrics import procrustes_error
 from gpuembed.spectral import affinity_graph, kmeans, nystrom_le, spectral_embedding
-from gpuembed.spectral.embedding import SHIFT_INVERT_MAX_DIM
+from gpuembed.spectral.embedding import points_suit_shift_invert
 from gpuembed.spectral.laplacian import lll_spectral
 
 SIGMA_XY = 15.0       # pixels
@@ -71,7 +71,7 @@ def run(step=3, K=6, landmarks=(100, 200, 500, 1000, 2000), backend="cpu", name=
 
     # As SpectralClustering solves it for points of up to 3 coordinates.
     t_exact, exact, exact_labels = timed(lambda: be.to_host(spectral_embedding(
-        W, d, backend=be, shift_invert=X.shape[1] <= SHIFT_INVERT_MAX_DIM)))
+        W, d, backend=be, shift_invert=points_suit_shift_invert(X))))
     print(f"{X.shape[0]} pixels: graph {t_graph:.1f} s, exact {t_exact:.1f} s", flush=True)
     runs, shown = [], {"exact": exact_labels}
     for L in landmarks:

@@ -29,7 +29,7 @@ from common import best_time, write_result
 import gpuembed as ge
 from gpuembed.metrics import procrustes_error
 from gpuembed.spectral import affinity_graph, spectral_embedding
-from gpuembed.spectral.embedding import SHIFT_INVERT_MAX_DIM
+from gpuembed.spectral.embedding import points_suit_shift_invert
 from gpuembed.spectral.laplacian import lll_spectral
 
 
@@ -78,7 +78,7 @@ def segmentation(step, K, landmarks):
 
     # As SpectralClustering solves it for points of up to 3 coordinates.
     t_exact, exact = best_time(lambda: ours(lambda: spectral_embedding(
-        W, K - 1, backend="cpu", shift_invert=X.shape[1] <= SHIFT_INVERT_MAX_DIM)))
+        W, K - 1, backend="cpu", shift_invert=points_suit_shift_invert(X))))
     t_sk, labels_sk = best_time(lambda: SkSpectralClustering(
         K, affinity="precomputed", random_state=0).fit(W).labels_)
     out = {"pixels": X.shape[0], "clusters": K, "gpuembed_exact_seconds": t_exact,

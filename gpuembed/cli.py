@@ -43,10 +43,12 @@ def _embed_le(X, n_components, backend, args):
     """Laplacian eigenmaps of the entropic affinities."""
     from .affinities import entropic_affinities
     from .spectral import spectral_embedding
+    from .spectral.embedding import points_suit_shift_invert
 
     be = get_backend(backend)
     P = entropic_affinities(X, _perplexity(args, X.shape[0]), backend=be).P
-    return be.to_host(spectral_embedding(P, n_components, backend=be))
+    return be.to_host(spectral_embedding(P, n_components, backend=be,
+                                         shift_invert=points_suit_shift_invert(X)))
 
 
 def _estimator(cls):

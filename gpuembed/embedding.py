@@ -258,9 +258,11 @@ class _Embedding(Params):
     def _initial(self, X, P, be, dtype, d):
         def spectral():
             from .spectral import spectral_embedding
+            from .spectral.embedding import points_suit_shift_invert
 
             W = P if self.objective_name != "sne" else (P + P.T) * 0.5
-            return be.to_host(spectral_embedding(W, d, backend=be))
+            return be.to_host(spectral_embedding(W, d, backend=be,
+                                                 shift_invert=points_suit_shift_invert(X)))
 
         std = INIT_STD["tsne" if self.optimizer == "tsne" else "default"]
         return initial_layout(self.init, X, d, be, dtype, std, self.random_state,

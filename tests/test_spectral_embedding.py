@@ -43,7 +43,7 @@ def test_shift_invert_equals_lanczos(rng, connected):
                                    atol=1e-8)               # Y^T D Y = I
 
 
-def test_estimators_take_shift_invert_for_low_dimensional_points(monkeypatch):
+def test_graphs_of_low_dimensional_points_take_shift_invert(monkeypatch):
     X, t = ge.datasets.swiss_roll(600, random_state=0)
     calls = []
     real = ge.spectral.embedding._shift_invert_eigsh
@@ -53,6 +53,8 @@ def test_estimators_take_shift_invert_for_low_dimensional_points(monkeypatch):
     assert calls == [3]
     ge.LaplacianEigenmaps(2, n_neighbors=10, backend="cpu").fit(np.c_[X, X[:, :1]])   # 4-D
     assert calls == [3]
+    ge.TSNE(init="spectral", max_iter=2, backend="cpu").fit(X)     # the spectral start too
+    assert calls == [3, 3]
 
 
 def test_bad_graph():

@@ -8,10 +8,10 @@ import scipy.sparse.linalg
 from .._checks import check_int
 from ..backend import get_backend
 
-# Points of at most this many coordinates get shift_invert=True from the
-# estimators on the CPU: their graphs' Cholesky factors stay sparse (nested
-# dissection).  A Fashion-MNIST 20k graph (784-D) took 3.7 s to factorize,
-# against 0.31 s for the plain Lanczos.
+# Graphs of points of at most this many coordinates are solved with
+# shift_invert=True (see points_suit_shift_invert): their Cholesky factors stay
+# sparse (nested dissection).  A Fashion-MNIST 20k graph (784-D) took 3.7 s to
+# factorize, against 0.31 s for the plain Lanczos.
 SHIFT_INVERT_MAX_DIM = 3
 # (1 + SHIFT) I - M is positive definite, and SHIFT lies far below the spectral
 # gaps of interest (1e-4 among the segmentation graph's first eigenvalues).
@@ -62,6 +62,11 @@ def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_
     # Fix each eigenvector's sign so that the result is reproducible.
     signs = xp.sign(Y[xp.argmax(xp.abs(Y), axis=0), xp.arange(n_components)])
     return Y * signs
+
+
+def points_suit_shift_invert(X):
+    """Whether the graph of the points X (None: unknown) is solved by shift-invert."""
+    return X is not None and X.shape[1] <= SHIFT_INVERT_MAX_DIM
 
 
 def _shift_invert_eigsh(M, k, v0):

@@ -20,7 +20,7 @@ from .._params import Params
 from ..affinities import entropic_affinities
 from ..backend import get_backend
 from ..neighbors import knn
-from .embedding import SHIFT_INVERT_MAX_DIM, spectral_embedding
+from .embedding import points_suit_shift_invert, spectral_embedding
 from .kmeans import kmeans
 from .lll import (LANDMARK_METHODS, choose_landmarks, default_kz, reconstruction_weights,
                   reduced_problem, trailing_generalized)
@@ -96,7 +96,7 @@ class _SpectralBase(Params):
             self.landmarks_ = self.Z_ = None
             return be.to_host(spectral_embedding(
                 W, d, backend=be, drop_first=drop_first, random_state=self.random_state or 0,
-                shift_invert=X.shape[1] <= SHIFT_INVERT_MAX_DIM))
+                shift_invert=points_suit_shift_invert(X)))
         Y, self.landmarks_, self.Z_, self.landmark_embedding_, self._kz = lll_spectral(
             X, W, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, drop_first, be)
         return Y

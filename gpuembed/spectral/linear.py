@@ -9,7 +9,7 @@ import scipy.sparse
 from .._checks import check_data, check_float, check_int
 from ..backend import get_backend
 from ..nbody.exact import squared_distances
-from .embedding import spectral_embedding
+from .embedding import points_suit_shift_invert, spectral_embedding
 from .laplacian import affinity_graph
 from .lll import choose_landmarks, default_kz, dense_generalized_eigh, reconstruction_weights
 
@@ -115,7 +115,8 @@ def le_landmarks_only(Y, n_components, *, n_neighbors, n_landmarks, kz=None, sig
                                 laplacian=True)
     be = get_backend(backend)
     W = affinity_graph(Y[idx], min(n_neighbors, len(idx) - 1), sigma, backend=be)
-    return Z @ be.to_host(spectral_embedding(W, d, backend=be))
+    return Z @ be.to_host(spectral_embedding(W, d, backend=be,
+                                             shift_invert=points_suit_shift_invert(Y)))
 
 
 def nystrom_le(Y, n_components, *, n_neighbors, n_landmarks, sigma, landmarks="random",
