@@ -124,7 +124,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
         raise ValueError(f"X spreads too far for {X.dtype} squared distances (largest squared "
                          f"distance from the mean {largest:.3g}); rescale it, e.g. X / X.std()")
     if not be.is_gpu and not sparse and X.shape[1] <= TREE_MAX_DIM:
-        return _tree_knn(Q, X, k, exclude_self)
+        return _tree_knn(Q, X, k, exclude_self, block_bytes)
     if exclude_self and not be.is_gpu:
         return _self_knn_cpu(X, Yp, sq, sq_q, perm, inv_perm, k, n_cand, block_bytes)
     right = transposed(-2 * Yp)           # for every block's product, prepared once
@@ -144,21 +144,30 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     return _finish_all(xp, Q, X, values, sq_q, sq, perm, cand, k, block_bytes)
 
 
-def _tree_knn(Q, X, k, exclude_self):
+def _tree_knn(Q, X, k, exclude_self, block_bytes):
     """The CPU's k-NN in up to TREE_MAX_DIM dimensions: a k-d tree's
     k + CANDIDATE_MARGIN nearest (O(log N) per query where brute force computes
     a row of N distances), self left out, re-sorted on exact squared distances by
-    (distance, index) as the brute force sorts them."""
+    (distance, index) as the brute force sorts them; in blocks of query rows
+    whose candidates' coordinates fit ``block_bytes``."""
     from scipy.spatial import cKDTree
 
-    n = X.shape[0]
+    n, m_rows = X.shape[0], Q.shape[0]
     m = min(n, k + int(exclude_self) + CANDIDATE_MARGIN)
-    idx = cKDTree(X).query(Q, m, workers=-1)[1].reshape(Q.shape[0], m).astype(np.int64)
-    sqdist = ((X[idx] - Q[:, None, :]) ** 2).sum(axis=2)
-    if exclude_self:                        # wherever the tree put it among its copies
-        sqdist[idx == np.arange(n)[:, None]] = np.inf
-    order = np.lexsort((idx, sqdist), axis=1)[:, :k]
-    return np.take_along_axis(sqdist, order, axis=1), np.take_along_axis(idx, order, axis=1)
+    tree = cKDTree(X)
+    sqdist = np.empty((m_rows, k), dtype=X.dtype)
+    indices = np.empty((m_rows, k), dtype=np.int64)
+    rows = max(1, block_bytes // (m * (X.shape[1] + 2) * 8))
+    for start in range(0, m_rows, rows):
+        q = Q[start:start + rows]
+        idx = tree.query(q, m, workers=-1)[1].reshape(len(q), m).astype(np.int64)
+        d2 = ((X[idx] - q[:, None, :]) ** 2).sum(axis=2)
+        if exclude_self:                    # wherever the tree put it among its copies
+            d2[idx == np.arange(start, start + len(q))[:, None]] = np.inf
+        order = np.lexsort((idx, d2), axis=1)[:, :k]
+        sqdist[start:start + len(q)] = np.take_along_axis(d2, order, axis=1)
+        indices[start:start + len(q)] = np.take_along_axis(idx, order, axis=1)
+    return sqdist, indices
 
 
 def _self_knn_cpu(X, Yp, sq, sq_x, perm, inv_perm, k, n_cand, block_bytes):

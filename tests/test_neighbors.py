@@ -30,13 +30,17 @@ def be_x(backend, X):
     return backend.asarray(X)
 
 
-def test_small_blocks_give_the_same_answer(rng):
-    X = rng.standard_normal((200, 4))
+@pytest.mark.parametrize("d", [2, 4])        # the k-d tree's blocks, the GEMM's
+def test_small_blocks_give_the_same_answer(rng, d):
+    X = rng.standard_normal((200, d))
+    X[150] = X[3]                               # a copy: self must go wherever it lies
     full = ge.knn(X, 7, backend="cpu")
-    # 8 rows per block: many blocks, the last one partial.
+    # 8 rows per block (the tree: 25 for d = 2): many blocks, the last one partial.
     blocked = ge.knn(X, 7, backend="cpu", block_bytes=200 * 8 * 8)
     np.testing.assert_array_equal(full[1], blocked[1])
     np.testing.assert_array_equal(full[0], blocked[0])
+    ref_d, ref_i = brute_knn(X, 7)
+    np.testing.assert_array_equal(blocked[1], ref_i)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
