@@ -35,8 +35,7 @@ def run(n=None, dims=(10,), landmarks=(250, 500, 1000, 2000, 4000), clusters=10,
         X, y = X[:n], y[:n]
     X = X.astype(np.float64)
     landmarks = [L for L in landmarks if L < X.shape[0]]
-    sqdist, _ = ge.knn(X[:2000], 10, backend="cpu")
-    sigma = float(np.sqrt(np.median(sqdist)))           # Gaussian width for all methods
+    sigma = gaussian_width(X)                           # for all methods
     # Warm-up (compilation, the GPU's handles) on a subset, then the affinity graph,
     # shared by exact LE, LLL and the k-means comparison; times below exclude it
     # (LE(Z) and Nystrom build their own on the landmarks).
@@ -51,6 +50,12 @@ def run(n=None, dims=(10,), landmarks=(250, 500, 1000, 2000, 4000), clusters=10,
         plot(figures[f"d{d}"], X.shape[0], name)
     figures["kmeans"] = kmeans_warm_start(be, X, W, clusters)
     return figures
+
+
+def gaussian_width(X):
+    """Square root of the median squared distance from each of the first 2,000
+    points to its 10 nearest neighbours among them."""
+    return float(np.sqrt(np.median(ge.knn(X[:2000], 10, backend="cpu")[0])))
 
 
 def landmark_sweep(be, X, W, d, sigma, landmarks, verbose=True):

@@ -36,7 +36,7 @@ from gpuembed.spectral.laplacian import lll_spectral
 def laplacian_eigenmaps(n, dims, landmarks):
     X, _ = ge.datasets.fashion_mnist()
     X = X[:n].astype(np.float64)
-    sigma = float(np.sqrt(np.median(ge.knn(X[:2000], 10, backend="cpu")[0])))
+    sigma = bench_lll.gaussian_width(X)
     W_small = affinity_graph(X[:3000], bench_lll.N_NEIGHBORS, sigma, backend="cpu")
     for d in dims:          # warm-up: compilation, and SciPy's first ARPACK call
         spectral_embedding(W_small, d, backend="cpu")
