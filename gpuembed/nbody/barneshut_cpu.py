@@ -13,9 +13,10 @@ with a small stack, keeping its sums in registers: a leaf is summed exactly
 over its points, an inner cell that does not hold the target and passes the
 opening test adds its mass and centre of mass, any other cell pushes its
 children, the same decisions as the vectorized code.  Like exact_cpu.py the
-loop is generated per (dimension, kernel code) and compiled by numba on first
-use; targets are visited in the tree's Morton order so that neighbouring
-iterations reuse the same cells.
+loop is generated per (dimension, kernel code), compiled by numba on first use
+(1.5 s) and cached on disk (gpuembed/_generated.py), without reassociation
+(exact_cpu.py says why); targets are visited in the tree's Morton order so
+that neighbouring iterations reuse the same cells.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import functools
 import numpy as np
 from numba import njit, prange
 
-from ..fastexp import expneg
+from .._generated import compile_source
 from .exact_cpu import kernel_lines, store_lines
 
 
@@ -206,9 +207,7 @@ def _compiled(dim, code):
         cell_distance=distance("comT[{c}, cell]"),
         cell_kernel=kernel_lines(code, dim, "mass[cell]", "comT[{c}, cell]", 16).rstrip("\n"),
         store=store_lines(code, dim, 8).rstrip("\n"))
-    namespace = {"prange": prange, "expneg": expneg, "np": np}
-    exec(source, namespace)
-    return njit(parallel=True, fastmath=True)(namespace["sums"])
+    return compile_source(source, "sums", parallel=True, fastmath={"contract"})
 
 
 def traverse_cpu(tree, targets, code, theta, self_pairs):

@@ -1,0 +1,102 @@
+"""Generated numba loops (gpuembed/_generated.py) are cached on disk across processes."""
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuembed._generated import cache_folder, compile_source
+from gpuembed.nbody.barneshut_cpu import _compiled as bh_compiled
+from gpuembed.nbody.exact_cpu import _compiled as exact_compiled
+
+# A small loop in the generated engines' style (prange, expneg), quick to compile.
+SOURCE = """
+def sums(x, out):
+    for i in prange(x.shape[0]):
+        out[i] = expneg(x[i]) + np.float64(1.0)
+"""
+
+SCRIPT = f"""
+import json, numpy as np
+from gpuembed._generated import compile_source
+f = compile_source({SOURCE!r}, "sums", parallel=True)
+x = np.linspace(0.0, 5.0, 11)
+out = np.empty_like(x)
+f(x, out)
+print(json.dumps({{"hits": sum(f.stats.cache_hits.values()),
+                  "misses": sum(f.stats.cache_misses.values()), "out": out.tolist()}}))
+"""
+
+
+def _run(cache_dir):
+    env = dict(os.environ, GPUEMBED_CACHE_DIR=str(cache_dir))
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_loads_the_compiled_loop(tmp_path):
+    first, second = _run(tmp_path), _run(tmp_path)
+    assert (first["hits"], first["misses"]) == (0, 1)
+    assert (second["hits"], second["misses"]) == (1, 0)
+    expected = np.exp(-np.linspace(0.0, 5.0, 11)) + 1.0
+    np.testing.assert_allclose(first["out"], expected, rtol=1e-12)
+    assert second["out"] == first["out"]
+    assert len(list(tmp_path.glob("sums_*.py"))) == 1
+
+
+def test_unwritable_cache_folder_compiles_in_memory(tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("GPUEMBED_CACHE_DIR", str(blocker / "cache"))
+    f = compile_source(SOURCE, "sums")
+    x = np.array([0.0, 1.0, 2.0])
+    out = np.empty(3)
+    f(x, out)
+    np.testing.assert_allclose(out, np.exp(-x) + 1.0, rtol=1e-12)
+
+
+def test_each_source_gets_its_own_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUEMBED_CACHE_DIR", str(tmp_path))
+    compile_source(SOURCE, "sums")
+    compile_source(SOURCE, "sums")
+    compile_source(SOURCE.replace("1.0", "2.0"), "sums")
+    assert len(list(tmp_path.glob("sums_*.py"))) == 2
+
+
+def test_the_engines_loops_come_from_the_cache_folder():
+    try:
+        cache_folder().mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pytest.skip(f"{cache_folder()} cannot be made here")
+    for compiled in (exact_compiled(2, 1, False, False), bh_compiled(2, 2)):
+        assert Path(inspect.getfile(compiled.py_func)).parent == cache_folder()
+
+
+ENGINES = """
+import hashlib, numpy as np, gpuembed as ge
+rng = np.random.default_rng(0)
+digest = hashlib.sha256()
+for dim, kernel in ((1, "gaussian"), (2, "student2"), (3, "student")):
+    X = rng.normal(size=(600, dim))
+    for method in ("exact", "bh"):
+        for part in ge.nbody.kernel_sums(X, kernel, method=method, backend="cpu"):
+            digest.update(np.ascontiguousarray(part).tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_engines_give_the_same_bits_compiled_or_loaded_from_the_cache(tmp_path):
+    """With fastmath's reassociation the exact loops compiled in the process and
+    loaded from the cache differed in the last bits: a first run from a new
+    checkout would not have repeated later."""
+    env = dict(os.environ, GPUEMBED_CACHE_DIR=str(tmp_path))
+    digests = [subprocess.run([sys.executable, "-c", ENGINES], capture_output=True, text=True,
+                              env=env, timeout=600, check=True).stdout for _ in range(2)]
+    assert len(list(tmp_path.glob("sums_*.py"))) == 6
+    assert digests[0] == digests[1]
