@@ -53,11 +53,12 @@ def compile_source(source, name, **options):
 
 
 def _module(text, stem):
-    """The module of ``text``, written (once, atomically) to the cache folder."""
+    """The module of ``text``, written (atomically, unless the file already holds it)
+    to the cache folder."""
     folder = cache_folder()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{stem}.py"
-    if not path.exists():
+    if not path.is_file() or path.read_text() != text:
         partial = folder / f"{stem}.{os.getpid()}.tmp"
         partial.write_text(text)
         os.replace(partial, path)        # concurrent writers leave one whole file

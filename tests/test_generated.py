@@ -61,6 +61,17 @@ def test_unwritable_cache_folder_compiles_in_memory(tmp_path, monkeypatch):
     np.testing.assert_allclose(out, np.exp(-x) + 1.0, rtol=1e-12)
 
 
+def test_a_damaged_source_file_is_written_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUEMBED_CACHE_DIR", str(tmp_path))
+    compile_source(SOURCE, "sums")
+    (path,) = tmp_path.glob("sums_*.py")
+    path.write_text("def sums(x, out):\n    pass\n")
+    f = compile_source(SOURCE, "sums")
+    out = np.zeros(1)
+    f(np.array([1.0]), out)
+    np.testing.assert_allclose(out, np.exp(-1.0) + 1.0, rtol=1e-12)
+
+
 def test_each_source_gets_its_own_file(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUEMBED_CACHE_DIR", str(tmp_path))
     compile_source(SOURCE, "sums")
