@@ -2,15 +2,15 @@
 
 exact_cpu.py and barneshut_cpu.py generate their target loops per (dimension,
 kernel) as source text.  numba caches compiled code only for functions with a
-source file, and the Barnes-Hut loop alone took 1.5 s to compile in every new
-process (2-core EPYC): more than the rest of a t-SNE of digits.  So the text is
-written once to a file named by its hash, under ``GPUEMBED_CACHE_DIR`` (default
-``$XDG_CACHE_HOME/gpuembed``, else ``~/.cache/gpuembed``), imported from there
-and compiled with ``cache=True``: later processes load the machine code.  The
-hash covers what the compiled code depends on besides the text (numba's version
-and fastexp.py, whose functions it inlines; numba's own cache checks only the
-file itself).  Where no folder can be written, the text is compiled in memory
-as before.
+source file, so every new process compiled each loop again, 1-1.5 s apiece
+(2-core EPYC): the demo's t-SNE of digits took 1.92 s, 0.98 s once cached.
+So the text is written once to a file named by its hash, under
+``GPUEMBED_CACHE_DIR`` (default ``$XDG_CACHE_HOME/gpuembed``, else
+``~/.cache/gpuembed``), imported from there and compiled with ``cache=True``:
+later processes load the machine code.  The hash covers what the compiled code
+depends on besides the text (numba's version and fastexp.py, whose functions
+it inlines; numba's own cache checks only the file itself).  Where no folder
+can be written, the text is compiled in memory as before.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from numba import njit, prange
 
 # Columns per task of the transposed pass.  It walks the strip down its rows, a
 # page apart, so each row visit should read several cache lines: the 90-NN of
-# Fashion-MNIST 70k took 33 s with 64 against 37 s with 16 (one line of float32).
+# Fashion-MNIST 70k took 32-33 s with 64 against 35-38 s with 16 (a line of float32).
 COLUMN_CHUNK = 64
 # sparse_gram: a feature in more than 1 / FREQUENT_SHARE of the rows goes to the
 # dense GEMM (at most FREQUENT_MAX features; 1.8x at 29 to 115 of them on TF-IDF

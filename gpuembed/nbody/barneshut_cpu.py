@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .._generated import compile_source
 from .exact_cpu import kernel_lines, store_lines
