@@ -56,7 +56,8 @@ def transposed(B):
 
 
 def product(A, Bt):
-    """A @ B.T as a dense array, from Bt = transposed(B); A sparse where B is."""
+    """A @ B.T as a dense array, from Bt = transposed(B) (A sparse where B is) or,
+    for one product, from B.T."""
     from .neighbors_cpu import FeatureSplit, sparse_gram
 
     if isinstance(Bt, FeatureSplit):
@@ -67,10 +68,7 @@ def product(A, Bt):
 
 def gram(A, B):
     """A @ B.T as a dense array; A and B dense or sparse, in any mix."""
-    if is_sparse(A) == is_sparse(B):
-        return product(A, transposed(B))
-    G = A @ B.T
-    return G.toarray() if is_sparse(G) else G
+    return product(A, transposed(B) if is_sparse(A) == is_sparse(B) else B.T)
 
 
 def same_kind(be, Q, X):

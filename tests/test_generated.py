@@ -32,16 +32,17 @@ print(json.dumps({{"hits": sum(f.stats.cache_hits.values()),
 """
 
 
-def _run(cache_dir):
+def _run(script, cache_dir):
+    """The last line ``script`` prints, run in a new process with ``cache_dir``."""
     env = dict(os.environ, GPUEMBED_CACHE_DIR=str(cache_dir))
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          timeout=600)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return done.stdout.strip().splitlines()[-1]
 
 
 def test_second_process_loads_the_compiled_loop(tmp_path):
-    first, second = _run(tmp_path), _run(tmp_path)
+    first, second = (json.loads(_run(SCRIPT, tmp_path)) for _ in range(2))
     assert (first["hits"], first["misses"]) == (0, 1)
     assert (second["hits"], second["misses"]) == (1, 0)
     expected = np.exp(-np.linspace(0.0, 5.0, 11)) + 1.0
@@ -106,8 +107,6 @@ def test_engines_give_the_same_bits_compiled_or_loaded_from_the_cache(tmp_path):
     """With fastmath's reassociation the exact loops compiled in the process and
     loaded from the cache differed in the last bits: a first run from a new
     checkout would not have repeated later."""
-    env = dict(os.environ, GPUEMBED_CACHE_DIR=str(tmp_path))
-    digests = [subprocess.run([sys.executable, "-c", ENGINES], capture_output=True, text=True,
-                              env=env, timeout=600, check=True).stdout for _ in range(2)]
+    digests = [_run(ENGINES, tmp_path) for _ in range(2)]
     assert len(list(tmp_path.glob("sums_*.py"))) == 6
     assert digests[0] == digests[1]
