@@ -13,6 +13,22 @@ def brute_knn(X, k):
     return np.take_along_axis(D, order, axis=1), order
 
 
+def assert_same_neighbours(X, idx, ref_d, ref_i, dtype):
+    """idx equals brute_knn's ref_i; in float32, two neighbours whose float64
+    distances differ by less than float32 resolves (a few ulps) may come in either
+    order: every returned index must then lie, in float64, at its rank's reference
+    distance, and no index may repeat or be the row itself."""
+    if dtype == np.float64:
+        np.testing.assert_array_equal(idx, ref_i)
+        return
+    X = np.asarray(X, dtype=np.float64)
+    rows = np.arange(len(idx))[:, None]
+    true = ((X[idx] - X[rows]) ** 2).sum(-1)
+    np.testing.assert_allclose(true, ref_d, rtol=4 * np.finfo(np.float32).eps, atol=0)
+    assert (np.sort(idx, axis=1)[:, 1:] != np.sort(idx, axis=1)[:, :-1]).all()
+    assert (idx != rows).all()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n,d,k", [(50, 3, 5), (300, 20, 17), (257, 2, 1), (40, 5, 39)])
 def test_knn_matches_brute_force(backend, rng, dtype, n, d, k):
