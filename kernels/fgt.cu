@@ -1,5 +1,17 @@
-// Fast Gauss transform, the per-target passes (gpuembed/nbody/fgt.py, _fgt_targets_gpu).
+// Fast Gauss transform on the GPU (gpuembed/nbody/fgt.py): every pass over
+// points or box pairs.  The array code of fgt.py is the NumPy reference of all of
+// them; fgt_cpu.py holds their compiled CPU twins.
 //
+// fgt_hermite_coefficients: one block per big source box, one thread per
+//   coefficient alpha: A_alpha = sum over the box's points q_m (x_m - s_B)^alpha / alpha!.
+// fgt_taylor_from_sources (case III): one block per big target box C, one thread
+//   per coefficient beta: C_beta += q_m h_beta(x_m - t_C) / beta! over the points
+//   of the small source boxes paired with C.
+// fgt_hermite_to_taylor (case IV): one block per big target box C, one thread per
+//   beta: C_beta += sum_alpha A_alpha prod_i M[o_i, beta_i, alpha_i] over the big
+//   source boxes paired with C (o: the integer offset between the centres, M the
+//   1-D translation matrices (-1)^beta / beta! h_{alpha+beta}(o SIDE)).
+//   Pairs come grouped by target box, so each block owns its box's coefficients.
 // fgt_small_targets: one thread per target point in a small target box (fewer
 //   than the cutoff points).  It visits the rows of neighbouring box offsets
 //   along the last dimension (fgt._offset_rows; a row's boxes have consecutive
@@ -8,12 +20,10 @@
 //   - case I  (small source box): the direct sum over its points, or
 //   - case II (big source box): its Hermite series at the target (eq. 5.2).
 // fgt_taylor_targets: one thread per target point in a big target box; it
-//   evaluates the box's Taylor series (cases III and IV, accumulated on the
-//   array side beforehand).
+//   evaluates the box's Taylor series (cases III and IV, accumulated beforehand).
 // Coefficient layout: multi-index alpha over FGT_DIM digits in base FGT_P, the
 // first dimension most significant, times FGT_Q charge columns (as _tensor).
 // Defines prepended by the loader: FGT_DIM (1..3), FGT_P (order), FGT_Q (charges).
-// The NumPy reference is the _direct / _hermite_eval / _taylor_eval path of fgt.py.
 
 #ifndef FGT_DIM
 #define FGT_DIM 2
@@ -56,6 +66,114 @@ __device__ __forceinline__ void fgt_series_add(const T (&factors)[FGT_DIM][FGT_P
             rest /= FGT_P;
         }
         for (int q = 0; q < FGT_Q; ++q) acc[q] += prod * coef[alpha * FGT_Q + q];
+    }
+}
+
+// Digit i (the first dimension most significant) of the flat multi-index alpha.
+__device__ __forceinline__ int fgt_digit(int alpha, int i) {
+    for (int j = FGT_DIM - 1; j > i; --j) alpha /= FGT_P;
+    return alpha % FGT_P;
+}
+
+// h_k(u) = exp(-u^2) H_k(u) by the Hermite recurrence.
+template <typename T>
+__device__ __forceinline__ T fgt_hermite(T u, int k) {
+    T prev = exp(-u * u);
+    if (k == 0) return prev;
+    T cur = 2 * u * prev;
+    for (int j = 1; j < k; ++j) {
+        const T next = 2 * u * cur - 2 * j * prev;
+        prev = cur;
+        cur = next;
+    }
+    return cur;
+}
+
+template <typename T>
+__global__ void fgt_hermite_coefficients(
+    const long long* __restrict__ big_boxes, const long long* __restrict__ start,
+    const long long* __restrict__ count, const T* __restrict__ points,
+    const T* __restrict__ center, const T* __restrict__ charges,
+    const T* __restrict__ inv_fact, T* __restrict__ A) {
+    const long long g = blockIdx.x, b = big_boxes[g];
+    const long long end = start[b] + count[b];
+    for (int alpha = threadIdx.x; alpha < FGT_TERMS; alpha += blockDim.x) {
+        int digit[FGT_DIM];
+        for (int i = 0; i < FGT_DIM; ++i) digit[i] = fgt_digit(alpha, i);
+        T acc[FGT_Q];
+        for (int q = 0; q < FGT_Q; ++q) acc[q] = 0;
+        for (long long m = start[b]; m < end; ++m) {
+            T mono = 1;
+            for (int i = 0; i < FGT_DIM; ++i) {
+                const T u = points[m * FGT_DIM + i] - center[b * FGT_DIM + i];
+                T power = inv_fact[digit[i]];
+                for (int k = 0; k < digit[i]; ++k) power *= u;
+                mono *= power;
+            }
+            for (int q = 0; q < FGT_Q; ++q) acc[q] += mono * charges[m * FGT_Q + q];
+        }
+        for (int q = 0; q < FGT_Q; ++q) A[(g * FGT_TERMS + alpha) * FGT_Q + q] = acc[q];
+    }
+}
+
+template <typename T>
+__global__ void fgt_taylor_from_sources(
+    const long long* __restrict__ first, const long long* __restrict__ source,
+    const long long* __restrict__ start, const long long* __restrict__ count,
+    const T* __restrict__ points, const T* __restrict__ centers,
+    const T* __restrict__ charges, const T* __restrict__ inv_fact,
+    const long long* __restrict__ target, T* __restrict__ taylor) {
+    const long long g = blockIdx.x;
+    for (int beta = threadIdx.x; beta < FGT_TERMS; beta += blockDim.x) {
+        int digit[FGT_DIM];
+        for (int i = 0; i < FGT_DIM; ++i) digit[i] = fgt_digit(beta, i);
+        T acc[FGT_Q];
+        for (int q = 0; q < FGT_Q; ++q) acc[q] = 0;
+        for (long long k = first[g]; k < first[g + 1]; ++k) {
+            const long long b = source[k], end = start[b] + count[b];
+            for (long long m = start[b]; m < end; ++m) {
+                T term = 1;
+                for (int i = 0; i < FGT_DIM; ++i)
+                    term *= fgt_hermite(points[m * FGT_DIM + i] - centers[g * FGT_DIM + i],
+                                        digit[i]) * inv_fact[digit[i]];
+                for (int q = 0; q < FGT_Q; ++q) acc[q] += term * charges[m * FGT_Q + q];
+            }
+        }
+        T* C = taylor + (target[g] * FGT_TERMS + beta) * FGT_Q;
+        for (int q = 0; q < FGT_Q; ++q) C[q] += acc[q];
+    }
+}
+
+template <typename T>
+__global__ void fgt_hermite_to_taylor(
+    const long long* __restrict__ first, const long long* __restrict__ source,
+    const long long* __restrict__ offset, const T* __restrict__ hermite,
+    const T* __restrict__ M, const long long* __restrict__ target, T* __restrict__ taylor) {
+    const long long g = blockIdx.x;
+    constexpr int PP = FGT_P * FGT_P;
+    for (int beta = threadIdx.x; beta < FGT_TERMS; beta += blockDim.x) {
+        int digit[FGT_DIM];
+        for (int i = 0; i < FGT_DIM; ++i) digit[i] = fgt_digit(beta, i);
+        T acc[FGT_Q];
+        for (int q = 0; q < FGT_Q; ++q) acc[q] = 0;
+        for (long long k = first[g]; k < first[g + 1]; ++k) {
+            // Row beta_i of each dimension's translation matrix for this pair.
+            const T* row[FGT_DIM];
+            for (int i = 0; i < FGT_DIM; ++i)
+                row[i] = M + offset[k * FGT_DIM + i] * PP + digit[i] * FGT_P;
+            const T* A = hermite + source[k] * (long long)FGT_TERMS * FGT_Q;
+            for (int alpha = 0; alpha < FGT_TERMS; ++alpha) {
+                int rest = alpha;
+                T factor = 1;
+                for (int i = FGT_DIM - 1; i >= 0; --i) {
+                    factor *= row[i][rest % FGT_P];
+                    rest /= FGT_P;
+                }
+                for (int q = 0; q < FGT_Q; ++q) acc[q] += factor * A[alpha * FGT_Q + q];
+            }
+        }
+        T* C = taylor + (target[g] * FGT_TERMS + beta) * FGT_Q;
+        for (int q = 0; q < FGT_Q; ++q) C[q] += acc[q];
     }
 }
 
@@ -163,3 +281,21 @@ template __global__ void fgt_taylor_targets<float>(const long long*, long long, 
 template __global__ void fgt_taylor_targets<double>(const long long*, long long, const double*,
                                                     const long long*, const double*,
                                                     const long long*, const double*, double*);
+template __global__ void fgt_hermite_coefficients<float>(
+    const long long*, const long long*, const long long*, const float*, const float*,
+    const float*, const float*, float*);
+template __global__ void fgt_hermite_coefficients<double>(
+    const long long*, const long long*, const long long*, const double*, const double*,
+    const double*, const double*, double*);
+template __global__ void fgt_taylor_from_sources<float>(
+    const long long*, const long long*, const long long*, const long long*, const float*,
+    const float*, const float*, const float*, const long long*, float*);
+template __global__ void fgt_taylor_from_sources<double>(
+    const long long*, const long long*, const long long*, const long long*, const double*,
+    const double*, const double*, const double*, const long long*, double*);
+template __global__ void fgt_hermite_to_taylor<float>(
+    const long long*, const long long*, const long long*, const float*, const float*,
+    const long long*, float*);
+template __global__ void fgt_hermite_to_taylor<double>(
+    const long long*, const long long*, const long long*, const double*, const double*,
+    const long long*, double*);

@@ -158,19 +158,18 @@ def test_fgt_case_mix_dense_and_sparse_regions(rng):
 def test_fgt_compiled_cases_match_array_code(d, p, rng, monkeypatch):
     """fgt_cpu (Hermite coefficients; cases I and II per target; case III; case IV
     with the offsets' table, pairs grouped by box and first-dimension offset;
-    Taylor series at the targets) against the array code (the NumPy reference,
-    and the GPU's cases III and IV), on a dense cluster, a wider one and a sparse
-    halo, so that every case has many box pairs with the dissertation's cutoff of
-    5 points (the default's p^d / 5 leaves few big boxes here); with separate
-    targets too."""
+    Taylor series at the targets) against the array code (the NumPy reference),
+    on a dense cluster, a wider one and a sparse halo, so that every case has
+    many box pairs with the dissertation's cutoff of 5 points (the default's
+    p^d / 5 leaves few big boxes here); with separate targets too."""
     from gpuembed.nbody import fgt as fgt_module
     X = np.concatenate([rng.normal(size=(1500, d)), rng.normal(size=(500, d)) * 3.0 + 4.0,
                         rng.uniform(-20, 20, (300, d))])
     Y = rng.uniform(-6, 8, (400, d))
     q = rng.normal(size=(len(X), 3))
     pairs = []
-    compiled = fgt_module._hermite_to_taylor_cpu
-    monkeypatch.setattr(fgt_module, "_hermite_to_taylor_cpu",
+    compiled = fgt_module._hermite_to_taylor_compiled
+    monkeypatch.setattr(fgt_module, "_hermite_to_taylor_compiled",
                         lambda *args: (pairs.append(len(args[4])), compiled(*args)))
     for cutoff in (None, fgt_module.CUTOFF):
         for targets in (None, Y):
@@ -483,6 +482,34 @@ def test_exact_gpu_kernel_shifts_and_exclusions(d, rng):
                                   source_shift=dev(s_shift),
                                   exclude=None if exclude is None else gpu.asarray(exclude))
             assert rel(gpu.to_host(S), S0) < tol and rel(gpu.to_host(SX), SX0) < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("p", [3, 8])
+def test_fgt_gpu_kernels_match_array_code(d, p, rng, monkeypatch):
+    """kernels/fgt.cu's Hermite coefficients and cases III and IV (as well as the
+    per-target passes) against the NumPy array code, with the dissertation's
+    cutoff of 5 points so that every case has many box pairs in 1-3 D, with
+    separate targets too; float64 to 1e-10, float32 to 1e-4 of the largest sum."""
+    from gpuembed.nbody import fgt as fgt_module
+    gpu = get_backend("gpu")
+    X = np.concatenate([rng.normal(size=(600, d)), rng.normal(size=(200, d)) * 3.0 + 4.0,
+                        rng.uniform(-15, 15, (150, d))])
+    Y = rng.uniform(-6, 8, (150, d))
+    q = rng.normal(size=(len(X), 3))
+    pairs = []
+    compiled = fgt_module._hermite_to_taylor_compiled
+    monkeypatch.setattr(fgt_module, "_hermite_to_taylor_compiled",
+                        lambda *args: (pairs.append(len(args[4])), compiled(*args)))
+    for targets in (None, Y):
+        G0 = fgt_module.fgt(CPU, X, q, Y=targets, p=p, reference=True, cutoff=fgt_module.CUTOFF)
+        for dtype, tol in ((np.float64, 1e-10), (np.float32, 1e-4)):
+            G = fgt_module.fgt(gpu, gpu.asarray(X, dtype), gpu.asarray(q, dtype),
+                               Y=None if targets is None else gpu.asarray(targets, dtype),
+                               p=p, cutoff=fgt_module.CUTOFF)
+            assert np.abs(gpu.to_host(G) - G0).max() < tol * np.abs(G0).max()
+    assert sum(pairs) > 100
 
 
 @pytest.mark.gpu

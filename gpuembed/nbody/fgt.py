@@ -20,10 +20,14 @@ grows with the expansion's p^d terms):
 Expansions have order p in each dimension (p^d terms).  The array code is
 vectorized over box pairs and points (no Python loop over points), in chunks
 of bounded memory, against ``xp``: the same code runs with NumPy and CuPy, and
-all of it is the reference (``reference=True``).  The GPU runs cases I and II
-and the Taylor series at the targets per target in kernels/fgt.cu; the CPU
-runs everything compiled (fgt_cpu.py; 6-8x the array code on 200,000 points
-at p = 8).
+all of it is the reference (``reference=True``).  Otherwise every pass runs
+compiled, per box or per target: on the CPU in fgt_cpu.py (6-8x the array code
+on 200,000 points at p = 8), on the GPU in kernels/fgt.cu.  The GPU ran the
+Hermite coefficients and cases III and IV by the array code until b36ba14: on
+an H100 one FGT sum of 200,000 clustered 2-D points took 0.11-0.25 s (the exact
+kernel 0.018 s), and EE of 1e6 points 0.2 s to 4 s per iteration as its layout
+spread; such layouts make 40-200 chunks of sparse one-hot and batched products
+per sum.  The kernels that replace them have run on the CUDA emulator only.
 """
 from __future__ import annotations
 
@@ -211,10 +215,9 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False, cutoff=None):
     and targets Y (M, d) (default: X, self pair included), d <= 3, by the FGT of
     order p, boxes of ``cutoff`` points or more expanded (default :func:`box_cutoff`).
 
-    Cases I and II run per target (kernels/fgt.cu on the GPU, fgt_cpu.py on the
-    CPU); on the CPU the Hermite coefficients, cases III and IV and the Taylor
-    series at the targets are compiled too.  ``reference=True`` runs everything
-    by the array code (the NumPy reference of both)."""
+    Every pass runs compiled (fgt_cpu.py on the CPU, kernels/fgt.cu on the GPU);
+    ``reference=True`` runs everything by the array code (the NumPy reference
+    of both)."""
     xp = be.xp
     targets = X if Y is None else Y
     d = X.shape[1]
@@ -233,14 +236,14 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False, cutoff=None):
     inv_fact = xp.asarray([1.0 / math.factorial(k) for k in range(p)], dtype=X.dtype)
     out = xp.zeros((len(targets), n_q), dtype=X.dtype)          # in tgt's sorted order
     taylor = xp.zeros((tgt.n_big, pd, n_q), dtype=X.dtype)
-    array_code = be.is_gpu or reference
-    hermite = (_hermite_coefficients if array_code else _hermite_coefficients_cpu)(
+    hermite = (_hermite_coefficients if reference else _hermite_coefficients_compiled)(
         be, src, q, p, inv_fact)
 
     offsets, rows = _neighbourhood(p, d, xp)
     shape_arr = xp.asarray(shape)
     # Box pairs (b, c) from the target boxes' occupied neighbours (the offsets are
-    # symmetric); when cases I and II run per target, only big target boxes.
+    # symmetric); when cases I and II run per target (compiled), only big target
+    # boxes.
     boxes_c = xp.arange(len(tgt.key)) if reference else xp.flatnonzero(tgt.big)
     pairs = []
     for chunk in _spans(len(boxes_c), len(offsets)):
@@ -252,19 +255,17 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False, cutoff=None):
         c = xp.broadcast_to(boxes_c[chunk, None], hit.shape)[hit]
         b = pos[hit]
         sb, tb = src.big[b], tgt.big[c]
-        if not array_code:          # the compiled cases take all pairs at once, below
+        if not reference:           # the compiled cases take all pairs at once, below
             pairs.append((b, c, sb))
             continue
-        cases = [(_taylor_accumulate, ~sb & tb), (_hermite_to_taylor, sb & tb)]
-        if reference:
-            cases += [(_direct, ~sb & ~tb), (_hermite_eval, sb & ~tb)]
-        for case, mask in cases:
+        for case, mask in ((_taylor_accumulate, ~sb & tb), (_hermite_to_taylor, sb & tb),
+                           (_direct, ~sb & ~tb), (_hermite_eval, sb & ~tb)):
             if bool(mask.any()):
                 case(be, src, tgt, q, b[mask], c[mask], p, inv_fact, hermite, taylor, out)
     if pairs:
-        b, c, sb = (np.concatenate(parts) for parts in zip(*pairs))
-        for case, mask in ((_taylor_accumulate_cpu, ~sb), (_hermite_to_taylor_cpu, sb)):
-            if mask.any():
+        b, c, sb = (xp.concatenate(parts) for parts in zip(*pairs))
+        for case, mask in ((_taylor_accumulate_compiled, ~sb), (_hermite_to_taylor_compiled, sb)):
+            if bool(mask.any()):
                 case(be, src, tgt, q, b[mask], c[mask], p, inv_fact, hermite, taylor, out)
 
     if reference:
@@ -298,12 +299,27 @@ def _hermite_coefficients(be, src, q, p, inv_fact):
     return A
 
 
-def _hermite_coefficients_cpu(be, src, q, p, inv_fact):
-    """:func:`_hermite_coefficients` compiled (fgt_cpu.py), one big box per thread."""
-    A = np.zeros((src.n_big, p**src.points.shape[1], q.shape[1]), dtype=src.points.dtype)
-    hermite_coefficients(np.flatnonzero(src.big), src.start, src.count, src.points,
-                         src.center, q, inv_fact, A)
+def _hermite_coefficients_compiled(be, src, q, p, inv_fact):
+    """:func:`_hermite_coefficients` compiled, one big box per thread (fgt_cpu.py)
+    or per block (kernels/fgt.cu)."""
+    xp = be.xp
+    A = xp.zeros((src.n_big, p**src.points.shape[1], q.shape[1]), dtype=src.points.dtype)
+    big = xp.flatnonzero(src.big)
+    if not be.is_gpu:
+        hermite_coefficients(big, src.start, src.count, src.points, src.center, q, inv_fact, A)
+    elif len(big):
+        _launch_per_box(be, "fgt_hermite_coefficients", src.points.shape[1], p, A, len(big),
+                        (big, src.start, src.count, src.points, src.center, q, inv_fact, A))
     return A
+
+
+def _launch_per_box(be, name, d, p, coefficients, boxes, args):
+    """kernels/fgt.cu's ``name``: one block per box, a thread per coefficient of
+    ``coefficients`` (boxes, p^d, Q)."""
+    pd, n_q = coefficients.shape[1], coefficients.shape[2]
+    kernel = be.kernel("fgt.cu", name, coefficients.dtype,
+                       {"FGT_DIM": d, "FGT_P": p, "FGT_Q": n_q})
+    kernel((boxes,), (min(256, -(-pd // 32) * 32),), args)
 
 
 def _direct(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out):
@@ -377,38 +393,54 @@ def _hermite_to_taylor(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out)
         taylor += _group_sum(be, tgt.big_index[cc], C.reshape(n, p**d, n_q), tgt.n_big)
 
 
-def _runs(keys):
+def _runs(xp, keys):
     """Start of every run of equal sorted ``keys``, and len(keys) at the end."""
-    return np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1], [True]]))
+    edge = xp.ones(len(keys) + 1, dtype=bool)
+    edge[1:-1] = keys[1:] != keys[:-1]
+    return xp.flatnonzero(edge)
 
 
-def _taylor_accumulate_cpu(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out):
-    """Case III compiled (fgt_cpu.py): the pairs grouped by target box, each
-    box's coefficients accumulated by one thread."""
-    order = np.argsort(c, kind="stable")
+def _taylor_accumulate_compiled(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out):
+    """Case III compiled: the pairs grouped by target box, each box's
+    coefficients accumulated by one thread (fgt_cpu.py) or block (kernels/fgt.cu)."""
+    xp = be.xp
+    order = xp.argsort(c, kind="stable")
     b, c = b[order], c[order]
-    first = _runs(c)
+    first = _runs(xp, c)
     boxes = c[first[:-1]]
-    taylor_from_sources(first, b, src.start, src.count, src.points, tgt.center[boxes], q,
-                        inv_fact, tgt.big_index[boxes], taylor)
+    args = (first, b, src.start, src.count, src.points, tgt.center[boxes], q, inv_fact,
+            tgt.big_index[boxes], taylor)
+    if be.is_gpu:
+        _launch_per_box(be, "fgt_taylor_from_sources", src.points.shape[1], p, taylor,
+                        len(boxes), args)
+    else:
+        taylor_from_sources(*args)
 
 
-def _hermite_to_taylor_cpu(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out):
-    """Case IV compiled (fgt_cpu.py): the pairs grouped by target box, each
-    box's coefficients accumulated by one thread.  Box centres differ by whole
-    boxes, so the 1-D translation matrices come from a table over the offsets.
-    Multi-scale SNE on Fashion-MNIST 20k (p = 8) spent two thirds of its FGT time
-    in the array code of this case."""
+def _hermite_to_taylor_compiled(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out):
+    """Case IV compiled: the pairs grouped by target box, each box's coefficients
+    accumulated by one thread (fgt_cpu.py) or block (kernels/fgt.cu).  Box
+    centres differ by whole boxes, so the 1-D translation matrices come from a
+    table over the offsets.  Multi-scale SNE on Fashion-MNIST 20k (p = 8) spent
+    two thirds of its CPU FGT time in the array code of this case."""
+    xp = be.xp
     offset = tgt.cell[c] - src.cell[b]
-    order = np.lexsort((offset[:, 0], c))                      # by box, then first offset
+    order = xp.lexsort(xp.stack([offset[:, 0], c]))          # by box, then first offset
     b, c, offset = b[order], c[order], offset[order]
-    first = _runs(c)
-    reach = int(np.abs(offset).max())
-    M = _translation_matrices(np, np.arange(-reach, reach + 1) * SIDE, p, inv_fact)
+    first = _runs(xp, c)
+    reach = int(xp.abs(offset).max())
+    M = _translation_matrices(xp, xp.arange(-reach, reach + 1) * SIDE, p, inv_fact)
+    boxes = tgt.big_index[c[first[:-1]]]
+    if be.is_gpu:
+        _launch_per_box(be, "fgt_hermite_to_taylor", src.points.shape[1], p, taylor,
+                        len(boxes), (first, src.big_index[b], offset + reach, hermite,
+                                     xp.ascontiguousarray(M, dtype=hermite.dtype), boxes,
+                                     taylor))
+        return
+    # The CPU loop contracts rows of p^d coefficients per charge column.
     T = np.ascontiguousarray(taylor.transpose(0, 2, 1))
     hermite_to_taylor(first, src.big_index[b], offset + reach,
-                      np.ascontiguousarray(hermite.transpose(0, 2, 1)), M,
-                      tgt.big_index[c[first[:-1]]], T)
+                      np.ascontiguousarray(hermite.transpose(0, 2, 1)), M, boxes, T)
     taylor[...] = T.transpose(0, 2, 1)
 
 
