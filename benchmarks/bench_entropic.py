@@ -31,9 +31,11 @@ def entropy_error(P):
     return float(np.abs(H - np.log(K)).max())
 
 
-def ours(be, sqdist, indices, method, order, parallel=True, sync=lambda: None, repeat=3):
+def ours(be, sqdist, indices, method, order, parallel=True, sync=lambda: None, repeat=3,
+         gpu_kernel=True):
     """Root finding only (the neighbours are given), as the anchors are timed;
-    best of ``repeat`` runs (one for the slow sequential orders)."""
+    best of ``repeat`` runs (one for the slow sequential orders); on the GPU by
+    kernels/entropic.cu or (``gpu_kernel=False``) the array code on CuPy."""
     xp = be.xp
     sq = be.asarray(sqdist, dtype=np.float64)
     shifted = sq - sq.min(axis=1, keepdims=True)
@@ -43,11 +45,13 @@ def ours(be, sqdist, indices, method, order, parallel=True, sync=lambda: None, r
         start = time.perf_counter()
         lo, hi = rootfinding.log_beta_bounds(xp, shifted, Kn)
         alpha, entropy, n_iter = solve_rows(be, shifted, Kn, lo, hi, method, order, 1e-10,
-                                            (sqdist, indices), parallel=parallel)
+                                            (sqdist, indices), parallel=parallel,
+                                            gpu_kernel=gpu_kernel)
         sync()
         seconds = min(seconds, time.perf_counter() - start)
     err = float(be.to_host(xp.abs(entropy - np.log(K)).max()))
     return {"method": method, "order": order, "mode": "parallel" if parallel else "sequential",
+            "code": "kernel" if gpu_kernel or not be.is_gpu else "array code",
             "seconds": seconds, "evaluations_per_point": float(be.to_host(n_iter.mean())),
             "max_entropy_error": err}
 
@@ -109,12 +113,19 @@ def run_cpu(sqdist, indices, sequential):
 def run_gpu(sqdist, indices):
     be = ge.get_backend("gpu")
     sync = device_sync(be)
-    ours(be, sqdist[:1000], indices[:1000] % 1000, "newton", "bounds", sync=sync)   # compile
+    for gpu_kernel in (True, False):                                                # compile
+        ours(be, sqdist[:1000], indices[:1000] % 1000, "newton", "bounds", sync=sync,
+             gpu_kernel=gpu_kernel)
     table = []
     for order in orders.ORDERS:
         for method in rootfinding.METHODS:
             table.append(ours(be, sqdist, indices, method, order, sync=sync))
             print("gpu", table[-1], flush=True)
+    # The issue's choice between the kernel and the same steps as CuPy array code.
+    array_code = [ours(be, sqdist, indices, method, order, sync=sync, gpu_kernel=False)
+                  for order in ("bounds", "dk") for method in rootfinding.METHODS]
+    for r in array_code:
+        print("gpu array code", r, flush=True)
     # 1,000,000 rows: Fashion-MNIST's rows tiled, indices offset per copy.
     n, copies = sqdist.shape[0], -(-1_000_000 // sqdist.shape[0])
     big_sq = np.tile(sqdist, (copies, 1))[:1_000_000]
@@ -123,7 +134,8 @@ def run_gpu(sqdist, indices):
            for order in ("bounds", "dk") for method in ("newton", "euler")]
     for r in big:
         print("gpu 1M", r)
-    return {"n": sqdist.shape[0], "k": sqdist.shape[1], "gpu": table, "gpu_1M_rows": big}
+    return {"n": sqdist.shape[0], "k": sqdist.shape[1], "gpu": table,
+            "gpu_array_code": array_code, "gpu_1M_rows": big}
 
 
 def main(argv=None):

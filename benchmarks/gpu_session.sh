@@ -16,6 +16,12 @@
 #
 # Several parts may share one call: bash benchmarks/gpu_session.sh tests bench
 # (those two leave 8 files in $OUT, as many as come back from one call).
+# Wall times on the H100 at b36ba14 (30 minutes of device time held all but
+# the first two parts' JSON short): tests 150 s, bench 90 s, spectral 77 s,
+# mac 138 s; embedding over 300 s (Fashion-MNIST 70k alone, EE sd/gd and
+# seven t-SNE optimizers: 185 s), large over 285 s (its FGT since replaced),
+# msne over 190 s.  A part's JSON is written at its end: give embedding,
+# large and msne a call each, or narrow them.
 #
 # Fashion-MNIST travels with the working tree: before the first call, here,
 #   mkdir -p .fmnist && cp /usr/share/datasets/fashion-mnist/*.gz .fmnist/
