@@ -264,11 +264,12 @@ def _select_launch(be, D, offset, skip, m, segments):
     b, n = D.shape
     values = xp.empty((b, segments * m), dtype=D.dtype)
     columns = xp.empty((b, segments * m), dtype=xp.int64)
+    bound = xp.full(b, np.iinfo(np.uint64).max, dtype=xp.uint64)   # shared by a row's segments
     warps = _warps_per_block(m)
     kernel = be.kernel("knn_select.cu", "knn_select", D.dtype,
                        defines={"KNN_MAX_K": _pow2(m), "KNN_WARPS": warps})
     grid = ((b + warps - 1) // warps, segments)
-    kernel(grid, (32 * warps,), (D, offset, skip, np.int64(b), np.int64(n), np.int32(m),
+    kernel(grid, (32 * warps,), (D, offset, skip, bound, np.int64(b), np.int64(n), np.int32(m),
                                  values, columns))
     return values, columns
 

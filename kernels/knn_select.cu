@@ -20,6 +20,17 @@
 // m log(N / m) per row), so the scan runs at the speed of reading D.  An
 // earlier version kept a sorted list of m pairs per lane in local memory: at
 // m = 98 the lists overflowed the L1 cache and a 1e6-point k-NN took minutes.
+// The segments of one row share a bound, bound[row]: a warp whose list is full
+// lowers it (atomicMin) to its last value, and every warp of the row skips the
+// values above it, which no segment's list needs (the warp that set it holds m
+// values at or below it).  Without it each segment paid its own m ln(L / m)
+// insertions (L its columns): at 1e6 columns in 62 segments about 37,000 per
+// row against 31,000 reads of 32 columns, and on an H100 the selection took
+// 6.9 ms per block of 268 rows, some 20x the time to read the block.  A
+// segment's list may then end with fewer than m entries (infinite values); the
+// merge of the segments' winners still finds the m best.  Values are compared
+// as order-preserving unsigned keys (negative floats too: D + offset is
+// |x - y|^2 - |x|^2).
 // Pairs compare lexicographically, so ties are resolved by column index and
 // the output is deterministic.  Used by gpuembed/neighbors.py (_select_gpu);
 // the NumPy reference is _select_cpu.
@@ -43,6 +54,17 @@ template <> __device__ __forceinline__ double knn_inf<double>() {
     return __longlong_as_double(0x7ff0000000000000LL);
 }
 
+// Unsigned keys in the order of the values (the sign bit flipped, or all bits
+// for negatives), widened to 64 bits for one atomicMin for both types.
+__device__ __forceinline__ unsigned long long knn_key(float v) {
+    const unsigned u = (unsigned)__float_as_int(v);
+    return (u >> 31) ? (unsigned long long)(~u) : (unsigned long long)(u | 0x80000000u);
+}
+__device__ __forceinline__ unsigned long long knn_key(double v) {
+    const unsigned long long u = (unsigned long long)__double_as_longlong(v);
+    return (u >> 63) ? ~u : (u | 0x8000000000000000ULL);
+}
+
 template <typename T>
 __device__ __forceinline__ bool knn_less(T a, long long ia, T b, long long ib) {
     return a < b || (a == b && ia < ib);
@@ -50,7 +72,8 @@ __device__ __forceinline__ bool knn_less(T a, long long ia, T b, long long ib) {
 
 template <typename T>
 __global__ void knn_select(const T* __restrict__ D, const T* __restrict__ offset,
-                           const long long* __restrict__ skip, long long n_rows,
+                           const long long* __restrict__ skip,
+                           unsigned long long* __restrict__ bound, long long n_rows,
                            long long n_cols, int m, T* __restrict__ out_val,
                            long long* __restrict__ out_idx) {
     __shared__ T list_val[KNN_WARPS][KNN_MAX_K];
@@ -72,11 +95,17 @@ __global__ void knn_select(const T* __restrict__ D, const T* __restrict__ offset
     const long long start = seg * n_cols / gridDim.y, stop = (seg + 1) * n_cols / gridDim.y;
     const T* d = D + row * n_cols;
     const long long own = skip[row];
+    volatile unsigned long long* shared_bound = bound + row;
+    unsigned long long row_bound = *shared_bound;
     for (long long base = start; base < stop; base += 32) {
+        // Other segments' progress, every 32 reads (the bound lives in L2).
+        if (((base - start) & 1023) == 0) row_bound = *shared_bound;
         const long long j = base + lane;
         const bool take = j < stop && j != own;
         const T v = take ? d[j] + offset[j] : knn_inf<T>();
-        unsigned pending = __ballot_sync(0xffffffffu, take && knn_less(v, j, last_v, last_i));
+        unsigned pending = __ballot_sync(
+            0xffffffffu, take && knn_less(v, j, last_v, last_i) && knn_key(v) <= row_bound);
+        const bool inserts = pending != 0;
         while (pending) {
             const int src = __ffs(pending) - 1;
             pending &= pending - 1;
@@ -110,6 +139,13 @@ __global__ void knn_select(const T* __restrict__ D, const T* __restrict__ offset
             last_v = val[m - 1];
             last_i = idx[m - 1];
         }
+        if (inserts && last_i != KNN_NO_INDEX) {      // the list is full: share its bar
+            const unsigned long long key = knn_key(last_v);
+            if (key < row_bound) {
+                row_bound = key;
+                if (lane == 0) atomicMin(bound + row, key);
+            }
+        }
     }
     for (int t = lane; t < m; t += 32) {
         out_val[(row * gridDim.y + seg) * m + t] = val[t];
@@ -117,7 +153,9 @@ __global__ void knn_select(const T* __restrict__ D, const T* __restrict__ offset
     }
 }
 
-template __global__ void knn_select<float>(const float*, const float*, const long long*, long long,
-                                           long long, int, float*, long long*);
+template __global__ void knn_select<float>(const float*, const float*, const long long*,
+                                           unsigned long long*, long long, long long, int,
+                                           float*, long long*);
 template __global__ void knn_select<double>(const double*, const double*, const long long*,
-                                            long long, long long, int, double*, long long*);
+                                            unsigned long long*, long long, long long, int,
+                                            double*, long long*);

@@ -8,6 +8,8 @@
 //   __syncthreads()       waits for every thread of the block;
 //   __shfl_*_sync(...), __ballot_sync(...), __syncwarp()
 //                         wait for the 32 lanes of its warp (full masks only).
+// atomicMin (unsigned long long) is a plain read-modify-write: no fiber
+// switches inside it.
 // Misuse that is undefined behaviour on a GPU is reported, not guessed at:
 // a __syncthreads() that some threads reach after others exited, a shuffle
 // with lanes that exited or with a partial mask, and any deadlock.  Dynamic
@@ -259,6 +261,7 @@ constexpr const char* type_code() {
         else if constexpr (std::is_same_v<P, int>) return "*i4";
         else if constexpr (std::is_same_v<P, bool>) return "*b1";
         else if constexpr (std::is_same_v<P, unsigned char>) return "*u1";
+        else if constexpr (std::is_same_v<P, unsigned long long>) return "*u8";
         else return "*?";
     } else if constexpr (std::is_same_v<U, float>) return "f4";
     else if constexpr (std::is_same_v<U, double>) return "f8";
@@ -345,6 +348,12 @@ inline unsigned __ballot_sync(unsigned mask, int predicate) {
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { emu::shuffle(mask, 0, 0); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+// Fibers switch only at barriers and shuffles, so a plain read-modify-write is atomic.
+inline unsigned long long atomicMin(unsigned long long* address, unsigned long long value) {
+    const unsigned long long old = *address;
+    if (value < old) *address = value;
+    return old;
+}
 
 // The fast intrinsics as the GPU computes them: __expf is ex2.approx of x log2(e)
 // rounded to float (a relative error growing with |x|), __fdividef a reciprocal

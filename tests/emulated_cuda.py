@@ -42,7 +42,7 @@ MAX_SHARED_BYTES = 48 * 1024        # without the opt-in attribute, as CuPy laun
 MAX_GRID = (2**31 - 1, 65535, 65535)
 
 _DTYPES = {"f4": np.float32, "f8": np.float64, "i8": np.int64, "i4": np.int32,
-           "u4": np.uint32, "b1": np.bool_, "u1": np.uint8}
+           "u4": np.uint32, "b1": np.bool_, "u1": np.uint8, "u8": np.uint64}
 _SCALARS = {"f4": ctypes.c_float, "f8": ctypes.c_double, "i8": ctypes.c_longlong,
             "i4": ctypes.c_int, "u4": ctypes.c_uint, "b1": ctypes.c_bool}
 
