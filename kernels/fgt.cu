@@ -54,9 +54,10 @@ constexpr int fgt_terms() {
 constexpr int FGT_TERMS = fgt_terms();   // p^d coefficients per charge column
 
 // acc[q] += sum_alpha prod_i factors[i][alpha_i] * coef[alpha, q]: a Hermite
-// series (factors h_k(u_i)) or a Taylor series (factors u_i^k) at one point.
+// series (factors h_k(u_i)) or a Taylor series (factors u_i^k) at one point, or
+// one row of case IV's translation (factors M[o_i, beta_i, :]).
 template <typename T>
-__device__ __forceinline__ void fgt_series_add(const T (&factors)[FGT_DIM][FGT_P],
+__device__ __forceinline__ void fgt_series_add(const T* const (&factors)[FGT_DIM],
                                                const T* __restrict__ coef, T (&acc)[FGT_Q]) {
     for (int alpha = 0; alpha < FGT_TERMS; ++alpha) {
         int rest = alpha;
@@ -161,16 +162,7 @@ __global__ void fgt_hermite_to_taylor(
             const T* row[FGT_DIM];
             for (int i = 0; i < FGT_DIM; ++i)
                 row[i] = M + offset[k * FGT_DIM + i] * PP + digit[i] * FGT_P;
-            const T* A = hermite + source[k] * (long long)FGT_TERMS * FGT_Q;
-            for (int alpha = 0; alpha < FGT_TERMS; ++alpha) {
-                int rest = alpha;
-                T factor = 1;
-                for (int i = FGT_DIM - 1; i >= 0; --i) {
-                    factor *= row[i][rest % FGT_P];
-                    rest /= FGT_P;
-                }
-                for (int q = 0; q < FGT_Q; ++q) acc[q] += factor * A[alpha * FGT_Q + q];
-            }
+            fgt_series_add(row, hermite + source[k] * (long long)FGT_TERMS * FGT_Q, acc);
         }
         T* C = taylor + (target[g] * FGT_TERMS + beta) * FGT_Q;
         for (int q = 0; q < FGT_Q; ++q) C[q] += acc[q];
@@ -236,7 +228,10 @@ __global__ void fgt_small_targets(
                     for (int k = 1; k + 1 < FGT_P; ++k)
                         h[i][k + 1] = 2 * u * h[i][k] - 2 * k * h[i][k - 1];
                 }
-                fgt_series_add(h, hermite + src_big_index[b] * (long long)FGT_TERMS * FGT_Q, acc);
+                const T* rows_h[FGT_DIM];
+                for (int i = 0; i < FGT_DIM; ++i) rows_h[i] = h[i];
+                fgt_series_add(rows_h, hermite + src_big_index[b] * (long long)FGT_TERMS * FGT_Q,
+                               acc);
             }
         }
     }
@@ -261,7 +256,9 @@ __global__ void fgt_taylor_targets(
     }
     T acc[FGT_Q];
     for (int q = 0; q < FGT_Q; ++q) acc[q] = 0;
-    fgt_series_add(powers, taylor + tgt_big_index[box] * (long long)FGT_TERMS * FGT_Q, acc);
+    const T* rows_p[FGT_DIM];
+    for (int i = 0; i < FGT_DIM; ++i) rows_p[i] = powers[i];
+    fgt_series_add(rows_p, taylor + tgt_big_index[box] * (long long)FGT_TERMS * FGT_Q, acc);
     for (int q = 0; q < FGT_Q; ++q) out[t * FGT_Q + q] += acc[q];
 }
 
