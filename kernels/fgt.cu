@@ -70,10 +70,12 @@ __device__ __forceinline__ void fgt_series_add(const T* const (&factors)[FGT_DIM
     }
 }
 
-// Digit i (the first dimension most significant) of the flat multi-index alpha.
-__device__ __forceinline__ int fgt_digit(int alpha, int i) {
-    for (int j = FGT_DIM - 1; j > i; --j) alpha /= FGT_P;
-    return alpha % FGT_P;
+// The digits of the flat multi-index alpha, the first dimension most significant.
+__device__ __forceinline__ void fgt_digits(int alpha, int (&digit)[FGT_DIM]) {
+    for (int i = FGT_DIM - 1; i >= 0; --i) {
+        digit[i] = alpha % FGT_P;
+        alpha /= FGT_P;
+    }
 }
 
 // h_k(u) = exp(-u^2) H_k(u) by the Hermite recurrence.
@@ -100,9 +102,8 @@ __global__ void fgt_hermite_coefficients(
     const long long end = start[b] + count[b];
     for (int alpha = threadIdx.x; alpha < FGT_TERMS; alpha += blockDim.x) {
         int digit[FGT_DIM];
-        for (int i = 0; i < FGT_DIM; ++i) digit[i] = fgt_digit(alpha, i);
-        T acc[FGT_Q];
-        for (int q = 0; q < FGT_Q; ++q) acc[q] = 0;
+        fgt_digits(alpha, digit);
+        T acc[FGT_Q] = {};
         for (long long m = start[b]; m < end; ++m) {
             T mono = 1;
             for (int i = 0; i < FGT_DIM; ++i) {
@@ -127,9 +128,8 @@ __global__ void fgt_taylor_from_sources(
     const long long g = blockIdx.x;
     for (int beta = threadIdx.x; beta < FGT_TERMS; beta += blockDim.x) {
         int digit[FGT_DIM];
-        for (int i = 0; i < FGT_DIM; ++i) digit[i] = fgt_digit(beta, i);
-        T acc[FGT_Q];
-        for (int q = 0; q < FGT_Q; ++q) acc[q] = 0;
+        fgt_digits(beta, digit);
+        T acc[FGT_Q] = {};
         for (long long k = first[g]; k < first[g + 1]; ++k) {
             const long long b = source[k], end = start[b] + count[b];
             for (long long m = start[b]; m < end; ++m) {
@@ -154,9 +154,8 @@ __global__ void fgt_hermite_to_taylor(
     constexpr int PP = FGT_P * FGT_P;
     for (int beta = threadIdx.x; beta < FGT_TERMS; beta += blockDim.x) {
         int digit[FGT_DIM];
-        for (int i = 0; i < FGT_DIM; ++i) digit[i] = fgt_digit(beta, i);
-        T acc[FGT_Q];
-        for (int q = 0; q < FGT_Q; ++q) acc[q] = 0;
+        fgt_digits(beta, digit);
+        T acc[FGT_Q] = {};
         for (long long k = first[g]; k < first[g + 1]; ++k) {
             // Row beta_i of each dimension's translation matrix for this pair.
             const T* row[FGT_DIM];
