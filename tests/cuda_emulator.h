@@ -8,8 +8,9 @@
 //   __syncthreads()       waits for every thread of the block;
 //   __shfl_*_sync(...), __ballot_sync(...), __syncwarp()
 //                         wait for the 32 lanes of its warp (full masks only).
-// atomicMin (unsigned long long) is a plain read-modify-write: no fiber
-// switches inside it.
+// The atomics (atomicMin of unsigned long long, atomicAdd of unsigned int) are
+// plain read-modify-writes: no fiber switches inside them; __threadfence() is
+// a no-op, since blocks run one after another.
 // Misuse that is undefined behaviour on a GPU is reported, not guessed at:
 // a __syncthreads() that some threads reach after others exited, a shuffle
 // with lanes that exited or with a partial mask, and any deadlock.  Dynamic
@@ -261,6 +262,7 @@ constexpr const char* type_code() {
         else if constexpr (std::is_same_v<P, int>) return "*i4";
         else if constexpr (std::is_same_v<P, bool>) return "*b1";
         else if constexpr (std::is_same_v<P, unsigned char>) return "*u1";
+        else if constexpr (std::is_same_v<P, unsigned int>) return "*u4";
         else if constexpr (std::is_same_v<P, unsigned long long>) return "*u8";
         else return "*?";
     } else if constexpr (std::is_same_v<U, float>) return "f4";
@@ -354,6 +356,12 @@ inline unsigned long long atomicMin(unsigned long long* address, unsigned long l
     if (value < old) *address = value;
     return old;
 }
+inline unsigned atomicAdd(unsigned* address, unsigned value) {
+    const unsigned old = *address;
+    *address = old + value;
+    return old;
+}
+inline void __threadfence() {}
 
 // The fast intrinsics as the GPU computes them: __expf is ex2.approx of x log2(e)
 // rounded to float (a relative error growing with |x|), __fdividef a reciprocal

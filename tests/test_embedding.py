@@ -173,36 +173,70 @@ def test_compiled_csr_product_equals_scipy(rng, dtype, k):
                                atol=1e-6 if dtype == np.float32 else 1e-14)
 
 
+def _cg_system(rng, k):
+    """A graph Laplacian + 1e-2 I (300 rows), its diagonal, k right-hand sides
+    (of which the first is 0, solved from the start, when k > 1) and X0 = 0."""
+    W = scipy.sparse.random(300, 300, density=0.03, random_state=4, format="csr")
+    W = W + W.T
+    A = (scipy.sparse.diags(np.asarray(W.sum(axis=1)).ravel()) - W
+         + 1e-2 * scipy.sparse.identity(300)).tocsr()
+    B = rng.standard_normal((300, k))
+    B[:, 0] *= k == 1
+    return A, A.diagonal(), B, np.zeros((300, k))
+
+
+# (rtol, step limit): stopped by the tolerance, by the limit, and converged.
+CG_CASES = ((0.1, 50), (1e-12, 3), (1e-12, 2000))
+
+
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_compiled_jacobi_cg_equals_the_array_code(rng, k):
-    """SD's compiled CG (the CPU's) against directions.pcg, the GPU's array code:
-    the same iterates but for the summation order, and both converge to A^-1 B;
-    a column that starts solved stays put."""
+    """SD's compiled CG (the CPU's) against directions.pcg, its array-code
+    reference: the same iterates but for the summation order, and both converge
+    to A^-1 B; a column that starts solved stays put."""
     import scipy.sparse.linalg
 
     from gpuembed.optim.directions import pcg
     from gpuembed.optim.sparse_cpu import jacobi_pcg
 
-    W = scipy.sparse.random(300, 300, density=0.03, random_state=4, format="csr")
-    W = W + W.T
-    A = (scipy.sparse.diags(np.asarray(W.sum(axis=1)).ravel()) - W
-         + 1e-2 * scipy.sparse.identity(300)).tocsr()
-    diag = A.diagonal()
-    B = rng.standard_normal((300, k))
-    B[:, 0] = 0.0                                   # solved from the start (X0 = 0)
-    X0 = np.zeros((300, k))
+    A, diag, B, X0 = _cg_system(rng, k)
     tiny = np.finfo(np.float64).tiny
-    for rtol, steps in ((0.1, 50), (1e-12, 2000), (1e-12, 3)):
+    for rtol, steps in CG_CASES:
         ref = pcg(np, lambda V: A @ V, B, X0, lambda R: R / diag[:, None], rtol, steps)
         got = jacobi_pcg(A.indptr, A.indices, A.data, diag, B, X0, rtol, steps, tiny)
         np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
-        assert not got[:, 0].any()
+        assert k == 1 or not got[:, 0].any()
     exact = scipy.sparse.linalg.spsolve(A.tocsc(), B)
     np.testing.assert_allclose(jacobi_pcg(A.indptr, A.indices, A.data, diag, B, X0, 1e-12,
                                           2000, tiny), exact.reshape(300, k), rtol=1e-8,
                                atol=1e-8 * np.abs(exact).max())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_gpu_jacobi_cg_equals_the_array_code(rng, k):
+    """kernels/cg.cu against directions.pcg: float64 to 1e-9 whether the
+    tolerance (at a step that is no multiple of the host's check interval) or
+    the step limit stops it, float32 to 1e-4; a solved column stays put, and a
+    second run gives the same bits (the sums are reduced in a fixed order)."""
+    from gpuembed.optim.directions import pcg
+    from gpuembed.optim.sparse_gpu import CHECK_EVERY, jacobi_pcg_gpu
+
+    gpu = ge.get_backend("gpu")
+    A, diag, B, X0 = _cg_system(rng, k)
+    for rtol, steps in CG_CASES:
+        ref = pcg(np, lambda V: A @ V, B, X0, lambda R: R / diag[:, None], rtol, steps)
+        for dtype, tol in ((np.float64, 1e-9), (np.float32, 1e-4)):
+            Ad = gpu.sparse.csr_matrix(A.astype(dtype))
+            run = lambda: gpu.to_host(jacobi_pcg_gpu(
+                gpu, Ad.indptr, Ad.indices, Ad.data, gpu.asarray(diag, dtype),
+                gpu.asarray(B, dtype), gpu.asarray(X0, dtype), rtol, steps,
+                np.finfo(dtype).tiny))
+            got = run()
+            assert got.dtype == dtype
+            np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())
+            assert k == 1 or not got[:, 0].any()
+            np.testing.assert_array_equal(run(), got)
 def test_sparsify_keeps_each_rows_largest_weights(rng):
     """Against a dense per-row reference: rows shorter than kappa kept whole, ties
     (weights drawn from a few values) resolved to the earlier column, then the

@@ -35,6 +35,7 @@ import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
 from .sparse_cpu import csr_times, jacobi_pcg, largest_per_row
+from .sparse_gpu import jacobi_pcg_gpu
 
 try:
     import cholespy as _cholespy
@@ -67,7 +68,9 @@ CG_TOL, CG_MAXITER = 0.1, 50
 
 def pcg(xp, matvec, B, X0, precond, rtol, maxiter):
     """Preconditioned linear CG for A X = B, all columns at once (independent
-    systems sharing A), warm-started from X0; ``precond(R)`` applies M^-1."""
+    systems sharing A), warm-started from X0; ``precond(R)`` applies M^-1.
+    SD-'s solver, and the reference of SD's (sparse_cpu.jacobi_pcg on the CPU,
+    sparse_gpu.jacobi_pcg_gpu on the GPU)."""
     # Column dot products by einsum: (R * R).sum(axis=0) on an (N, 2) array
     # makes a temporary and reduces across the short axis, 3.5x slower at 70,000.
     coldot = lambda U, V: xp.einsum("ij,ij->j", U, V)
@@ -209,7 +212,7 @@ class Spectral(Direction):
     ``solver="cholesky"``: one sparse factorization cached for all iterations
     (on the CPU see :func:`factorize_cpu`; on the GPU cupyx's ``factorized``).
     ``solver="cg"``: Jacobi-preconditioned CG warm-started from the previous
-    direction, to relative residual ``cg_tol`` (0.1, as SD-'s in seed 002) or
+    direction (compiled on the CPU, kernels/cg.cu on the GPU), to relative residual ``cg_tol`` (0.1, as SD-'s in seed 002) or
     ``cg_maxiter`` (50) steps.  An inexact direction costs little progress per
     iteration and saves most of the solve: Fashion-MNIST 20k, 200 iterations,
     t-SNE (Barnes-Hut) KL 1.860 in 12.3 s with 5.5 products per iteration,
@@ -347,12 +350,12 @@ class Spectral(Direction):
                 P = -self.solve(np.ascontiguousarray(G))
         else:
             x0 = self.previous if self.previous is not None else -G / self.diag[:, None]
+            csr = (self.B.indptr, self.B.indices, self.B.data, self.diag)
             if self.be.is_gpu:
-                P = pcg(self.be.xp, self.times_B, -G, x0, lambda R: R / self.diag[:, None],
-                        self.cg_tol, self.cg_maxiter)
+                P = jacobi_pcg_gpu(self.be, *csr, -G, x0, self.cg_tol, self.cg_maxiter,
+                                   np.finfo(G.dtype).tiny)
             else:
-                P = jacobi_pcg(self.B.indptr, self.B.indices, self.B.data, self.diag,
-                               np.ascontiguousarray(-G), np.ascontiguousarray(x0),
+                P = jacobi_pcg(*csr, np.ascontiguousarray(-G), np.ascontiguousarray(x0),
                                self.cg_tol, self.cg_maxiter, np.finfo(G.dtype).tiny)
         self.previous = P = self._join(P, translation)
         return P
