@@ -161,6 +161,11 @@ def _strict(function, where, params, host_input=False, sequences=True):
             kwargs = {k: _device(v, where, sequences) for k, v in kwargs.items()}
         elif args and not isinstance(args[0], DeviceArray):
             count("uploads")
+            # An upload is a copy: device and host arrays never share memory.
+            result = function(*args, **kwargs)
+            if isinstance(result, np.ndarray) and np.may_share_memory(result, args[0]):
+                result = np.array(result, order="K")
+            return _wrap(result)
         else:
             args = (args[0]._a,) + args[1:]
         return _wrap(function(*args, **kwargs))

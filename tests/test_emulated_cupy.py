@@ -100,6 +100,21 @@ def test_scatter_add_wants_device_arrays():
         emulated_cupy.scatter_add(target, np.array([0, 1]), np.ones(2))
 
 
+def test_uploads_copy():
+    """cupy.asarray of host data is a device copy: writes on either side do not
+    show on the other (NumPy's asarray would share the buffer)."""
+    host = np.arange(4.0)
+    for upload in (xp.asarray, xp.asanyarray, xp.array):
+        device = upload(host)
+        device += 1.0
+        np.testing.assert_array_equal(host, np.arange(4.0))
+        host[0] = 7.0
+        assert device.get()[0] == 1.0
+        host[0] = 0.0
+    fortran = np.asfortranarray(np.ones((2, 3)))
+    assert xp.asarray(fortran).flags.f_contiguous
+
+
 def test_counting_sees_calls_reads_and_their_gpuembed_lines(a):
     from gpuembed.nbody.exact import squared_distances
 
