@@ -11,7 +11,7 @@ Host time per iteration is at least calls x (5-10 us): the floor under each
 iteration's time that no kernel speed removes, to compare with the GPU's
 measured times.  Counts per iteration are the difference between fits of
 FIRST and LAST iterations (setup excluded); the affinities and k-NN are
-counted per call.
+counted per call, the MLP mapping (MAC's F step) per minibatch.
 
     python benchmarks/gpu_call_counts.py      # writes results/gpu_call_counts.json
 """
@@ -70,6 +70,19 @@ def per_iteration(cls, params, X, affinities, be):
     return row
 
 
+def mlp_minibatch(be, X):
+    """One minibatch step of MAC's F step with an MLP (3-256-256-2, batch 100):
+    the counts of one warm-started epoch over its minibatches."""
+    from gpuembed.parametric import MLPMapping
+
+    Z = X[:, :2]
+    mlp = MLPMapping(hidden=(256, 256), initial_epochs=1, epochs=1, random_state=0).fit(X, Z)
+    _, counts, sites = counted(lambda: mlp.fit(X, Z, warm_start=True))
+    batches = -(-X.shape[0] // mlp.batch_size)
+    return {**{k: v / batches for k, v in counts.items()},
+            "top_call_sites": top(sites, "calls", batches)}
+
+
 def run(n):
     be = install()
     X, _ = ge.datasets.swiss_roll(n, random_state=0)
@@ -83,6 +96,7 @@ def run(n):
             **counts, "top_call_sites": top(sites, "calls")}
     _, counts, _ = counted(lambda: ge.knn(X, 90, backend=be))
     figures["per_call"]["knn k=90"] = counts
+    figures["per_call"]["MLP mapping minibatch"] = mlp_minibatch(be, X)
     affinities = ge.entropic_affinities(X, 30.0, backend=be)
     for label, (cls, params) in ESTIMATORS.items():
         figures["per_iteration"][label] = row = per_iteration(cls, params, X, affinities, be)
