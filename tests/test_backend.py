@@ -10,7 +10,8 @@ from gpuembed import backend as backend_module
 from gpuembed.backend import kernel_path, kernel_source
 from conftest import HAS_GPU
 
-KERNEL_FILES = ["barneshut.cu", "entropic.cu", "fgt.cu", "knn_select.cu", "nbody_exact.cu"]
+KERNEL_FILES = ["adam.cu", "barneshut.cu", "cg.cu", "entropic.cu", "fgt.cu", "knn_select.cu",
+                "nbody_exact.cu"]
 
 
 def test_cpu_backend_attributes():
