@@ -61,7 +61,7 @@ def test_lbfgs_step_grows_freely_until_it_has_curvature(small):
     _, G = obj.value_and_grad(Y)
     Y_new = Y - 1e-3 * G
     d.update(Y, Y_new, G, obj.value_and_grad(Y_new)[1])
-    assert len(d.s) == 1
+    assert d.n_pairs == 1
     assert d.initial_step(4.0, grow=True) == 1.0 and d.initial_step(0.25, grow=True) == 0.5
 
 
@@ -380,6 +380,78 @@ def test_spectral_direction_does_not_fling_weakly_linked_clusters(cls, step_size
         assert np.abs(model.embedding_).max() < 100
     else:
         assert capped >= 1          # the unit step along the spectral direction flings
+
+
+def _two_loop(pairs, G):
+    """L-BFGS's two-loop recursion (Nocedal & Wright algorithm 7.4) with H0 =
+    gamma I, over the (s, y) pairs oldest first: the reference of LBFGS."""
+    q, alphas = G.copy(), []
+    for s, y in reversed(pairs):
+        a = np.vdot(s, q) / np.vdot(y, s)
+        q -= a * y
+        alphas.append(a)
+    s, y = pairs[-1]
+    q *= np.vdot(s, y) / np.vdot(y, y)
+    for (s, y), a in zip(pairs, reversed(alphas)):
+        q += (a - np.vdot(y, q) / np.vdot(y, s)) * s
+    return -q
+
+
+def _lbfgs_pairs(rng, n_pairs, shape=(50, 2)):
+    """(X_old, X_new, G_old, G_new) steps of a quadratic with an SPD Hessian, and
+    one step of negative curvature, which L-BFGS must skip."""
+    H = rng.standard_normal((100, 100))
+    H = H @ H.T / 100 + 0.1 * np.eye(100)
+    steps = []
+    for i in range(n_pairs + 1):
+        X = rng.standard_normal(shape)
+        dX = rng.standard_normal(shape)
+        dG = (-dX if i == 3 else (H @ dX.reshape(-1)).reshape(shape))
+        steps.append((X, X + dX, X, X + dG))
+    return steps
+
+
+@pytest.mark.parametrize("m", [1, 3, 20])
+def test_lbfgs_compact_form_equals_the_two_loop_recursion(rng, m):
+    """The compact representation's direction against the two-loop recursion over
+    the m newest accepted pairs, before and after the memory wraps around (8
+    pairs, one rejected); float64 to 1e-10."""
+    from gpuembed.optim.directions import LBFGS
+    import types
+
+    d = LBFGS(types.SimpleNamespace(be=ge.get_backend("cpu")), np.zeros((50, 2)), m=m)
+    G = rng.standard_normal((50, 2))
+    np.testing.assert_array_equal(d(None, G), -G)
+    accepted = []
+    for i, (X0, X1, G0, G1) in enumerate(_lbfgs_pairs(rng, 8)):
+        d.update(X0, X1, G0, G1)
+        if i != 3:
+            accepted.append((X1 - X0, G1 - G0))
+        assert d.n_pairs == min(len(accepted), m)
+        want = _two_loop(accepted[-m:], G)
+        np.testing.assert_allclose(d(None, G), want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
+
+
+@pytest.mark.gpu
+def test_lbfgs_gpu_matches_cpu(rng):
+    """The same pairs and gradient on both backends (float64 to 1e-10, float32
+    to 1e-4), after the memory wrapped around."""
+    from gpuembed.optim.directions import LBFGS
+    import types
+
+    steps, G = _lbfgs_pairs(rng, 8), rng.standard_normal((50, 2))
+    out = {}
+    for name, dtype in (("cpu", np.float64), ("gpu", np.float64), ("gpu", np.float32)):
+        be = ge.get_backend(name)
+        d = LBFGS(types.SimpleNamespace(be=be), None, m=5)
+        for step in steps:
+            d.update(*(be.asarray(a, dtype=dtype) for a in step))
+        got = d(None, be.asarray(G, dtype=dtype))
+        assert got.dtype == dtype
+        out[name, dtype] = be.to_host(got)
+    want = out["cpu", np.float64]
+    for key, tol in ((("gpu", np.float64), 1e-10), (("gpu", np.float32), 1e-4)):
+        np.testing.assert_allclose(out[key], want, rtol=tol, atol=tol * np.abs(want).max())
 
 
 def test_lbfgs_and_cg_survive_vanishing_float32_vectors():

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import scipy.linalg
 import scipy.sparse
 import scipy.sparse.csgraph
 import scipy.sparse.linalg
@@ -383,12 +384,31 @@ class SpectralMinus(Spectral):
 
 
 class LBFGS(Direction):
-    """L-BFGS two-loop recursion with memory m (seed 002 found m = 100 best)."""
+    """L-BFGS with memory m (seed 002 found m = 100 best).
+
+    H g by the compact representation (Byrd, Nocedal & Schnabel 1994; Nocedal
+    & Wright eq. 7.24) with H0 = gamma I, gamma = s.y / y.y of the newest pair:
+    the direction of the two-loop recursion (tests/test_embedding.py keeps that
+    as the reference).  The pairs are the rows of one (m, 2, N d) array, and the
+    products s_i . y_j and y_i . y_j live on the host as m x m tables, one row
+    product per accepted pair; a direction is one product with the rows, an m x m
+    triangular solve on the host and one product back.  On the GPU that is 5
+    calls and one host read whatever m, where the two-loop recursion made 7
+    calls and 3 reads per pair (about 700 and 300 per iteration at m = 100,
+    most of multi-scale SNE's calls: benchmarks/results/gpu_call_counts.json).
+    """
 
     def __init__(self, objective, X, m=100):
         super().__init__(objective, X)
         self.m = check_int(m, "m", 1)
-        self.s, self.y = [], []
+        self.pairs = None               # (m, 2, N d): s_i, y_i in slot i % m
+        self.n_accepted = 0
+        self.sy = np.zeros((self.m, self.m))    # [i, j] = s_i . y_j, slots
+        self.yy = np.zeros((self.m, self.m))
+
+    @property
+    def n_pairs(self):
+        return min(self.n_accepted, self.m)
 
     @property
     def natural_step(self):
@@ -396,24 +416,30 @@ class LBFGS(Direction):
         # natural step: let it grow as GD's does.  Near t-SNE's X = 0 saddle the
         # curvature is negative and rejects every pair; capped at 1 there, L-BFGS
         # crawled (Fashion-MNIST 5k: KL 4.75 after 1,000 iterations).
-        return 1.0 if self.s else math.inf
+        return 1.0 if self.n_pairs else math.inf
+
+    def _rows(self):
+        """The held pairs as (2 k, N d) rows s_0, y_0, s_1, ... by slot."""
+        return self.pairs[:self.n_pairs].reshape(2 * self.n_pairs, -1)
 
     def __call__(self, X, G):
-        xp = self.be.xp
-        q = G.copy()
-        alphas = []
-        for s, y in zip(reversed(self.s), reversed(self.y)):
-            rho = 1.0 / float(xp.vdot(y, s))
-            a = rho * float(xp.vdot(s, q))
-            q -= a * y
-            alphas.append((rho, a))
-        if self.s:
-            s, y = self.s[-1], self.y[-1]
-            q *= float(xp.vdot(s, y)) / float(xp.vdot(y, y))
-        for (s, y), (rho, a) in zip(zip(self.s, self.y), reversed(alphas)):
-            b = rho * float(xp.vdot(y, q))
-            q += (a - b) * s
-        return -q
+        k = self.n_pairs
+        if not k:
+            return -G
+        order = np.arange(self.n_accepted - k, self.n_accepted) % self.m   # oldest first
+        g = G.reshape(-1)
+        ab = self.be.to_host(self._rows() @ g).astype(np.float64).reshape(k, 2)[order]
+        SY = self.sy[np.ix_(order, order)]
+        newest = order[-1]
+        gamma = float(self.sy[newest, newest] / self.yy[newest, newest])
+        R = np.triu(SY)
+        u = scipy.linalg.solve_triangular(R, ab[:, 0])
+        v = (np.diag(SY) * u + gamma * (self.yy[np.ix_(order, order)] @ u - ab[:, 1]))
+        coef = np.empty((k, 2))
+        coef[order, 0] = scipy.linalg.solve_triangular(R, v, trans="T")
+        coef[order, 1] = -gamma * u
+        coef = self.be.asarray(coef.reshape(-1), dtype=G.dtype)
+        return -(gamma * g + self._rows().T @ coef).reshape(G.shape)
 
     def update(self, X_old, X_new, G_old, G_new):
         xp = self.be.xp
@@ -421,12 +447,18 @@ class LBFGS(Direction):
         sy, yy = float(xp.vdot(s, y)), float(xp.vdot(y, y))
         # yy > 0 as well: in float32 a tiny y squares to 0 while s.y does not, and
         # the pair's scaling s.y / y.y divided by zero (EE on separated clusters).
-        if yy > 0 and sy > 1e-10 * math.sqrt(float(xp.vdot(s, s)) * yy):
-            self.s.append(s)
-            self.y.append(y)
-            if len(self.s) > self.m:
-                self.s.pop(0)
-                self.y.pop(0)
+        if not (yy > 0 and sy > 1e-10 * math.sqrt(float(xp.vdot(s, s)) * yy)):
+            return
+        if self.pairs is None:
+            self.pairs = xp.empty((self.m, 2, s.size), dtype=s.dtype)
+        slot = self.n_accepted % self.m
+        self.pairs[slot, 0] = s.reshape(-1)
+        self.pairs[slot, 1] = y.reshape(-1)
+        self.n_accepted += 1
+        k = self.n_pairs
+        dots = self.be.to_host(self._rows() @ y.reshape(-1)).astype(np.float64).reshape(k, 2)
+        self.sy[:k, slot] = dots[:, 0]
+        self.yy[:k, slot] = self.yy[slot, :k] = dots[:, 1]
 
 
 class NonlinearCG(Direction):
