@@ -39,6 +39,7 @@ ESTIMATORS = {
     "t-SNE lbfgs, exact": (ge.TSNE, {"optimizer": "lbfgs", "nbody": "exact"}),
     "EE sd (CG), exact": (ge.EE, {"optimizer": "sd", "nbody": "exact"}),
     "EE sd (CG), fgt": (ge.EE, {"optimizer": "sd", "nbody": "fgt"}),
+    "multi-scale SNE lbfgs, exact": (ge.MultiscaleSNE, {"nbody": "exact"}),
 }
 
 
@@ -56,9 +57,10 @@ def top(sites, kind, per=1.0):
 def per_iteration(cls, params, X, affinities, be):
     runs = {}
     for n_iter in (FIRST, LAST):
+        # Multi-scale SNE builds its own affinities (counted too; max_iter is per stage).
+        shared = {} if cls is ge.MultiscaleSNE else {"affinities": affinities}
         model, counts, sites = counted(lambda: cls(
-            backend=be, affinities=affinities, max_iter=n_iter, tol=0, random_state=0,
-            **params).fit(X))
+            backend=be, max_iter=n_iter, tol=0, random_state=0, **shared, **params).fit(X))
         runs[n_iter] = (model.n_iter_, counts, sites)
     (it0, c0, s0), (it1, c1, s1) = runs[FIRST], runs[LAST]
     span = it1 - it0
