@@ -40,6 +40,23 @@ __device__ __forceinline__ bool cg_converged(const double* sums, int k, double r
     return true;
 }
 
+// In threads m < M: the sum of v[m] over the block (warp shuffles, then the
+// warps' sums in warp order); warp_sums is shared scratch.
+template <int M>
+__device__ double cg_block_sum(const double* v, double (*warp_sums)[M]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int m = 0; m < M; ++m) {
+        double s = v[m];
+        for (int offset = 16; offset > 0; offset >>= 1) s += __shfl_xor_sync(CG_FULL, s, offset);
+        if (lane == 0) warp_sums[warp][m] = s;
+    }
+    __syncthreads();
+    double s = 0.0;
+    if (threadIdx.x < M)
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += warp_sums[w][threadIdx.x];
+    return s;
+}
+
 // out[m] = the sum of v[m] over all threads of the grid, m < M, in a fixed order.
 // Every thread of every block must call it (rows past the end with zeros).
 template <int M>
@@ -47,17 +64,9 @@ __device__ void cg_grid_sum(const double* v, double* partials, unsigned int* tic
                             double* out) {
     __shared__ double warp_sums[32][M];
     __shared__ bool last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    for (int m = 0; m < M; ++m) {
-        double s = v[m];
-        for (int offset = 16; offset > 0; offset >>= 1) s += __shfl_xor_sync(CG_FULL, s, offset);
-        if (lane == 0) warp_sums[warp][m] = s;
-    }
-    __syncthreads();
+    const double block = cg_block_sum<M>(v, warp_sums);
     if (threadIdx.x < M) {
-        double s = 0.0;
-        for (int w = 0; w < n_warps; ++w) s += warp_sums[w][threadIdx.x];
-        partials[(long long)blockIdx.x * M + threadIdx.x] = s;
+        partials[(long long)blockIdx.x * M + threadIdx.x] = block;
         __threadfence();    // the partial is visible to every block before the ticket
     }
     __syncthreads();
@@ -65,18 +74,13 @@ __device__ void cg_grid_sum(const double* v, double* partials, unsigned int* tic
     __syncthreads();
     if (!last) return;
     const volatile double* all = partials;     // written by other blocks: bypass L1
+    double mine[M];
     for (int m = 0; m < M; ++m) {
-        double s = 0.0;
-        for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) s += all[(long long)b * M + m];
-        for (int offset = 16; offset > 0; offset >>= 1) s += __shfl_xor_sync(CG_FULL, s, offset);
-        if (lane == 0) warp_sums[warp][m] = s;
+        mine[m] = 0.0;
+        for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) mine[m] += all[(long long)b * M + m];
     }
-    __syncthreads();
-    if (threadIdx.x < M) {
-        double s = 0.0;
-        for (int w = 0; w < n_warps; ++w) s += warp_sums[w][threadIdx.x];
-        out[threadIdx.x] = s;
-    }
+    const double total = cg_block_sum<M>(mine, warp_sums);
+    if (threadIdx.x < M) out[threadIdx.x] = total;
     if (threadIdx.x == 0) *ticket = 0;      // ready for the next launch
 }
 
