@@ -30,7 +30,9 @@
 #define CG_FULL 0xffffffffu
 #define CG_SLOTS 4
 
-__device__ __forceinline__ double* cg_row(double* sums, int k) { return sums + (long long)k * CG_SLOTS * CG_D; }
+__device__ __forceinline__ double* cg_row(double* sums, int k) {
+    return sums + (long long)k * CG_SLOTS * CG_D;
+}
 
 // Whether every column's residual norm is at most rtol |b| at the start of step k.
 __device__ __forceinline__ bool cg_converged(const double* sums, int k, double rtol) {
@@ -77,7 +79,8 @@ __device__ void cg_grid_sum(const double* v, double* partials, unsigned int* tic
     double mine[M];
     for (int m = 0; m < M; ++m) {
         mine[m] = 0.0;
-        for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) mine[m] += all[(long long)b * M + m];
+        for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x)
+            mine[m] += all[(long long)b * M + m];
     }
     const double total = cg_block_sum<M>(mine, warp_sums);
     if (threadIdx.x < M) out[threadIdx.x] = total;

@@ -213,9 +213,10 @@ class Spectral(Direction):
     ``solver="cholesky"``: one sparse factorization cached for all iterations
     (on the CPU see :func:`factorize_cpu`; on the GPU cupyx's ``factorized``).
     ``solver="cg"``: Jacobi-preconditioned CG warm-started from the previous
-    direction (compiled on the CPU, kernels/cg.cu on the GPU), to relative residual ``cg_tol`` (0.1, as SD-'s in seed 002) or
-    ``cg_maxiter`` (50) steps.  An inexact direction costs little progress per
-    iteration and saves most of the solve: Fashion-MNIST 20k, 200 iterations,
+    direction (compiled on the CPU, kernels/cg.cu on the GPU), to relative
+    residual ``cg_tol`` (0.1, as SD-'s in seed 002) or ``cg_maxiter`` (50)
+    steps.  An inexact direction costs little progress per iteration and saves
+    most of the solve: Fashion-MNIST 20k, 200 iterations,
     t-SNE (Barnes-Hut) KL 1.860 in 12.3 s with 5.5 products per iteration,
     against 1.857 in 44 s at 1e-3 / 100 steps (91 products) and 1.857 in 20.5 s
     with the Cholesky factor; EE (FGT) 26.40 in 35 s (27 products) against
@@ -394,8 +395,7 @@ class LBFGS(Direction):
     product per accepted pair; a direction is one product with the rows, an m x m
     triangular solve on the host and one product back.  On the GPU that is 5
     calls and one host read whatever m, where the two-loop recursion made 7
-    calls and 3 reads per pair (about 700 and 300 per iteration at m = 100,
-    most of multi-scale SNE's calls: benchmarks/results/gpu_call_counts.json).
+    calls and 3 reads per pair (about 700 and 300 per iteration with 100 pairs).
     """
 
     def __init__(self, objective, X, m=100):

@@ -3,8 +3,8 @@ sparse_cpu.jacobi_pcg; directions.pcg is the array-code reference of both.
 
 As array code (directions.pcg on CuPy) a CG step was about 19 CuPy calls and a
 host read of the residual norms, and on an H100 SD's iterations on
-Fashion-MNIST 70k took 13-66 ms against a 4 ms gradient (call-bound; see
-benchmarks/results/gpu_call_counts.json).  The kernels run a step in three
+Fashion-MNIST 70k took 13-66 ms against a 4 ms gradient (call-bound;
+benchmarks/results/embedding_gpu.json).  The kernels run a step in three
 launches and keep the CG's scalars on the device, so the host only reads them
 every CHECK_EVERY steps to stop launching.
 """
@@ -42,9 +42,9 @@ def jacobi_pcg_gpu(be, indptr, indices, data, diag, B, X0, rtol, maxiter, tiny):
         # Steps launched past the converged one return at once.
         if k % CHECK_EVERY == 0 and converged(be.to_host(sums), k, rtol):
             break
-        k = np.int32(k)
-        kernels["cg_product"](grid, block, (indptr, indices, data, P, AP, n, k, rtol,
+        step = np.int32(k)
+        kernels["cg_product"](grid, block, (indptr, indices, data, P, AP, n, step, rtol,
                                             *reduction))
-        kernels["cg_update"](grid, block, (P, AP, diag, X, R, n, k, rtol, tiny, *reduction))
-        kernels["cg_direction"](grid, block, (R, diag, P, n, k, rtol, tiny, sums))
+        kernels["cg_update"](grid, block, (P, AP, diag, X, R, n, step, rtol, tiny, *reduction))
+        kernels["cg_direction"](grid, block, (R, diag, P, n, step, rtol, tiny, sums))
     return X
