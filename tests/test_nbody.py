@@ -153,6 +153,24 @@ def test_fgt_case_mix_dense_and_sparse_regions(rng):
     assert rel(S, S0) < 1e-6 and rel(SX, SX0) < 1e-6
 
 
+def _fgt_every_case(rng, d, monkeypatch, sizes, halo):
+    """Sources in a dense cluster, a wider one and a sparse halo of half-width
+    ``halo`` (``sizes``: their counts and the separate targets'), so that with
+    the dissertation's cutoff every FGT case has many box pairs; charges for 3
+    columns; and the list the compiled case IV appends its pair counts to."""
+    from gpuembed.nbody import fgt as fgt_module
+    dense, wide, sparse, n_targets = sizes
+    X = np.concatenate([rng.normal(size=(dense, d)), rng.normal(size=(wide, d)) * 3.0 + 4.0,
+                        rng.uniform(-halo, halo, (sparse, d))])
+    Y = rng.uniform(-6, 8, (n_targets, d))
+    q = rng.normal(size=(len(X), 3))
+    pairs = []
+    compiled = fgt_module._hermite_to_taylor_compiled
+    monkeypatch.setattr(fgt_module, "_hermite_to_taylor_compiled",
+                        lambda *args: (pairs.append(len(args[4])), compiled(*args)))
+    return X, Y, q, pairs
+
+
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("p", [1, 3, 8])
 def test_fgt_compiled_cases_match_array_code(d, p, rng, monkeypatch):
@@ -163,14 +181,7 @@ def test_fgt_compiled_cases_match_array_code(d, p, rng, monkeypatch):
     many box pairs with the dissertation's cutoff of 5 points (the default's
     p^d / 5 leaves few big boxes here); with separate targets too."""
     from gpuembed.nbody import fgt as fgt_module
-    X = np.concatenate([rng.normal(size=(1500, d)), rng.normal(size=(500, d)) * 3.0 + 4.0,
-                        rng.uniform(-20, 20, (300, d))])
-    Y = rng.uniform(-6, 8, (400, d))
-    q = rng.normal(size=(len(X), 3))
-    pairs = []
-    compiled = fgt_module._hermite_to_taylor_compiled
-    monkeypatch.setattr(fgt_module, "_hermite_to_taylor_compiled",
-                        lambda *args: (pairs.append(len(args[4])), compiled(*args)))
+    X, Y, q, pairs = _fgt_every_case(rng, d, monkeypatch, (1500, 500, 300, 400), 20)
     for cutoff in (None, fgt_module.CUTOFF):
         for targets in (None, Y):
             G = fgt_module.fgt(CPU, X, q, Y=targets, p=p, cutoff=cutoff)
@@ -494,14 +505,7 @@ def test_fgt_gpu_kernels_match_array_code(d, p, rng, monkeypatch):
     separate targets too; float64 to 1e-10, float32 to 1e-4 of the largest sum."""
     from gpuembed.nbody import fgt as fgt_module
     gpu = get_backend("gpu")
-    X = np.concatenate([rng.normal(size=(600, d)), rng.normal(size=(200, d)) * 3.0 + 4.0,
-                        rng.uniform(-15, 15, (150, d))])
-    Y = rng.uniform(-6, 8, (150, d))
-    q = rng.normal(size=(len(X), 3))
-    pairs = []
-    compiled = fgt_module._hermite_to_taylor_compiled
-    monkeypatch.setattr(fgt_module, "_hermite_to_taylor_compiled",
-                        lambda *args: (pairs.append(len(args[4])), compiled(*args)))
+    X, Y, q, pairs = _fgt_every_case(rng, d, monkeypatch, (600, 200, 150, 150), 15)
     for targets in (None, Y):
         G0 = fgt_module.fgt(CPU, X, q, Y=targets, p=p, reference=True, cutoff=fgt_module.CUTOFF)
         for dtype, tol in ((np.float64, 1e-10), (np.float32, 1e-4)):
