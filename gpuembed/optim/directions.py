@@ -444,10 +444,12 @@ class LBFGS(Direction):
     def update(self, X_old, X_new, G_old, G_new):
         xp = self.be.xp
         s, y = X_new - X_old, G_new - G_old
-        sy, yy = float(xp.vdot(s, y)), float(xp.vdot(y, y))
+        # One host read for the three products (on the GPU each read waits for the device).
+        sy, yy, ss = self.be.to_host(xp.stack([xp.vdot(s, y), xp.vdot(y, y),
+                                               xp.vdot(s, s)])).tolist()
         # yy > 0 as well: in float32 a tiny y squares to 0 while s.y does not, and
         # the pair's scaling s.y / y.y divided by zero (EE on separated clusters).
-        if not (yy > 0 and sy > 1e-10 * math.sqrt(float(xp.vdot(s, s)) * yy)):
+        if not (yy > 0 and sy > 1e-10 * math.sqrt(ss * yy)):
             return
         if self.pairs is None:
             self.pairs = xp.empty((self.m, 2, s.size), dtype=s.dtype)
