@@ -235,7 +235,7 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False, cutoff=None):
     pd = p**d
     inv_fact = xp.asarray(_inverse_factorials(p), dtype=X.dtype)
     out = xp.zeros((len(targets), n_q), dtype=X.dtype)          # in tgt's sorted order
-    taylor = xp.zeros((tgt.n_big, pd, n_q), dtype=X.dtype)
+    taylor = _coefficients(be, tgt.n_big, pd, n_q, X.dtype)
     hermite = (_hermite_coefficients if reference else _hermite_coefficients_compiled)(
         be, src, q, p, inv_fact)
 
@@ -275,13 +275,25 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False, cutoff=None):
     else:
         in_big = tgt.big[tgt.box_of]
         small_targets(np.flatnonzero(~in_big), tgt.points, tgt.box_of, tgt.cell, src.key,
-                      src.start, src.count, src.center, src.big_index, src.big, src.points, q,
-                      hermite, rows, shape_arr, p, out)
+                      src.start, src.count, src.center, src.big_index, src.big,
+                      np.ascontiguousarray(src.points.T), np.ascontiguousarray(q.T),
+                      hermite.transpose(0, 2, 1), rows, shape_arr, p, src.cutoff, out)
         taylor_targets(np.flatnonzero(in_big), tgt.points, tgt.box_of, tgt.center,
-                       tgt.big_index, taylor, p, out)
+                       tgt.big_index, taylor.transpose(0, 2, 1), p, out)
     result = xp.empty_like(out)
     result[tgt.order] = out
     return result
+
+
+def _coefficients(be, boxes, pd, n_q, dtype):
+    """Zeros for the expansions' coefficients, (boxes, p^d, Q).  On the CPU they
+    are stored charge-major, a view of (boxes, Q, p^d) that the compiled loops
+    (fgt_cpu.py) take transposed: their innermost loops then run along p^d
+    contiguous coefficients, which LLVM vectorizes (with Q = 3 innermost, cases
+    I and II took 2-2.5x as long on multi-scale SNE's layouts)."""
+    if be.is_gpu:
+        return be.xp.zeros((boxes, pd, n_q), dtype=dtype)
+    return np.zeros((boxes, n_q, pd), dtype=dtype).transpose(0, 2, 1)
 
 
 def _hermite_coefficients(be, src, q, p, inv_fact):
@@ -303,10 +315,11 @@ def _hermite_coefficients_compiled(be, src, q, p, inv_fact):
     """:func:`_hermite_coefficients` compiled, one big box per thread (fgt_cpu.py)
     or per block (kernels/fgt.cu)."""
     xp = be.xp
-    A = xp.zeros((src.n_big, p**src.points.shape[1], q.shape[1]), dtype=src.points.dtype)
+    A = _coefficients(be, src.n_big, p**src.points.shape[1], q.shape[1], src.points.dtype)
     big = xp.flatnonzero(src.big)
     if not be.is_gpu:
-        hermite_coefficients(big, src.start, src.count, src.points, src.center, q, inv_fact, A)
+        hermite_coefficients(big, src.start, src.count, src.points, src.center, q, inv_fact,
+                             A.transpose(0, 2, 1))
     elif len(big):
         _launch_per_box(be, "fgt_hermite_coefficients", src.points.shape[1], p, A, len(big),
                         (big, src.start, src.count, src.points, src.center, q, inv_fact, A))
@@ -419,7 +432,7 @@ def _taylor_accumulate_compiled(be, src, tgt, q, b, c, p, inv_fact, hermite, tay
         _launch_per_box(be, "fgt_taylor_from_sources", src.points.shape[1], p, taylor,
                         len(boxes), args)
     else:
-        taylor_from_sources(*args)
+        taylor_from_sources(*args[:-1], taylor.transpose(0, 2, 1))
 
 
 def _hermite_to_taylor_compiled(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out):
@@ -444,11 +457,8 @@ def _hermite_to_taylor_compiled(be, src, tgt, q, b, c, p, inv_fact, hermite, tay
                         len(boxes), (first, src.big_index[b], offset + reach, hermite, M,
                                      boxes, taylor))
         return
-    # The CPU loop contracts rows of p^d coefficients per charge column.
-    T = np.ascontiguousarray(taylor.transpose(0, 2, 1))
-    hermite_to_taylor(first, src.big_index[b], offset + reach,
-                      np.ascontiguousarray(hermite.transpose(0, 2, 1)), M, boxes, T)
-    taylor[...] = T.transpose(0, 2, 1)
+    hermite_to_taylor(first, src.big_index[b], offset + reach, hermite.transpose(0, 2, 1), M,
+                      boxes, taylor.transpose(0, 2, 1))
 
 
 def _taylor_eval(be, tgt, p, taylor, out):

@@ -68,6 +68,13 @@ def _power_factors(u, scale, f):
 
 
 @njit(inline="always", fastmath=True)
+def _add_scaled(row, c, T):
+    """row += c T (p^d contiguous coefficients of one charge column)."""
+    for alpha in range(T.size):
+        row[alpha] += c * T[alpha]
+
+
+@njit(inline="always", fastmath=True)
 def _contract(a, b, Mi, inner):
     """b = a contracted with Mi (p x p) along the axis of a viewed as (outer, p,
     inner): b[o, beta, c] = sum_alpha Mi[beta, alpha] a[o, alpha, c]."""
@@ -136,24 +143,58 @@ def hermite_to_taylor(first, source, offset, hermite, M, target, taylor):
         taylor[target[g]] += C.reshape(n_q, pd)
 
 
+@njit(inline="always", fastmath=True)
+def _direct_run(y, srcT, qT, lo, hi, k, acc):
+    """acc[j] += sum_{s in [lo, hi)} exp(-|y - x_s|^2) q[j, s] over sources and
+    charges stored by coordinate (d, N) and by column (Q, N), in three
+    contiguous loops that LLVM vectorizes (``k``: scratch of hi - lo values)."""
+    n = hi - lo
+    k = k[:n]
+    k[:] = 0.0
+    for i in range(srcT.shape[0]):
+        yi, x = y[i], srcT[i, lo:hi]
+        for s in range(n):
+            diff = yi - x[s]
+            k[s] += diff * diff
+    for s in range(n):
+        k[s] = expneg(k[s])
+    for j in range(qT.shape[0]):
+        q = qT[j, lo:hi]
+        a = 0.0
+        for s in range(n):
+            a += k[s] * q[s]
+        acc[j] += a
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def small_targets(members, points, box_of, cell, src_key, src_start, src_count, src_center,
-                  src_big_index, src_big, src_points, charges, hermite, rows, shape, p, out):
+                  src_big_index, src_big, srcT, qT, hermite, rows, shape, p, cutoff, out):
     """Cases I and II for every target ``members`` (indices into the sorted
     targets ``points``) in a small box, one target per iteration (the twin of
     kernels/fgt.cu's fgt_small_targets): for each row of neighbouring box
     offsets (fgt._offset_rows), the first occupied source box by binary search
-    over the sorted keys and the row's others by walking on, then the direct
-    sum over a small box's points or a big box's Hermite series (eq. 5.2),
-    hermite (boxes, p^d, Q) flattened as fgt._tensor."""
+    over the sorted keys and the row's others by walking on.
+
+    Consecutive boxes hold consecutive sources, so each run of small boxes in a
+    row is one direct sum over a contiguous range (at most cutoff - 1 points per
+    box); a big box's Hermite series (eq. 5.2) is evaluated separably: for each
+    prefix of the first d - 1 indices, a dot product of p coefficients with the
+    last dimension's factors.  Sources srcT (d, N) and charges qT (Q, N) by
+    coordinate, hermite (boxes, Q, p^d) charge-major: every inner loop is
+    contiguous (with the coefficients (p^d, Q) and sources (N, d) these cases
+    took 2-2.5x as long).
+    """
     d = points.shape[1]
-    n_q, pd = charges.shape[1], hermite.shape[1]
+    n_q, pd = qT.shape[0], hermite.shape[2]
+    run_cap = (cutoff - 1) * np.max(rows[:, d] - rows[:, d - 1] + 1)
     for idx in prange(members.size):
         t = members[idx]
+        y = points[t]
         acc = np.zeros(n_q)
         h = np.empty((d, p))
         u = np.empty(d)
-        T = np.empty(pd)
+        W = np.empty(pd // p)
+        k = np.empty(run_cap)
         for r in range(rows.shape[0]):
             key = 0
             inside = True
@@ -167,26 +208,35 @@ def small_targets(members, points, box_of, cell, src_key, src_start, src_count, 
                 continue
             key *= shape[d - 1]
             b = np.searchsorted(src_key, key + lo)
+            run = -1                        # first source of the pending run of small boxes
             while b < src_key.size and src_key[b] <= key + hi:
-                if src_big[b]:
-                    for i in range(d):
-                        u[i] = points[t, i] - src_center[b, i]
-                    _hermite_factors(u, h)
-                    _tensor_row(h, T)
-                    A = hermite[src_big_index[b]]
-                    for alpha in range(pd):
-                        for j in range(n_q):
-                            acc[j] += T[alpha] * A[alpha, j]
-                else:
-                    for s in range(src_start[b], src_start[b] + src_count[b]):
-                        r2 = 0.0
-                        for i in range(d):
-                            diff = points[t, i] - src_points[s, i]
-                            r2 += diff * diff
-                        k = expneg(r2)
-                        for j in range(n_q):
-                            acc[j] += k * charges[s, j]
+                if not src_big[b]:
+                    if run < 0:
+                        run = src_start[b]
+                    b += 1
+                    continue
+                if run >= 0:
+                    _direct_run(y, srcT, qT, run, src_start[b], k, acc)
+                    run = -1
+                for i in range(d):
+                    u[i] = y[i] - src_center[b, i]
+                _hermite_factors(u, h)
+                _tensor_row(h[:d - 1], W)
+                last = h[d - 1]
+                A = hermite[src_big_index[b]]
+                for j in range(n_q):
+                    Aj = A[j]
+                    total = 0.0
+                    for pre in range(pd // p):
+                        row = Aj[pre * p:(pre + 1) * p]
+                        s = 0.0
+                        for a in range(p):
+                            s += last[a] * row[a]
+                        total += W[pre] * s
+                    acc[j] += total
                 b += 1
+            if run >= 0:
+                _direct_run(y, srcT, qT, run, src_start[b - 1] + src_count[b - 1], k, acc)
         for j in range(n_q):
             out[t, j] += acc[j]
 
@@ -194,9 +244,9 @@ def small_targets(members, points, box_of, cell, src_key, src_start, src_count, 
 @njit(parallel=True, fastmath=True, cache=True)
 def hermite_coefficients(big, start, count, points, center, charges, inv_fact, A):
     """A[g] += sum over the points m of big box big[g] of
-    q_m (x_m - s_B)^alpha / alpha!, one box per iteration (A: (boxes, p^d, Q))."""
+    q_m (x_m - s_B)^alpha / alpha!, one box per iteration (A: (boxes, Q, p^d))."""
     d, p = points.shape[1], inv_fact.size
-    n_q, pd = charges.shape[1], A.shape[1]
+    n_q, pd = charges.shape[1], A.shape[2]
     for g in prange(big.size):
         b = big[g]
         f = np.empty((d, p))
@@ -207,17 +257,16 @@ def hermite_coefficients(big, start, count, points, center, charges, inv_fact, A
                 u[i] = points[m, i] - center[b, i]
             _power_factors(u, inv_fact, f)
             _tensor_row(f, T)
-            for alpha in range(pd):
-                for j in range(n_q):
-                    A[g, alpha, j] += T[alpha] * charges[m, j]
+            for j in range(n_q):
+                _add_scaled(A[g, j], charges[m, j], T)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def taylor_targets(members, points, box_of, center, big_index, taylor, p, out):
     """out[t] += sum_beta C_beta (y_t - t_C)^beta for every target ``members`` in a
-    big box C (cases III and IV, accumulated beforehand; taylor (boxes, p^d, Q))."""
+    big box C (cases III and IV, accumulated beforehand; taylor (boxes, Q, p^d))."""
     d = points.shape[1]
-    n_q, pd = taylor.shape[2], taylor.shape[1]
+    n_q, pd = taylor.shape[1], taylor.shape[2]
     ones = np.ones(p)
     for idx in prange(members.size):
         t = members[idx]
@@ -230,9 +279,12 @@ def taylor_targets(members, points, box_of, center, big_index, taylor, p, out):
         _power_factors(u, ones, f)
         _tensor_row(f, T)
         C = taylor[big_index[b]]
-        for alpha in range(pd):
-            for j in range(n_q):
-                out[t, j] += T[alpha] * C[alpha, j]
+        for j in range(n_q):
+            Cj = C[j]
+            s = 0.0
+            for alpha in range(pd):
+                s += T[alpha] * Cj[alpha]
+            out[t, j] += s
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -241,9 +293,9 @@ def taylor_from_sources(first, source, start, count, points, centers, charges, i
     """Case III (eq. 5.3): taylor[target[g]] += q_m h_beta(x_m - t_g) / beta! for
     every point m of the small source boxes source[k], k in first[g] ..
     first[g + 1] - 1, about the target box centre centers[g]; one target box per
-    iteration (taylor (boxes, p^d, Q), flattened as fgt._tensor)."""
+    iteration (taylor (boxes, Q, p^d), flattened as fgt._tensor)."""
     d, p = points.shape[1], inv_fact.size
-    n_q, pd = charges.shape[1], taylor.shape[1]
+    n_q, pd = charges.shape[1], taylor.shape[2]
     for g in prange(first.size - 1):
         C = taylor[target[g]]
         h = np.empty((d, p))
@@ -259,6 +311,5 @@ def taylor_from_sources(first, source, start, count, points, centers, charges, i
                     for j in range(p):
                         h[i, j] *= inv_fact[j]
                 _tensor_row(h, T)
-                for alpha in range(pd):
-                    for j in range(n_q):
-                        C[alpha, j] += T[alpha] * charges[m, j]
+                for j in range(n_q):
+                    _add_scaled(C[j], charges[m, j], T)
