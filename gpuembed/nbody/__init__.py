@@ -24,12 +24,12 @@ MAX_DIM = 3
 # nbody="auto" uses the exact engine below these sizes (per device and kernel).
 # CPU: where the fast engine first beats one exact kernel sum (S, SX) with the
 # compiled loop (benchmarks/bench_nbody.py --parts crossover; 2-core EPYC, 2-D
-# layouts of 10 blobs): the compiled FGT (p = 8) at 5,000 points for blobs of
-# extent std 4 (1.6x faster there) and already at 2,500 for std 10 (a
-# Fashion-MNIST 5k EE embedding has std 12).  The compiled Barnes-Hut walk (theta = 0.5) already
-# beats the exact Student-t pair at 2,500 points and takes a quarter of its time
-# at 5,000 (max relative error 1.7% at 20,000, t-SNE's usual accuracy; below
-# 5,000 the exact sums take a few ms and keep line searches exact); for the
+# layouts of 10 blobs; rerun at 6183595): the compiled FGT (p = 8) ties with it at
+# 2,500 points for blobs of extent std 4 and is 2.6x faster at 5,000, 3x already at
+# 2,500 for std 10 (a Fashion-MNIST 5k EE embedding has std 12).  The compiled
+# Barnes-Hut walk (theta = 0.5) is 2.9x faster than the exact Student-t pair at 2,500
+# points and 5.3x at 5,000 (max relative error 1.7% at 20,000, t-SNE's usual accuracy;
+# below 5,000 the exact sums take a few ms and keep line searches exact); for the
 # Gaussian its error at theta = 0.5 is 3%, so the FGT stays.  GPU (an H100,
 # results/nbody_gpu.json "crossover"): the tiled exact kernel beat both fast
 # engines at every size up to the 200,000 measured, where it took 18 ms against
