@@ -290,7 +290,7 @@ def _coefficients(be, boxes, pd, n_q, dtype):
     are stored charge-major, a view of (boxes, Q, p^d) that the compiled loops
     (fgt_cpu.py) take transposed: their innermost loops then run along p^d
     contiguous coefficients, which LLVM vectorizes (with Q = 3 innermost, cases
-    I and II took 2-2.5x as long on multi-scale SNE's layouts)."""
+    I and II took 2.4-2.8x as long on multi-scale SNE's layouts)."""
     if be.is_gpu:
         return be.xp.zeros((boxes, pd, n_q), dtype=dtype)
     return np.zeros((boxes, n_q, pd), dtype=dtype).transpose(0, 2, 1)
