@@ -3,10 +3,11 @@
 The blocked NumPy code of exact.py (the reference) writes a block of distances
 and a block of kernel values to memory and reads them back.  Here each target
 sweeps the sources in one loop whose distance, kernel and sums stay in
-registers (the Gaussian's in two, see _compiled), the coordinates separate scalars; so, like the CUDA kernel's
-NBODY_DIM, the dimension is fixed at compile time: the loop is generated for
-each (dimension, kernel code) and compiled by numba on first use (about 1 s),
-its machine code cached on disk (gpuembed/_generated.py).
+registers (the Gaussian's in two, see _compiled), the coordinates separate
+scalars; so, like the CUDA kernel's NBODY_DIM, the dimension is fixed at compile
+time: the loop is generated for each (dimension, kernel code) and compiled by
+numba on first use (about 1 s), its machine code cached on disk
+(gpuembed/_generated.py).
 Kernel codes as in CUDA: 0 Gaussian, 1 Student-t, 2 the fused Student-t pass
 giving both K and K^2 sums (t-SNE's normalization and forces in one sweep).
 Unlike the CUDA kernel it also takes exact_sums' distance shifts and excluded

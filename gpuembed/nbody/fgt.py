@@ -427,12 +427,12 @@ def _taylor_accumulate_compiled(be, src, tgt, q, b, c, p, inv_fact, hermite, tay
     first = _runs(xp, c)
     boxes = c[first[:-1]]
     args = (first, b, src.start, src.count, src.points, tgt.center[boxes], q, inv_fact,
-            tgt.big_index[boxes], taylor)
+            tgt.big_index[boxes])
     if be.is_gpu:
         _launch_per_box(be, "fgt_taylor_from_sources", src.points.shape[1], p, taylor,
-                        len(boxes), args)
+                        len(boxes), (*args, taylor))
     else:
-        taylor_from_sources(*args[:-1], taylor.transpose(0, 2, 1))
+        taylor_from_sources(*args, taylor.transpose(0, 2, 1))
 
 
 def _hermite_to_taylor_compiled(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out):
