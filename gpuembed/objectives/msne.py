@@ -13,7 +13,8 @@ With a_ij = dE/ds_ij, dE/dd_ik = (1/H) sum_h (-p_h / 2) s_hik (a_ik - sum_j a_ij
 For both costs a_ij is a constant off the sparse pattern (0 for KL, log(1/(1-kappa))
 / kappa for JS), so the gradient splits into a sparse attractive part and, per
 scale, Gaussian N-body sums at width p_h: O(nnz H) plus 2 H engine passes.  With the
-exact engine on the CPU all of it is one compiled sweep (msne_cpu.fused_exact).
+exact engine all of it is one compiled sweep on the CPU (msne_cpu.fused_exact) and
+three CUDA launches on the GPU (msne_gpu.py, kernels/msne.cu).
 
 Each row's kernels are shifted by its nearest-neighbour distance (exp(-(t - m))),
 so the finest scales cannot underflow.  The exact engine takes the shift
@@ -33,9 +34,11 @@ import numpy as np
 from numba import get_num_threads
 
 from ..nbody import exact_sums
+from ..nbody.exact import MAX_COMPILED_DIM
 from ..neighbors import knn
 from .base import Objective
 from .msne_cpu import edge_terms, fused_exact
+from .msne_gpu import fused_exact as fused_exact_gpu
 
 COSTS = ("kl", "js")
 # Shift (in kernel units) beyond which a row's sums go to the exact engine: e^m
@@ -95,7 +98,9 @@ class MultiscaleObjective(Objective):
         super().__init__(mean / len(sigmas), backend, dtype, nbody)
         self.p = np.asarray(precisions, dtype=np.float64)
         self.cost, self.kappa = cost, float(kappa)
-        self.compiled = True        # the CPU's edge sweep in msne_cpu.py; False: array code
+        # The compiled sweeps (msne_cpu.py; with the exact engine, msne_gpu.py's
+        # kernels on the GPU); False: array code, the reference.
+        self.compiled = True
 
     def _scales(self, X, balls=None):
         """Per scale: (p_h, Z_h, SX_h, shift m_h).
@@ -205,7 +210,8 @@ class MultiscaleObjective(Objective):
         return value, g_edge, [pairs.row_sums(r * s_h) for s_h in s_all]
 
     def value_and_grad(self, X_in):
-        if self.nbody == "exact" and not self.be.is_gpu and self.compiled:
+        if self.nbody == "exact" and self.compiled and (
+                not self.be.is_gpu or X_in.shape[1] <= MAX_COMPILED_DIM):
             return self._fused_value_and_grad(X_in)
         # In float64 whatever X's dtype (as the fused sweep): at a fine scale the
         # shifted exponent t - m is a difference of squared distances 10^6 kernel
@@ -228,17 +234,23 @@ class MultiscaleObjective(Objective):
 
     def _fused_value_and_grad(self, X):
         """The exact engine's cost and gradient in one compiled sweep over the rows
-        (msne_cpu.fused_exact): a quarter of the exps of the exact sums plus the
-        edge sweep when the pattern is dense."""
+        on the CPU (msne_cpu.fused_exact: a quarter of the exps of the exact sums
+        plus the edge sweep when the pattern is dense), in three launches on the
+        GPU (msne_gpu.fused_exact)."""
         n, d = X.shape
-        threads = get_num_threads()
-        XT = np.ascontiguousarray(X.T, dtype=np.float64)
-        grad = np.empty((n, d))
-        part, mass = fused_exact(
-            self.pairs.P.indptr, self.pairs.P.indices, XT, self.pairs._p64, 0.5 * self.p,
-            _nearest_sqdist(X, self.be), self.cost == "js", self.kappa,
-            np.empty((threads, self.p.size, n)), np.empty((threads, 6, n)),
-            np.empty((threads, d, n)), grad)
+        js = self.cost == "js"
+        if self.be.is_gpu:
+            part, mass, grad = fused_exact_gpu(self.be, self.pairs, X, 0.5 * self.p, js,
+                                               self.kappa)
+        else:
+            threads = get_num_threads()
+            grad = np.empty((n, d))
+            part, mass = fused_exact(
+                self.pairs.P.indptr, self.pairs.P.indices,
+                np.ascontiguousarray(X.T, dtype=np.float64), self.pairs._p64, 0.5 * self.p,
+                _nearest_sqdist(X, self.be), js, self.kappa,
+                np.empty((threads, self.p.size, n)), np.empty((threads, 6, n)),
+                np.empty((threads, d, n)), grad)
         value = self.constant + part if self.cost == "kl" else self._js_value(part, n - mass)
         return value, grad.astype(X.dtype, copy=False)
 
