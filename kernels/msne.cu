@@ -10,7 +10,8 @@
 //                  n_i is found in the same pass: when a nearer source turns up,
 //                  the sums so far are rescaled to the new shift (as an online
 //                  softmax), so the row's nearest kernel is exactly 1.
-//   msne_edges     one warp per row, lanes over its pattern edges: s_hij, the
+//   msne_edges     one warp per row, lanes over its pattern edges (also the
+//                  FGT path's; it takes the shifts m_hi = c_h n_i): s_hij, the
 //                  cost term and r_ij = -dE/ds_ij of their mean (floored at the
 //                  smallest normal double, where r = 0), the edge weight
 //                  g_ij = (1/H) sum_h c_h s_hij r_ij, the row's Laplacian half
@@ -118,7 +119,7 @@ template <typename T>
 __global__ void msne_edges(const long long* __restrict__ indptr,
                            const long long* __restrict__ indices, const T* __restrict__ X,
                            const T* __restrict__ sigma, long long n, const T* __restrict__ half_p,
-                           const T* __restrict__ nearest, const T* __restrict__ Z, int js,
+                           const T* __restrict__ shifts, const T* __restrict__ Z, int js,
                            double kappa, T* __restrict__ g_edge, T* __restrict__ W,
                            T* __restrict__ lap, T* __restrict__ totals) {
     const int lane = threadIdx.x & 31;
@@ -132,7 +133,7 @@ __global__ void msne_edges(const long long* __restrict__ indptr,
 #pragma unroll
     for (int h = 0; h < MSNE_SCALES; ++h) {
         c[h] = half_p[h];
-        shift[h] = c[h] * (double)nearest[i];
+        shift[h] = shifts[h * n + i];
         inv_z[h] = 1.0 / (double)Z[h * n + i];
     }
     double rs[MSNE_SCALES], row[MSNE_DIM], cost = 0.0, mass = 0.0;

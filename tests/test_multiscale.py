@@ -181,13 +181,13 @@ def test_compiled_edge_sweep_matches_array_code(rng, cost, kappa):
     Y, _, _, obj = random_objective(rng, 300, 5e4, cost, kappa)
     scales = obj._scales(Y)
     assert obj.compiled
-    E, rs, g = obj._edge_terms(Y, scales)
+    E, w, g = obj._edge_terms(Y, scales)
     obj.compiled = False
-    E0, rs0, g0 = obj._edge_terms(Y, scales)
+    E0, w0, g0 = obj._edge_terms(Y, scales)
     assert E == pytest.approx(E0, rel=1e-12)
     np.testing.assert_allclose(g, g0, rtol=1e-10, atol=1e-13 * np.abs(g0).max())
-    rs, rs0 = np.array(rs), np.array(rs0)                   # JS: r of both signs, sums cancel
-    np.testing.assert_allclose(rs, rs0, rtol=1e-11, atol=1e-13 * np.abs(rs0).max())
+    w, w0 = np.array(w), np.array(w0)                       # JS: r of both signs, sums cancel
+    np.testing.assert_allclose(w, w0, rtol=1e-11, atol=1e-13 * np.abs(w0).max())
     obj.compiled = False
     E1, G1 = obj.value_and_grad(Y)
     obj.compiled = True
@@ -212,7 +212,7 @@ def test_fused_exact_sweep_matches_the_split_computation(rng, cost, kappa, n_sca
     assert (obj.pairs.P.nnz == 300 * 299) == (n_scales == "all")
     E, G = obj.value_and_grad(Y)
     split = MultiscaleObjective(M.conditionals, be, np.float64, p, cost, kappa)
-    E0, rs, g_pattern = split._edge_terms(Y, split._scales(Y))
+    E0 = split._edge_terms(Y, split._scales(Y))[0]
     assert E == pytest.approx(E0, rel=1e-12)
     split.compiled = False
     E1, G1 = split.value_and_grad(Y)
@@ -245,6 +245,31 @@ def test_multiscale_fgt_matches_exact(rng, cost):
                                nbody="fgt").value_and_grad(Y)
     assert E == pytest.approx(E0, rel=1e-5)
     assert np.linalg.norm(G - G0) <= 1e-3 * np.linalg.norm(G0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
+def test_gpu_fgt_path_edge_kernel(rng, cost, kappa):
+    """The GPU's FGT path with its pattern's part from kernels/msne.cu's
+    msne_edges against its array code, and against the CPU's FGT path, on a
+    clustered layout with an outlier that every fine scale isolates."""
+    X = rng.standard_normal((600, 8))
+    Y = np.concatenate([rng.standard_normal((300, 2)), rng.standard_normal((300, 2)) + 6.0])
+    Y[0] = (40.0, -40.0)
+    M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")
+    p = ld_precisions(M.perplexities, Y)
+    gpu = ge.get_backend("gpu")
+    obj = MultiscaleObjective(M.conditionals, gpu, np.float64, p, cost, kappa, nbody="fgt")
+    E, G = obj.value_and_grad(gpu.asarray(Y))
+    obj.compiled = False
+    E0, G0 = obj.value_and_grad(gpu.asarray(Y))
+    G, G0 = gpu.to_host(G), gpu.to_host(G0)
+    assert E == pytest.approx(E0, rel=1e-11)
+    np.testing.assert_allclose(G, G0, rtol=1e-8, atol=1e-11 * np.abs(G0).max())
+    E1, G1 = MultiscaleObjective(M.conditionals, ge.get_backend("cpu"), np.float64, p, cost,
+                                 kappa, nbody="fgt").value_and_grad(Y)
+    assert E == pytest.approx(E1, rel=1e-9)
+    np.testing.assert_allclose(G, G1, rtol=1e-6, atol=1e-9 * np.abs(G1).max())
 
 
 @pytest.mark.parametrize("d", [2, 3])

@@ -38,7 +38,7 @@ from ..nbody.exact import MAX_COMPILED_DIM
 from ..neighbors import knn
 from .base import Objective
 from .msne_cpu import edge_terms, fused_exact
-from .msne_gpu import fused_exact as fused_exact_gpu
+from . import msne_gpu
 
 COSTS = ("kl", "js")
 # Shift (in kernel units) beyond which a row's sums go to the exact engine: e^m
@@ -156,23 +156,34 @@ class MultiscaleObjective(Objective):
         return S, SX
 
     def _edge_terms(self, X, scales):
-        """The sparse part: (cost, per scale the row sums sum_j r_ij s_hij, and the
+        """The sparse part: (cost, per scale the dense part's row weights
+        w_hi = (p_h / 2H) rs_hi / Z_hi with rs_hi = sum_j r_ij s_hij, and the
         pattern's gradient sum_j 2 (g_ij + g_ji)(x_i - x_j)), r = dE/ds and g = dE/dd
-        summed over the scales."""
-        if not self.be.is_gpu and self.compiled:
-            H, n, pairs = len(scales), self.n, self.pairs
+        summed over the scales.  Compiled: msne_cpu.edge_terms, on the GPU
+        kernels/msne.cu's msne_edges."""
+        H, n, pairs, js = len(scales), self.n, self.pairs, self.cost == "js"
+        Zs = [sc[1] for sc in scales]
+        if self.compiled and self.be.is_gpu:
+            totals, W, grad = msne_gpu.edge_terms(
+                self.be, pairs, X, 0.5 * self.p, self.be.xp.stack([sc[3] for sc in scales]),
+                self.be.xp.stack(Zs), js, self.kappa)
+            part, mass = self.be.to_host(totals)
+        elif self.compiled:
             g_edge = np.empty_like(pairs.p)
             rs = np.empty((H, n))
             lap = np.empty_like(X)
             part, mass = edge_terms(
                 pairs.P.indptr, pairs.P.indices, X, pairs.p, 0.5 * self.p,
-                np.stack([sc[3] for sc in scales]), np.stack([sc[1] for sc in scales]),
-                self.cost == "js", self.kappa, g_edge, rs, lap)
-            value = self.constant + part if self.cost == "kl" else self._js_value(part, n - mass)
-            return value, list(rs), 2.0 * (lap + pairs.laplacian_times(g_edge, X, transpose=True))
-        value, g_edge, rs = self._edge_terms_array(self.pairs.sqdist(X), scales)
-        return value, rs, 2.0 * (self.pairs.laplacian_times(g_edge, X)
-                                 + self.pairs.laplacian_times(g_edge, X, transpose=True))
+                np.stack([sc[3] for sc in scales]), np.stack(Zs), js, self.kappa, g_edge, rs, lap)
+            W = (0.5 * self.p / H)[:, None] * rs / np.stack(Zs)
+            grad = 2.0 * (lap + pairs.laplacian_times(g_edge, X, transpose=True))
+        else:
+            value, g_edge, rs = self._edge_terms_array(pairs.sqdist(X), scales)
+            W = [(0.5 * p / H) * r / Z for p, r, Z in zip(self.p, rs, Zs)]
+            return value, W, 2.0 * (pairs.laplacian_times(g_edge, X)
+                                    + pairs.laplacian_times(g_edge, X, transpose=True))
+        value = self.constant + part if self.cost == "kl" else self._js_value(part, n - mass)
+        return value, list(W), grad
 
     def _js_value(self, on_pattern, rest):
         """JS cost from its pattern part and the mass ``rest`` of s off the pattern,
@@ -218,12 +229,10 @@ class MultiscaleObjective(Objective):
         # widths large, which float32 resolves only to ~0.3 (27% kernel errors,
         # overflow; on the GPU the float32 gradient was off by 100%).
         X = X_in.astype(np.float64, copy=False)
-        H = len(self.p)
         balls = None if self.be.is_gpu or self.nbody == "exact" else _Balls(X)
         scales = self._scales(X, balls)
-        value, row_sums, grad = self._edge_terms(X, scales)
-        for (p, Z, SX, m), rs in zip(scales, row_sums):
-            w = (0.5 * p / H) * rs / Z
+        value, weights, grad = self._edge_terms(X, scales)
+        for (p, Z, SX, m), w in zip(scales, weights):
             # Dense part of g_ik + g_ki = e_ik (w_i + w_k), e the kernel at width p,
             # with Z and w in row i's shifted units: the column term takes each
             # source's own shift (d_ik >= m_k, so it cannot overflow).
@@ -240,8 +249,8 @@ class MultiscaleObjective(Objective):
         n, d = X.shape
         js = self.cost == "js"
         if self.be.is_gpu:
-            part, mass, grad = fused_exact_gpu(self.be, self.pairs, X, 0.5 * self.p, js,
-                                               self.kappa)
+            part, mass, grad = msne_gpu.fused_exact(self.be, self.pairs, X, 0.5 * self.p, js,
+                                                    self.kappa)
         else:
             threads = get_num_threads()
             grad = np.empty((n, d))
