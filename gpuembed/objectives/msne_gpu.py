@@ -56,7 +56,7 @@ def fused_exact(be, pairs, X, half_p, js, kappa):
     nearest, Z, DX = xp.empty(n), xp.empty((H, n)), xp.empty((H, n, d))
     _launch(be, "msne_row_sums", n, THREADS, defines, (X, np.int64(n), c, nearest, Z, DX),
             THREADS * d * 8)
-    totals, W, grad = edge_terms(be, pairs, X, half_p, c[:, None] * nearest, Z, js, kappa)
+    totals, W, grad = edge_terms(be, pairs, X, c, c[:, None] * nearest, Z, js, kappa)
     dense = xp.empty((n, d))
     _launch(be, "msne_gradient", n, THREADS, defines, (X, np.int64(n), c, nearest, W, DX, dense),
             THREADS * (d + 1 + H) * 8)
