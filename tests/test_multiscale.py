@@ -225,17 +225,23 @@ def test_fused_exact_sweep_matches_the_split_computation(rng, cost, kappa, n_sca
     np.testing.assert_allclose(G32, G, rtol=1e-3, atol=1e-5 * np.abs(G).max())
 
 
+def clustered_with_outlier(rng):
+    """Two clusters of 300 points and an outlier at (40, -40) that every fine
+    scale isolates, multi-scale affinities of random 8-D data, LD precisions."""
+    X = rng.standard_normal((600, 8))
+    Y = np.concatenate([rng.standard_normal((300, 2)), rng.standard_normal((300, 2)) + 6.0])
+    Y[0] = (40.0, -40.0)
+    M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")
+    return Y, M, ld_precisions(M.perplexities, Y)
+
+
 @pytest.mark.parametrize("cost", ["kl", "js"])
 def test_multiscale_fgt_matches_exact(rng, cost):
     """The FGT path (unshifted sums, rescaled; isolated rows summed exactly) gives
     the exact engine's cost and gradient on a clustered layout with an outlier
     that every fine scale isolates."""
     from gpuembed.objectives import msne
-    X = rng.standard_normal((600, 8))
-    Y = np.concatenate([rng.standard_normal((300, 2)), rng.standard_normal((300, 2)) + 6.0])
-    Y[0] = (40.0, -40.0)
-    M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")
-    p = ld_precisions(M.perplexities, Y)
+    Y, M, p = clustered_with_outlier(rng)
     be = ge.get_backend("cpu")
     nearest = msne._nearest_sqdist(Y, be)
     assert (0.5 * p[0] * nearest > msne.ISOLATED).sum() >= 1      # the fallback runs
@@ -253,11 +259,7 @@ def test_gpu_fgt_path_edge_kernel(rng, cost, kappa):
     """The GPU's FGT path with its pattern's part from kernels/msne.cu's
     msne_edges against its array code, and against the CPU's FGT path, on a
     clustered layout with an outlier that every fine scale isolates."""
-    X = rng.standard_normal((600, 8))
-    Y = np.concatenate([rng.standard_normal((300, 2)), rng.standard_normal((300, 2)) + 6.0])
-    Y[0] = (40.0, -40.0)
-    M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")
-    p = ld_precisions(M.perplexities, Y)
+    Y, M, p = clustered_with_outlier(rng)
     gpu = ge.get_backend("gpu")
     obj = MultiscaleObjective(M.conditionals, gpu, np.float64, p, cost, kappa, nbody="fgt")
     E, G = obj.value_and_grad(gpu.asarray(Y))

@@ -36,9 +36,9 @@ from numba import get_num_threads
 from ..nbody import exact_sums
 from ..nbody.exact import MAX_COMPILED_DIM
 from ..neighbors import knn
+from . import msne_gpu
 from .base import Objective
 from .msne_cpu import edge_terms, fused_exact
-from . import msne_gpu
 
 COSTS = ("kl", "js")
 # Shift (in kernel units) beyond which a row's sums go to the exact engine: e^m

@@ -18,6 +18,7 @@ THREADS = 128
 
 
 def _launch(be, name, n, rows_per_block, defines, args, shared=0):
+    """Launch kernels/msne.cu's ``name`` (double) over n rows, THREADS per block."""
     kernel = be.kernel("msne.cu", name, np.float64, defines)
     kernel((-(-n // rows_per_block),), (THREADS,), args, shared_mem=shared)
 
