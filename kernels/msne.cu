@@ -116,8 +116,8 @@ __global__ void msne_row_sums(const T* __restrict__ X, long long n, const T* __r
 }
 
 template <typename T>
-__global__ void msne_edges(const long long* __restrict__ indptr,
-                           const long long* __restrict__ indices, const T* __restrict__ X,
+__global__ void msne_edges(const int* __restrict__ indptr, const int* __restrict__ indices,
+                           const T* __restrict__ X,
                            const T* __restrict__ sigma, long long n, const T* __restrict__ half_p,
                            const T* __restrict__ shifts, const T* __restrict__ Z, int js,
                            double kappa, T* __restrict__ g_edge, T* __restrict__ W,
@@ -256,11 +256,11 @@ template __global__ void msne_row_sums<float>(const float*, long long, const flo
                                               float*, float*);
 template __global__ void msne_row_sums<double>(const double*, long long, const double*, double*,
                                                double*, double*);
-template __global__ void msne_edges<float>(const long long*, const long long*, const float*,
+template __global__ void msne_edges<float>(const int*, const int*, const float*,
                                            const float*, long long, const float*, const float*,
                                            const float*, int, double, float*, float*, float*,
                                            float*);
-template __global__ void msne_edges<double>(const long long*, const long long*, const double*,
+template __global__ void msne_edges<double>(const int*, const int*, const double*,
                                             const double*, long long, const double*,
                                             const double*, const double*, int, double, double*,
                                             double*, double*, double*);

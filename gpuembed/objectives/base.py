@@ -63,13 +63,6 @@ class PairSet:
         """The edge values in float64, for the compiled pass (float32 objectives)."""
         return self.p.astype(np.float64, copy=False)
 
-    @functools.cached_property
-    def _indices64(self):
-        """(indptr, indices) of the pattern as int64, CUDA kernels' argument type."""
-        xp = self.be.xp
-        return (xp.ascontiguousarray(self.P.indptr, dtype=xp.int64),
-                xp.ascontiguousarray(self.P.indices, dtype=xp.int64))
-
     def attraction_arrays(self, X, student=False):
         """:meth:`attraction` by NumPy/CuPy array code (the reference)."""
         d2 = self.sqdist(X)

@@ -164,18 +164,20 @@ class MultiscaleObjective(Objective):
         H, n, pairs, js = len(scales), self.n, self.pairs, self.cost == "js"
         Zs = [sc[1] for sc in scales]
         if self.compiled and self.be.is_gpu:
+            xp = self.be.xp
             totals, W, grad = msne_gpu.edge_terms(
-                self.be, pairs, X, 0.5 * self.p, self.be.xp.stack([sc[3] for sc in scales]),
-                self.be.xp.stack(Zs), js, self.kappa)
+                self.be, pairs, X, 0.5 * self.p, xp.stack([sc[3] for sc in scales]),
+                xp.stack(Zs), js, self.kappa)
             part, mass = self.be.to_host(totals)
         elif self.compiled:
             g_edge = np.empty_like(pairs.p)
             rs = np.empty((H, n))
             lap = np.empty_like(X)
+            Z = np.stack(Zs)
             part, mass = edge_terms(
                 pairs.P.indptr, pairs.P.indices, X, pairs.p, 0.5 * self.p,
-                np.stack([sc[3] for sc in scales]), np.stack(Zs), js, self.kappa, g_edge, rs, lap)
-            W = (0.5 * self.p / H)[:, None] * rs / np.stack(Zs)
+                np.stack([sc[3] for sc in scales]), Z, js, self.kappa, g_edge, rs, lap)
+            W = (0.5 * self.p / H)[:, None] * rs / Z
             grad = 2.0 * (lap + pairs.laplacian_times(g_edge, X, transpose=True))
         else:
             value, g_edge, rs = self._edge_terms_array(pairs.sqdist(X), scales)

@@ -32,7 +32,9 @@ def edge_terms(be, pairs, X, half_p, shifts, Z, js, kappa):
     xp = be.xp
     n, d = X.shape
     X = xp.ascontiguousarray(X, dtype=xp.float64)
-    indptr, indices = pairs._indices64
+    # CSR in cupyx's own int32 (as kernels/cg.cu takes it): no copy of the pattern.
+    indptr, indices = (xp.ascontiguousarray(a, dtype=xp.int32)
+                       for a in (pairs.P.indptr, pairs.P.indices))
     g_edge, W = xp.empty(pairs.p.size), xp.empty((len(half_p), n))
     lap, totals = xp.empty((n, d)), xp.empty((2, n))
     _launch(be, "msne_edges", n, THREADS // 32, {"MSNE_DIM": d, "MSNE_SCALES": len(half_p)},
