@@ -12,6 +12,10 @@ at 20k).
 Fashion-MNIST with a fixed number of scales (``--n-scales``), exact engine vs
 FGT, and their fitted log-log slopes (results/msne_scaling[<suffix>].json).
 
+``--metrics``: seconds of the full R_NX curve (``ge.metrics.rnx``, k_max = N - 2, as
+every AUC above) of a PCA layout vs N on Fashion-MNIST, and its fitted slope
+(results/msne_metrics[<suffix>].json).
+
 ``--backend gpu`` runs gpuembed's methods on the GPU (float32 layouts, the GPU's
 default); openTSNE stays on the CPU with all its cores.
 """
@@ -158,17 +162,38 @@ def scaling(sizes, n_scales, exact_max, backend):
     return {"n_scales": n_scales, "rows": rows, "slopes_from_5000": slopes}
 
 
+def metrics_timing(sizes, backend):
+    """Seconds of one full R_NX curve (both spaces ranked whole) per N."""
+    be = ge.get_backend(backend)
+    X_all, _ = ge.datasets.fashion_mnist()
+    ge.metrics.rnx(X_all[:500], X_all[:500, :2], backend=be)    # compiles the CPU helpers
+    rows = []
+    for n in sizes:
+        X = X_all[:n].astype(np.float64)
+        Y = be.to_host(initial_layout("pca", X, 2, be, np.float64, 1.0, 0))
+        start = time.perf_counter()
+        R = ge.metrics.rnx(X, Y, backend=be)
+        rows.append({"n": n, "seconds": time.perf_counter() - start,
+                     "auc_rnx": ge.metrics.log_k_auc(R)})
+        print(rows[-1], flush=True)
+    return {"rows": rows, "slope": loglog_slope(rows)}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", default="2000", help="Fashion-MNIST subset sizes, comma-separated")
     parser.add_argument("--suffix", default="")
     parser.add_argument("--scaling", action="store_true")
+    parser.add_argument("--metrics", action="store_true")
     parser.add_argument("--n-scales", type=int, default=6)
     parser.add_argument("--max-n", type=int, default=70000)
     parser.add_argument("--exact-max-n", type=int, default=20000)
     parser.add_argument("--backend", default="cpu")
     args = parser.parse_args(argv)
-    if args.scaling:
+    if args.metrics:
+        sizes = [n for n in (2000, 5000, 10000, 20000) if n <= args.max_n]
+        write_result("msne", metrics_timing(sizes, args.backend), "_metrics" + args.suffix)
+    elif args.scaling:
         sizes = [n for n in (2000, 5000, 10000, 20000, 40000, 70000) if n <= args.max_n]
         write_result("msne", scaling(sizes, args.n_scales, args.exact_max_n, args.backend),
                      "_scaling" + args.suffix)

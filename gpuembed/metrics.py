@@ -15,11 +15,15 @@ in O(block x N) memory.  N = 5,000 takes about 8 s on 2 CPU cores (Fashion-MNIST
 """
 from __future__ import annotations
 
+import concurrent.futures
+
+import numba
 import numpy as np
 
 from ._checks import check_data, check_int
 from ._sparse import row_sqnorms, transposed
 from .backend import get_backend
+from .metrics_cpu import max_rank_counts, ties_by_index
 from .neighbors import TREE_MAX_DIM, knn
 from .nbody.exact import squared_distances
 
@@ -62,8 +66,8 @@ def _pair(X_high, X_low, be):
 
 
 def _rank_blocks(X_high, X_low, k_max, be):
-    """Yield, per block of rows, the neighbours in high-D order (B, k_max) and
-    every point's low-D rank (B, N) (1-based; k_max + 1 stands for 'beyond k_max')."""
+    """Yield, per block of rows, the k_max nearest in high-D order and in low-D
+    order (B, k_max each, column indices)."""
     xp = be.xp
     n = X_high.shape[0]
     # Each space's norms and right factor (sparse X_high: its feature split),
@@ -78,23 +82,50 @@ def _rank_blocks(X_high, X_low, k_max, be):
             D = squared_distances(xp, X[start:stop], X, sq[start:stop], sq, Xt)
             D[own - start, own] = xp.inf
             orders.append(_smallest_sorted(xp, D, k_max))
-        order_h, order_l = orders
-        rank_l = xp.full((stop - start, n), k_max + 1, dtype=xp.int64)
-        xp.put_along_axis(rank_l, order_l, xp.arange(1, k_max + 1)[None, :], axis=1)
-        yield order_h, rank_l
+        yield orders
+
+
+def _low_ranks(xp, order_l, n, k_max):
+    """Every point's low-D rank (B, N), 1-based, k_max + 1 for 'beyond k_max'."""
+    rank_l = xp.full((order_l.shape[0], n), k_max + 1, dtype=xp.int64)
+    xp.put_along_axis(rank_l, order_l, xp.arange(1, k_max + 1)[None, :], axis=1)
+    return rank_l
 
 
 def _smallest_sorted(xp, D, k):
     """Column indices of the k smallest entries of each row, in ascending order
-    (ties by index)."""
-    if k < D.shape[1] - 1:
-        part = xp.argpartition(D, k - 1, axis=1)[:, :k]
-        vals = xp.take_along_axis(D, part, axis=1)
-        by_index = xp.argsort(part, axis=1)
-        part = xp.take_along_axis(part, by_index, axis=1)
-        vals = xp.take_along_axis(vals, by_index, axis=1)
-        return xp.take_along_axis(part, xp.argsort(vals, axis=1, kind="stable"), axis=1)
-    return xp.argsort(D, axis=1, kind="stable")[:, :k]
+    (ties by index, also across the k-th place); a partition first where k is a
+    small part of the row."""
+    if 4 * k >= D.shape[1]:
+        return _stable_argsort(xp, D)[:, :k]
+    part = xp.sort(xp.argpartition(D, k - 1, axis=1)[:, :k], axis=1)
+    values = xp.take_along_axis(D, part, axis=1)
+    order = xp.take_along_axis(part, _stable_argsort(xp, values), axis=1)
+    # The partition may keep a value tied with the k-th place over a smaller
+    # index: such rows are sorted whole.
+    kth = values.max(axis=1, keepdims=True)
+    split = xp.flatnonzero((D == kth).sum(axis=1) != (values == kth).sum(axis=1))
+    if split.size:
+        order[split] = _stable_argsort(xp, D[split])[:, :k]
+    return order
+
+
+def _stable_argsort(xp, V):
+    """Argsort of each row of V, ties in the order of position."""
+    if xp is not np:
+        return xp.argsort(V, axis=1)      # CuPy's sort is stable
+    # NumPy's quicksort (SIMD; it releases the GIL, so threads share the rows),
+    # then the ties.
+    order = np.empty(V.shape, dtype=np.intp)
+    bounds = np.linspace(0, V.shape[0], numba.get_num_threads() + 1).astype(int)
+
+    def sort(lo, hi):
+        order[lo:hi] = np.argsort(V[lo:hi], axis=1)
+
+    with concurrent.futures.ThreadPoolExecutor(len(bounds) - 1) as pool:
+        list(pool.map(sort, bounds[:-1], bounds[1:]))
+    ties_by_index(V, order)
+    return order
 
 
 def rnx(X_high, X_low, k_max=None, *, backend="cpu"):
@@ -108,7 +139,11 @@ def rnx(X_high, X_low, k_max=None, *, backend="cpu"):
     # in both K-ary neighbourhoods exactly when K >= m.
     counts = xp.zeros(k_max + 2, dtype=xp.int64)
     ranks_h = xp.arange(1, k_max + 1)[None, :]
-    for order_h, rank_l in _rank_blocks(X_high, X_low, k_max, be):
+    for order_h, order_l in _rank_blocks(X_high, X_low, k_max, be):
+        if xp is np:
+            counts += max_rank_counts(order_h, order_l, n, k_max, numba.get_num_threads())
+            continue
+        rank_l = _low_ranks(xp, order_l, n, k_max)
         m = xp.maximum(ranks_h, xp.take_along_axis(rank_l, order_h, axis=1))
         counts += xp.bincount(m.ravel(), minlength=k_max + 2)
     K = np.arange(1, k_max + 1)
@@ -138,8 +173,8 @@ def coranking(X_high, X_low, *, max_n=5000):
         raise ValueError(f"coranking forms an (N-1)^2 matrix: N = {n} exceeds max_n = {max_n}; "
                          "use rnx for large N")
     Q = np.zeros((n - 1, n - 1), dtype=np.int64)
-    for order_h, rank_l in _rank_blocks(X_high, X_low, n - 1, be):
-        l = np.take_along_axis(rank_l, order_h, axis=1)
+    for order_h, order_l in _rank_blocks(X_high, X_low, n - 1, be):
+        l = np.take_along_axis(_low_ranks(np, order_l, n, n - 1), order_h, axis=1)
         np.add.at(Q, (np.broadcast_to(np.arange(n - 1), l.shape).ravel(), l.ravel() - 1), 1)
     return Q
 

@@ -48,9 +48,22 @@ import scipy.sparse.linalg
 API = json.loads(Path(__file__).with_name("cupy_api.json").read_text())
 # Functions that take host data (the host-to-device copies).
 HOST_INPUT = {"asarray", "array", "asanyarray"}
+
+
+def _stable(sort):
+    """CuPy's sort and argsort are stable whatever ``kind`` says; NumPy's default
+    (quicksort) is not."""
+    @functools.wraps(sort)
+    def stable(*args, kind=None, **kwargs):
+        return sort(*args, kind="stable", **kwargs)
+    return stable
+
+
 # The NumPy/SciPy module that computes each emulated namespace.
 IMPLEMENTATION = {
-    "cupy": np, "cupy.linalg": np.linalg, "cupy.random": np.random, "cupy.fft": np.fft,
+    "cupy": types.SimpleNamespace(**{**vars(np), "sort": _stable(np.sort),
+                                     "argsort": _stable(np.argsort)}),
+    "cupy.linalg": np.linalg, "cupy.random": np.random, "cupy.fft": np.fft,
     "cupyx.scipy.sparse": scipy.sparse,
     # cupyx's factorized converts its matrix to CSC itself; SciPy's warns.
     "cupyx.scipy.sparse.linalg": types.SimpleNamespace(**{
@@ -306,6 +319,8 @@ class DeviceArray:
         if attr in ("item", "tolist"):
             count("reads")
             return value
+        if attr in ("sort", "argsort"):
+            value = _stable(value)
         return _strict(value, f"cupy.ndarray.{attr}", API["ndarray"][attr])
 
     def __repr__(self):

@@ -139,3 +139,24 @@ def test_metric_bad_input(rng):
         coranking(X, X, max_n=10)
     with pytest.raises(ValueError, match="shape"):
         procrustes_error(X, X[:, :2])
+
+
+@pytest.mark.parametrize("block_rows", [None, 7])
+def test_rnx_with_ties_and_duplicates_against_brute_force(rng, backend, monkeypatch, block_rows):
+    """Integer coordinates make many distances equal (and some points coincide):
+    ranks break ties by index, in the full sort and across the k-th place of
+    the partial one (k_max = 10: a partition of the 59 others first), in any
+    blocking of the rows."""
+    import gpuembed.metrics as metrics
+
+    if block_rows:
+        monkeypatch.setattr(metrics, "BLOCK_BYTES", 8 * 60 * block_rows)
+    Xh = rng.integers(0, 3, (60, 4)).astype(float)
+    Xl = rng.integers(0, 4, (60, 2)).astype(float)
+    Q = coranking(Xh, Xl)
+    np.testing.assert_array_equal(Q, brute_coranking(Xh, Xl))
+    R = rnx_from_coranking(Q)
+    np.testing.assert_allclose(rnx(Xh, Xl, backend=backend), R, rtol=1e-12, atol=1e-12)
+    for k_max in (10, 20):
+        np.testing.assert_allclose(rnx(Xh, Xl, k_max=k_max, backend=backend), R[:k_max],
+                                   rtol=1e-12, atol=1e-12)
