@@ -84,10 +84,13 @@ mac)
     cp benchmarks/results/mac_gpu.json "$out/"
     ;;
 msne)
-    # The scaling JSON is copied out before the datasets start, in case they are cut.
+    # The scaling and metrics JSON are copied out before the datasets start, in case
+    # they are cut.
     (cd benchmarks &&
      python3 bench_msne.py --backend gpu --scaling --exact-max-n 70000 --suffix _gpu &&
      cp results/msne_scaling_gpu.json "$out/" &&
+     python3 bench_msne.py --backend gpu --metrics --suffix _gpu &&
+     cp results/msne_metrics_gpu.json "$out/" &&
      python3 bench_msne.py --backend gpu --n 2000,5000,10000,20000 --suffix _gpu) 2>&1 \
         | tee "$out/gpu_msne.log"
     cp benchmarks/results/msne_gpu.json "$out/"
