@@ -139,13 +139,13 @@ def rnx(X_high, X_low, k_max=None, *, backend="cpu"):
     # counts[m]: pairs (i, j) whose larger rank max(rho_ij, r_ij) is m; such a pair is
     # in both K-ary neighbourhoods exactly when K >= m.
     counts = xp.zeros(k_max + 2, dtype=xp.int64)
-    ranks_h = xp.arange(1, k_max + 1)[None, :]
     for order_h, order_l in _rank_blocks(X_high, X_low, k_max, be):
         if xp is np:
             counts += max_rank_counts(order_h, order_l, n, k_max, numba.get_num_threads())
             continue
         rank_l = _low_ranks(xp, order_l, n, k_max)
-        m = xp.maximum(ranks_h, xp.take_along_axis(rank_l, order_h, axis=1))
+        m = xp.maximum(xp.arange(1, k_max + 1)[None, :],
+                       xp.take_along_axis(rank_l, order_h, axis=1))
         counts += xp.bincount(m.ravel(), minlength=k_max + 2)
     K = np.arange(1, k_max + 1)
     Q = np.cumsum(be.to_host(counts)[1:k_max + 1]) / (K * n)

@@ -30,13 +30,14 @@
 #define CG_FULL 0xffffffffu
 #define CG_SLOTS 4
 
-__device__ __forceinline__ double* cg_row(double* sums, int k) {
+template <typename S>
+__device__ __forceinline__ S* cg_row(S* sums, int k) {
     return sums + (long long)k * CG_SLOTS * CG_D;
 }
 
 // Whether every column's residual norm is at most rtol |b| at the start of step k.
 __device__ __forceinline__ bool cg_converged(const double* sums, int k, double rtol) {
-    const double* row = sums + (long long)k * CG_SLOTS * CG_D;
+    const double* row = cg_row(sums, k);
     for (int c = 0; c < CG_D; ++c)
         if (!(sqrt(row[2 * CG_D + c]) <= rtol * sqrt(sums[c]))) return false;
     return true;

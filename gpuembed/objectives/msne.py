@@ -162,28 +162,25 @@ class MultiscaleObjective(Objective):
         summed over the scales.  Compiled: msne_cpu.edge_terms, on the GPU
         kernels/msne.cu's msne_edges."""
         H, n, pairs, js = len(scales), self.n, self.pairs, self.cost == "js"
-        Zs = [sc[1] for sc in scales]
-        if self.compiled and self.be.is_gpu:
-            xp = self.be.xp
-            totals, W, grad = msne_gpu.edge_terms(
-                self.be, pairs, X, 0.5 * self.p, xp.stack([sc[3] for sc in scales]),
-                xp.stack(Zs), js, self.kappa)
+        if not self.compiled:
+            value, g_edge, rs = self._edge_terms_array(pairs.sqdist(X), scales)
+            W = [(0.5 * p / H) * r / Z for (p, Z, *_), r in zip(scales, rs)]
+            return value, W, 2.0 * (pairs.laplacian_times(g_edge, X)
+                                    + pairs.laplacian_times(g_edge, X, transpose=True))
+        xp = self.be.xp
+        shifts, Z = xp.stack([sc[3] for sc in scales]), xp.stack([sc[1] for sc in scales])
+        if self.be.is_gpu:
+            totals, W, grad = msne_gpu.edge_terms(self.be, pairs, X, 0.5 * self.p, shifts, Z,
+                                                  js, self.kappa)
             part, mass = self.be.to_host(totals)
-        elif self.compiled:
+        else:
             g_edge = np.empty_like(pairs.p)
             rs = np.empty((H, n))
             lap = np.empty_like(X)
-            Z = np.stack(Zs)
-            part, mass = edge_terms(
-                pairs.P.indptr, pairs.P.indices, X, pairs.p, 0.5 * self.p,
-                np.stack([sc[3] for sc in scales]), Z, js, self.kappa, g_edge, rs, lap)
+            part, mass = edge_terms(pairs.P.indptr, pairs.P.indices, X, pairs.p, 0.5 * self.p,
+                                    shifts, Z, js, self.kappa, g_edge, rs, lap)
             W = (0.5 * self.p / H)[:, None] * rs / Z
             grad = 2.0 * (lap + pairs.laplacian_times(g_edge, X, transpose=True))
-        else:
-            value, g_edge, rs = self._edge_terms_array(pairs.sqdist(X), scales)
-            W = [(0.5 * p / H) * r / Z for p, r, Z in zip(self.p, rs, Zs)]
-            return value, W, 2.0 * (pairs.laplacian_times(g_edge, X)
-                                    + pairs.laplacian_times(g_edge, X, transpose=True))
         value = self.constant + part if self.cost == "kl" else self._js_value(part, n - mass)
         return value, list(W), grad
 
