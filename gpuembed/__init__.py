@@ -1,5 +1,6 @@
 """gpuembed: fast nonlinear embeddings and manifold learning on GPU and CPU."""
 from . import datasets, metrics, nbody, objectives, optim, parametric
+from ._checks import NotFittedError
 from .affinities import entropic_affinities, multiscale_affinities
 from .backend import Backend, BackendUnavailable, get_backend
 from .embedding import EE, SNE, SSNE, TSNE, MultiscaleSNE
@@ -9,7 +10,7 @@ from .spectral import LaplacianEigenmaps, SpectralClustering
 
 __version__ = "0.1.0"
 
-__all__ = ["Backend", "BackendUnavailable", "get_backend", "knn", "entropic_affinities",
+__all__ = ["Backend", "BackendUnavailable", "NotFittedError", "get_backend", "knn", "entropic_affinities",
            "multiscale_affinities", "TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE",
            "ParametricEmbedding", "LaplacianEigenmaps", "SpectralClustering", "datasets",
            "metrics", "nbody", "objectives", "optim", "parametric", "__version__"]

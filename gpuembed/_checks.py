@@ -12,6 +12,25 @@ import numpy as np
 from ._sparse import is_sparse, to_csr
 
 
+class NotFittedError(ValueError, AttributeError):
+    """A fitted estimator's method called before ``fit`` (scikit-learn's convention:
+    both a ValueError and an AttributeError)."""
+
+
+def check_fitted(estimator, fitted):
+    """Raise :class:`NotFittedError` unless ``fitted`` is true."""
+    if not fitted:
+        raise NotFittedError(f"this {type(estimator).__name__} instance is not fitted yet; "
+                             f"call fit before transform")
+
+
+def check_features(X, estimator, name="X_new"):
+    """New data must have the training data's number of features."""
+    if X.shape[1] != estimator.n_features_in_:
+        raise ValueError(f"{name} has {X.shape[1]} features, but {type(estimator).__name__} "
+                         f"is expecting {estimator.n_features_in_} features as input")
+
+
 def check_data(X, backend, *, name="X", dtype=None, min_samples=2, sparse=False):
     """``X`` as a finite 2-D floating array on ``backend``'s device.
 
@@ -26,22 +45,32 @@ def check_data(X, backend, *, name="X", dtype=None, min_samples=2, sparse=False)
     if is_sparse(X) and not sparse:
         raise TypeError(f"{name} is a sparse matrix, which this function does not take; "
                         f"pass a dense array ({name}.toarray())")
-    shape = getattr(X, "shape", None)
-    if shape is None:
-        X = np.asarray(X)
-        shape = X.shape
+    if not (is_sparse(X) or hasattr(X, "dtype")):
+        X = np.asarray(X)           # lists, and tables such as pandas DataFrames
+    if X.dtype == object:           # numbers in an object array (a mixed table)
+        try:
+            X = np.asarray(X, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{name} must be numeric: {exc}") from None
+    shape = X.shape
     if len(shape) != 2:
-        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {tuple(shape)}")
+        one = f" ({name}.reshape(1, -1) for one sample)" if len(shape) == 1 else ""
+        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape "
+                         f"{tuple(shape)}. Reshape your data{one}.")
     if shape[0] < min_samples:
-        raise ValueError(f"{name} needs at least {min_samples} samples, got {shape[0]}")
+        raise ValueError(f"{name} needs at least {min_samples} samples, got n_samples="
+                         f"{shape[0]}")
     if shape[1] < 1:
-        raise ValueError(f"{name} needs at least 1 feature, got shape {tuple(shape)}")
+        raise ValueError(f"{name} has 0 feature(s) (shape={tuple(shape)}) while a minimum of "
+                         f"1 is required.")
     if dtype is None:
-        kind = np.dtype(getattr(X, "dtype", np.float64)).kind
+        kind = np.dtype(X.dtype).kind
         if kind == "f" and np.dtype(X.dtype).itemsize in (4, 8):
             dtype = X.dtype
         elif kind in "biuf":
             dtype = backend.default_float
+        elif kind == "c":
+            raise ValueError(f"{name}: Complex data not supported, got dtype {X.dtype}")
         else:
             raise TypeError(f"{name} must be numeric, got dtype {X.dtype}")
     X = to_csr(X, backend, dtype) if is_sparse(X) else backend.asarray(X, dtype=dtype)

@@ -13,7 +13,7 @@ import inspect
 
 class Params:
     """Mixin: parameters from the ``__init__`` signatures along the MRO, plus
-    the names in ``extra_params`` kept in the dict ``self.method_params``
+    the names in ``extra_params`` kept in the dict ``self._method_params``
     (the embeddings' ``**method_params``)."""
 
     extra_params = frozenset()
@@ -34,7 +34,7 @@ class Params:
 
     def get_params(self, deep=True):
         params = {name: getattr(self, name) for name in self._param_names()}
-        params.update(getattr(self, "method_params", {}))
+        params.update(getattr(self, "_method_params", {}))
         if deep:
             for name, value in list(params.items()):
                 if hasattr(value, "get_params") and not isinstance(value, type):
@@ -51,7 +51,7 @@ class Params:
             elif key in names:
                 setattr(self, key, value)
             elif key in self.extra_params:
-                self.method_params[key] = value
+                self._method_params[key] = value
             else:
                 valid = sorted(set(names) | set(self.extra_params))
                 raise ValueError(f"invalid parameter {key!r} for {type(self).__name__}; "
@@ -59,6 +59,11 @@ class Params:
         for head, values in nested.items():
             getattr(self, head).set_params(**values)
         return self
+
+    def __sklearn_is_fitted__(self):
+        # Every fit sets n_features_in_; scikit-learn's default test (any attribute
+        # ending in "_") would take EE's parameter lambda_ for a fitted state.
+        return hasattr(self, "n_features_in_")
 
     def __sklearn_tags__(self):
         # Only scikit-learn calls this, so it is there to import.

@@ -17,8 +17,8 @@ import numpy as np
 import scipy.sparse
 import scipy.sparse.linalg
 
-from ._checks import (check_callbacks, check_choice, check_data, check_dtype, check_float,
-                      check_int, check_random_state)
+from ._checks import (check_callbacks, check_choice, check_data, check_dtype, check_features,
+                      check_fitted, check_float, check_int, check_random_state)
 from ._params import Params
 from ._sparse import is_sparse
 from .affinities import EntropicAffinities, entropic_affinities
@@ -76,7 +76,7 @@ class _Embedding(Params):
         self.dtype = dtype
         self.verbose = verbose
         self.callbacks = callbacks
-        self.method_params = method_params
+        self._method_params = method_params
 
     # -- fitting -----------------------------------------------------------
     def fit(self, X, y=None):
@@ -94,7 +94,7 @@ class _Embedding(Params):
         self._exaggeration = self._exaggeration_stage(max_iter)
         dtype = check_dtype(self.dtype, be)
         nbody = resolve_method(self.nbody, n, d, OBJECTIVES[self.objective_name].kernel, be)
-        accuracy = check_accuracy(nbody, self.method_params.get("accuracy"))
+        accuracy = check_accuracy(nbody, self._method_params.get("accuracy"))
         start = time.perf_counter()
         P = self._affinity_matrix(X, be)
         start = _stage(self.verbose, start, f"affinities: {n} points, {int(P.nnz)} pairs"
@@ -111,6 +111,7 @@ class _Embedding(Params):
         self.objective_ = float(result.objective)
         self.n_iter_ = int(result.n_iter)
         self.history_ = result.history
+        self.n_features_in_ = X.shape[1]
         self._fitted = (be, X, result.X, objective, P.shape[0])
         return self
 
@@ -148,12 +149,12 @@ class _Embedding(Params):
             "transform_max_iter": lambda v: check_int(v, "transform_max_iter", 1),
             "accuracy_schedule": lambda v: check_int(v, "accuracy_schedule", 1),
         }
-        for name, value in self.method_params.items():
+        for name, value in self._method_params.items():
             if name in checks and value is not None:
                 checks[name](value)
 
     def _optimize(self, objective, X0, max_iter, tol, monitor):
-        p = self.method_params
+        p = self._method_params
         if self.optimizer == "tsne":
             # Like openTSNE, the classic optimizer runs all max_iter iterations: its
             # momentum phase has plateaus where a relative-change test stops it too
@@ -200,7 +201,7 @@ class _Embedding(Params):
     def _exaggeration_stage(self, max_iter):
         """(factor, iterations) of the opt-in early exaggeration of the line-search
         optimizers, or None; checked before the affinities are computed."""
-        p = self.method_params
+        p = self._method_params
         if "early_exaggeration" not in p or self.optimizer == "tsne":
             return None
         if self.objective_name != "tsne":
@@ -212,15 +213,15 @@ class _Embedding(Params):
     def _schedule(self, objective):
         """The accuracy ramp of method_params ``accuracy_schedule`` (its length in
         iterations; None: hold ``accuracy`` fixed)."""
-        n_iter = self.method_params.get("accuracy_schedule")
+        n_iter = self._method_params.get("accuracy_schedule")
         if n_iter is None:
             return None
-        if self.method_params.get("accuracy"):
+        if self._method_params.get("accuracy"):
             raise TypeError("give either accuracy (fixed) or accuracy_schedule, not both")
         return accuracy_schedule(objective.nbody, n_iter)
 
     def _direction_params(self):
-        p = self.method_params
+        p = self._method_params
         if self.optimizer in ("sd", "sd-"):
             params = {"kappa": p.get("kappa")}
             if self.optimizer == "sd":
@@ -235,7 +236,7 @@ class _Embedding(Params):
         n = X.shape[0]
         A = self.affinities
         if A is None:
-            A = entropic_affinities(X, self.perplexity, n_neighbors=self.method_params.get(
+            A = entropic_affinities(X, self.perplexity, n_neighbors=self._method_params.get(
                 "n_neighbors"), symmetrize=self.objective_name != "sne", backend=be)
         P = A.P if isinstance(A, EntropicAffinities) else A
         if not (scipy.sparse.issparse(P) or hasattr(P, "tocsr") or hasattr(P, "shape")):
@@ -271,22 +272,19 @@ class _Embedding(Params):
     # -- out-of-sample -----------------------------------------------------
     def transform(self, X_new):
         """Embed new points with the training embedding fixed (all together)."""
-        if not hasattr(self, "_fitted"):
-            raise RuntimeError("call fit before transform")
+        check_fitted(self, hasattr(self, "_fitted"))
         be, X_train, Y_train, objective, n = self._fitted
         xp = be.xp
         X_new = check_data(X_new, be, name="X_new", dtype=X_train.dtype, min_samples=1,
                            sparse=True)
-        if X_new.shape[1] != X_train.shape[1]:
-            raise ValueError(f"X_new has {X_new.shape[1]} features, the training data "
-                             f"{X_train.shape[1]}")
+        check_features(X_new, self)
         K = float(np.max(self._perplexity_used))
         k = min(n, max(math.ceil(3 * K), math.floor(K) + 1))
         sqdist, idx = knn_query(X_new, X_train, k, backend=be)
         W = conditional_affinities(sqdist, min(K, k - 0.5), backend=be).astype(Y_train.dtype)
         Y = (W[:, :, None] * Y_train[idx]).sum(axis=1)        # affinity-weighted mean
         mapping = _OutOfSample(self.objective_name, Y_train, idx, W, objective, be)
-        return be.to_host(mapping.minimize(Y, self.method_params.get("transform_max_iter", 200)))
+        return be.to_host(mapping.minimize(Y, self._method_params.get("transform_max_iter", 200)))
 
 
 class _OutOfSample:
@@ -310,57 +308,65 @@ class _OutOfSample:
         """Sums over the training points at the new points X: O(M + N) with fgt / bh."""
         return engine_sums(self.be, self.nbody, self.Y, kernels, Y=X, accuracy=self.accuracy)
 
-    def value_and_grad(self, X):
+    def value_and_grad(self, X, rows):
+        """Per-point objective (M,) and gradient (M, d) of the new points ``rows``
+        at X (M, d)."""
         xp = self.be.xp
-        diff = X[:, None, :] - self.Y[self.idx]                # (M, k, d)
+        W = self.W[rows]
+        diff = X[:, None, :] - self.Y[self.idx[rows]]          # (M, k, d)
         d2 = (diff * diff).sum(axis=2)
         if self.student:
-            attract = (self.W * xp.log1p(d2)).sum(axis=1)
-            g_att = 2.0 * ((self.W / (1.0 + d2))[:, :, None] * diff).sum(axis=1)
+            attract = (W * xp.log1p(d2)).sum(axis=1)
+            g_att = 2.0 * ((W / (1.0 + d2))[:, :, None] * diff).sum(axis=1)
             (S1, _), (S2, SX2) = self.sums(X, ("student", "student2"))
             return attract + xp.log(S1), g_att - 2.0 * (S2[:, None] * X - SX2) / S1[:, None]
-        attract = (self.W * d2).sum(axis=1)
-        g_att = 2.0 * (self.W[:, :, None] * diff).sum(axis=1)
+        attract = (W * d2).sum(axis=1)
+        g_att = 2.0 * (W[:, :, None] * diff).sum(axis=1)
         (S, SX), = self.sums(X, ("gaussian",))
         if self.name == "ee":
             value = attract / self.n + self.lambda_ * S
             return value, g_att / self.n - 2.0 * self.lambda_ * (S[:, None] * X - SX)
         return attract + xp.log(S), g_att - 2.0 * (S[:, None] * X - SX) / S[:, None]
 
-    def curvature(self, X):
+    def curvature(self, X, rows):
         """Attractive curvature per point: the FP scaling of the gradient."""
+        W = self.W[rows]
         if self.student:
-            xp = self.be.xp
-            diff = X[:, None, :] - self.Y[self.idx]
-            return 2.0 * (self.W / (1.0 + (diff * diff).sum(axis=2))).sum(axis=1)
-        return 2.0 * self.W.sum(axis=1) / (self.n if self.name == "ee" else 1.0)
+            diff = X[:, None, :] - self.Y[self.idx[rows]]
+            return 2.0 * (W / (1.0 + (diff * diff).sum(axis=2))).sum(axis=1)
+        return 2.0 * W.sum(axis=1) / (self.n if self.name == "ee" else 1.0)
 
     def minimize(self, X, max_iter, tol=1e-10):
-        """Scaled gradient steps with a per-point Armijo backtracking line search."""
+        """Scaled gradient steps with a per-point Armijo backtracking line search.
+        Each point stops on its own relative change, so where it lands does not
+        depend on the other points transformed with it (one stopping test over
+        all of them moved the converged points on while the slowest converged)."""
         xp = self.be.xp
-        E, G = self.value_and_grad(X)
+        X = X.copy()
         step = xp.ones(X.shape[0], dtype=X.dtype)
+        rows = xp.arange(X.shape[0])
+        floor = np.finfo(X.dtype).tiny              # 1e-300 would be 0 in float32
         for _ in range(max_iter):
-            P = -G / self.curvature(X)[:, None]
+            if rows.size == 0:
+                break
+            Xa = X[rows]
+            E, G = self.value_and_grad(Xa, rows)
+            P = -G / self.curvature(Xa, rows)[:, None]
             slope = (G * P).sum(axis=1)
-            trial = xp.minimum(2.0 * step, 1.0)
-            accepted = xp.zeros(X.shape[0], dtype=bool)
-            X_new, E_new = X.copy(), E.copy()
+            trial = xp.minimum(2.0 * step[rows], 1.0)
+            accepted = xp.zeros(rows.size, dtype=bool)
+            X_new, E_new = Xa.copy(), E.copy()
             for _ in range(30):
-                cand = X + trial[:, None] * P
-                E_c, _ = self.value_and_grad(cand)
+                cand = Xa + trial[:, None] * P
+                E_c, _ = self.value_and_grad(cand, rows)
                 ok = ~accepted & (E_c <= E + 1e-4 * trial * slope)
-                X_new[ok], E_new[ok], step[ok] = cand[ok], E_c[ok], trial[ok]
+                X_new[ok], E_new[ok], step[rows[ok]] = cand[ok], E_c[ok], trial[ok]
                 accepted |= ok
                 if bool(accepted.all()):
                     break
                 trial = xp.where(accepted, trial, 0.5 * trial)
-            floor = np.finfo(E.dtype).tiny          # 1e-300 would be 0 in float32
-            change = float(xp.max(xp.abs(E - E_new) / xp.maximum(xp.abs(E), floor)))
-            X = X_new
-            E, G = self.value_and_grad(X)
-            if change < tol:
-                break
+            X[rows] = X_new
+            rows = rows[xp.abs(E - E_new) / xp.maximum(xp.abs(E), floor) >= tol]
         return X
 
 
@@ -503,7 +509,7 @@ class EE(_Embedding):
             return super()._optimize(objective, X0, max_iter, tol, monitor)
         steps = check_int(self.homotopy_steps, "homotopy_steps", 1)
         return homotopy(objective, X0, self.optimizer, lambdas=homotopy_path(objective.lambda_, steps),
-                        max_iter=max_iter, tol=tol, step_size=self.method_params.get("step_size"),
+                        max_iter=max_iter, tol=tol, step_size=self._method_params.get("step_size"),
                         monitor=monitor, direction_params=self._direction_params())
 
 
@@ -605,6 +611,7 @@ class MultiscaleSNE(Params):
         self.history_ = monitor.history
         self.perplexities_ = M.perplexities
         self.exponent_ = U
+        self.n_features_in_ = X.shape[1]
         return self
 
     def fit_transform(self, X, y=None):

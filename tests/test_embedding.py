@@ -766,7 +766,7 @@ def test_bad_data_and_unknown_parameters(small):
     model = ge.TSNE(max_iter=5, backend="cpu").fit(X)
     with pytest.raises(ValueError, match="features"):
         model.transform(X[:, :3])
-    with pytest.raises(RuntimeError, match="fit"):
+    with pytest.raises(ge.NotFittedError, match="call fit before transform"):
         ge.TSNE().transform(X)
 
 

@@ -163,7 +163,7 @@ def test_nan_and_transform_errors():
     model = ge.LaplacianEigenmaps(2, n_neighbors=10, backend="cpu").fit(X)
     with pytest.raises(ValueError, match="features"):
         model.transform(X[:, :2])
-    with pytest.raises(RuntimeError, match="fit"):
+    with pytest.raises(ge.NotFittedError, match="call fit before transform"):
         ge.LaplacianEigenmaps(2, n_neighbors=10).transform(X)
     # Empty or one-point data is named as such, not as an out-of-range n_components.
     for model in (ge.LaplacianEigenmaps(2, n_neighbors=10),

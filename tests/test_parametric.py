@@ -201,7 +201,7 @@ def test_bad_input():
         pe.transform(X[:, :3])
     with pytest.raises(ValueError, match="NaN"):
         pe.transform(np.full((2, 4), np.nan))
-    with pytest.raises(RuntimeError, match="fit"):
+    with pytest.raises(ge.NotFittedError, match="call fit before transform"):
         ge.ParametricEmbedding().transform(X)
 
 

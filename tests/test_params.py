@@ -33,8 +33,8 @@ def test_clone_keeps_every_parameter(est):
 def test_set_params_and_its_errors():
     model = ge.TSNE().set_params(perplexity=5.0, kappa=3, max_iter=10)
     assert model.perplexity == 5.0 and model.max_iter == 10
-    assert model.method_params == {"kappa": 3}
     assert model.get_params()["kappa"] == 3
+    assert "method_params" not in vars(model)       # only parameters are attributes
     with pytest.raises(ValueError, match="invalid parameter 'perplexty' for TSNE"):
         model.set_params(perplexty=5)
     pe = ge.ParametricEmbedding(ge.EE()).set_params(embedding__lambda_=2.0, n_mu=3)
@@ -116,3 +116,98 @@ def test_grid_search_over_perplexity():
     assert search.best_score_ >= 0.9
     assert ge.TSNE().__sklearn_tags__().input_tags.sparse
     assert not ge.ParametricEmbedding().__sklearn_tags__().input_tags.sparse
+
+
+# scikit-learn's estimator checks the estimators fail by design, with the reason.
+_TRANSFORM_OF_TRAINING_POINTS = (
+    "transform places a training point as a new point against the fitted layout, which is "
+    "not its fitted position (scikit-learn's TSNE has no transform at all)")
+_BY_DESIGN = {
+    "check_do_not_raise_errors_in_init_or_set_params":
+        "an unknown **method_params name is refused at construction, where the typo is",
+    "check_n_features_in_after_fitting":
+        "the new data's argument is X_new (Y_new), which the message names",
+    "check_transformer_general": _TRANSFORM_OF_TRAINING_POINTS,
+    "check_transformer_data_not_an_array": _TRANSFORM_OF_TRAINING_POINTS,
+}
+
+
+@pytest.mark.parametrize("est", [
+    ge.TSNE(max_iter=20, perplexity=5, random_state=0, backend="cpu"),
+    ge.EE(max_iter=20, perplexity=5, random_state=0, backend="cpu"),
+    ge.SNE(max_iter=10, perplexity=5, random_state=0, backend="cpu"),
+    ge.MultiscaleSNE(max_iter=5, random_state=0, backend="cpu"),
+    ge.LaplacianEigenmaps(2, n_neighbors=5, backend="cpu"),
+    ge.SpectralClustering(3, n_neighbors=5, random_state=0, backend="cpu"),
+    ge.ParametricEmbedding(ge.EE(max_iter=20, perplexity=5, random_state=0, backend="cpu"),
+                           "linear", random_state=0)],
+    ids=lambda e: type(e).__name__)
+def test_scikit_learn_estimator_checks(est):
+    """scikit-learn's own check_estimator: input validation and messages, unfitted
+    errors, n_features_in_, cloning, pickling, subset invariance of transform...;
+    every failure is one listed in _BY_DESIGN."""
+    import inspect
+    import warnings
+
+    from sklearn.utils.estimator_checks import check_estimator
+
+    if "expected_failed_checks" not in inspect.signature(check_estimator).parameters:
+        pytest.skip("needs scikit-learn 1.6 or later")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = check_estimator(est, on_fail=None, expected_failed_checks=_BY_DESIGN)
+    failed = [(r["check_name"], str(r["exception"])[:300]) for r in results
+              if r["status"] == "failed"]
+    assert not failed
+    assert len(results) > 40
+
+
+def test_transform_of_a_point_does_not_depend_on_the_batch():
+    """Each new point stops on its own test: transforming it alone or with others
+    gives the same position (a shared stopping test moved converged points on)."""
+    X, _ = ge.datasets.gaussian_clusters(300, 3, 5, random_state=0)
+    for est in (ge.TSNE(max_iter=50, backend="cpu", random_state=0),
+                ge.EE(max_iter=50, backend="cpu", random_state=0)):
+        est.fit(X[:250])
+        together = est.transform(X[250:])
+        for i in (0, 17, 49):
+            np.testing.assert_allclose(est.transform(X[250 + i:251 + i])[0], together[i],
+                                       rtol=1e-12, atol=1e-12)
+
+
+def test_table_like_input_and_unfitted_errors():
+    """Objects with a shape but no dtype (pandas DataFrames) and object arrays of
+    numbers are read as numbers; complex data and non-numbers are refused; a
+    transform before fit raises NotFittedError, a ValueError and AttributeError."""
+    from gpuembed._checks import check_data
+
+    class Table:                    # a DataFrame's array protocol, without pandas
+        shape = (6, 2)
+
+        def __array__(self, dtype=None, copy=None):
+            return np.arange(12.0).reshape(6, 2)
+
+    be = ge.get_backend("cpu")
+    np.testing.assert_array_equal(check_data(Table(), be), np.arange(12.0).reshape(6, 2))
+    mixed = np.array([[1, 2.5], [3, 4.0], [5, 6.5]], dtype=object)
+    assert check_data(mixed, be).dtype == np.float64
+    mixed[0, 0] = {"a": 1}
+    with pytest.raises(TypeError, match="X must be numeric: float.. argument must be"):
+        check_data(mixed, be)
+    with pytest.raises(ValueError, match="X: Complex data not supported"):
+        check_data(np.ones((3, 2)) * 1j, be)
+    with pytest.raises(ValueError, match="X has 0 feature"):
+        check_data(np.ones((3, 0)), be)
+    with pytest.raises(ValueError, match="Reshape your data"):
+        check_data(np.ones(3), be)
+    for est in (ge.TSNE(), ge.LaplacianEigenmaps(n_neighbors=3), ge.ParametricEmbedding()):
+        with pytest.raises(ge.NotFittedError, match="not fitted yet"):
+            est.transform(np.ones((2, 3)))
+        assert not hasattr(est, "n_features_in_")
+    assert issubclass(ge.NotFittedError, ValueError)
+    assert issubclass(ge.NotFittedError, AttributeError)
+    est = ge.TSNE(max_iter=5, perplexity=3, backend="cpu")
+    est.fit(np.random.default_rng(0).random((20, 3)))
+    assert est.n_features_in_ == 3
+    with pytest.raises(ValueError, match="X_new has 2 features, but TSNE is expecting 3"):
+        est.transform(np.ones((2, 2)))

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from .._checks import check_data, check_float, check_int, check_random_state
+from .._checks import check_data, check_features, check_fitted, check_float, check_int, check_random_state
 from .._params import Params
 from .._sparse import is_sparse
 from ..objectives.penalty import Penalized
@@ -180,7 +180,7 @@ class ParametricEmbedding(Params):
             for _ in range(max_inner):
                 z_result = minimize(Penalized(objective, FY - U, mu), Z, direction,
                                     max_iter=z_max_iter, tol=z_tol,
-                                    step_size=embedding.method_params.get("step_size"),
+                                    step_size=embedding._method_params.get("step_size"),
                                     monitor=Monitor())
                 Z = z_result.X
                 FY = f_step(False, Z + U)
@@ -211,11 +211,8 @@ class ParametricEmbedding(Params):
 
     def transform(self, Y_new):
         """F(Y_new) as a numpy array."""
-        if not hasattr(self, "mapping_"):
-            raise RuntimeError("call fit before transform")
+        check_fitted(self, hasattr(self, "mapping_"))
         be = self._backend
         Y_new = check_data(Y_new, be, name="Y_new", dtype=self._dtype, min_samples=1)
-        if Y_new.shape[1] != self.n_features_in_:
-            raise ValueError(f"Y_new has {Y_new.shape[1]} features, the training data "
-                             f"{self.n_features_in_}")
+        check_features(Y_new, self, "Y_new")
         return be.to_host(be.asarray(self.mapping_.predict(Y_new), dtype=self._dtype))

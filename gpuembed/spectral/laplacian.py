@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse
 
-from .._checks import check_choice, check_data, check_float, check_int, check_random_state
+from .._checks import (check_choice, check_data, check_features, check_fitted, check_float, check_int,
+                       check_random_state)
 from .._params import Params
 from ..affinities import entropic_affinities
 from ..backend import get_backend
@@ -92,6 +93,7 @@ class _SpectralBase(Params):
         ``drop_first=False`` keeps the trivial solution (Ng-Jordan-Weiss clustering)."""
         W = affinity_graph(X, self.n_neighbors, self.sigma, self.perplexity, backend=be)
         self._X = X
+        self.n_features_in_ = X.shape[1]
         if self.n_landmarks is None:
             self.landmarks_ = self.Z_ = None
             return be.to_host(spectral_embedding(
@@ -104,12 +106,9 @@ class _SpectralBase(Params):
     def _map(self, X_new, embedding):
         """Out-of-sample: locally linear reconstruction from landmarks (LLL) or from
         the nearest training points (exact), applied to their embedding."""
-        if not hasattr(self, "_X"):
-            raise RuntimeError("call fit before transform")
+        check_fitted(self, hasattr(self, "_X"))
         X_new = check_data(X_new, get_backend("cpu"), name="X_new", min_samples=1, sparse=True)
-        if X_new.shape[1] != self._X.shape[1]:
-            raise ValueError(f"X_new has {X_new.shape[1]} features, the training data "
-                             f"{self._X.shape[1]}")
+        check_features(X_new, self)
         if self.landmarks_ is None:
             kz = default_kz(embedding.shape[1])
             return reconstruction_weights(X_new, self._X, kz, backend=self.backend) @ embedding
