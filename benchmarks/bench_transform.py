@@ -1,0 +1,99 @@
+"""Out-of-sample mapping: embed held-out points into a fitted layout.
+
+The first ``--n`` Fashion-MNIST images are embedded with each method's defaults,
+then the next ``--m`` are mapped into that layout with the training embedding
+fixed: gpuembed's TSNE and EE ``transform`` (each new point minimizes its own
+terms of the objective), openTSNE's ``TSNEEmbedding.transform`` and umap-learn's
+``UMAP.transform``, side by side in one run (two threads each).  Reported per
+method: seconds to fit and to transform, and the held-out accuracy: a 10-NN
+classifier trained on the training layout and its labels, scored on the mapped
+points.
+
+Writes results/transform.json.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from common import write_result
+import gpuembed as ge
+
+K = 10
+
+
+def gpuembed_method(make):
+    def fit(X):
+        model = make()
+        return model, model.fit_transform(X)
+    return fit, lambda model, X: model.transform(X)
+
+
+def opentsne_method():
+    import openTSNE
+
+    def fit(X):
+        model = openTSNE.TSNE(n_jobs=2, random_state=0).fit(X)
+        return model, np.asarray(model)
+    return fit, lambda model, X: np.asarray(model.transform(X))
+
+
+def umap_method():
+    import umap
+
+    def fit(X):
+        model = umap.UMAP(n_jobs=2)
+        return model, model.fit_transform(X)
+    return fit, lambda model, X: model.transform(X)
+
+
+METHODS = {
+    "gpuembed TSNE": lambda: gpuembed_method(lambda: ge.TSNE(random_state=0, backend="cpu")),
+    "gpuembed EE": lambda: gpuembed_method(lambda: ge.EE(random_state=0, backend="cpu")),
+    "openTSNE": opentsne_method,
+    "UMAP": umap_method,
+}
+
+
+def heldout_accuracy(Y_train, y_train, Y_new, y_new):
+    from sklearn.neighbors import KNeighborsClassifier
+
+    return float(KNeighborsClassifier(K).fit(Y_train, y_train).score(Y_new, y_new))
+
+
+def run(name, X, y, n, m):
+    try:
+        fit, transform = METHODS[name]()
+    except ImportError:
+        return {"method": name, "skipped": True}
+    model, _ = fit(X[:1000])                      # compiles (numba) outside the timings
+    transform(model, X[1000:1100])
+    start = time.perf_counter()
+    model, Y = fit(X[:n])
+    fit_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    Z = transform(model, X[n:n + m])
+    row = {"method": name, "fit_seconds": fit_seconds,
+           "transform_seconds": time.perf_counter() - start,
+           "heldout_knn_accuracy": heldout_accuracy(Y, y[:n], Z, y[n:n + m]),
+           "train_knn_accuracy": ge.metrics.knn_accuracy(Y, y[:n], k=K)}
+    print(row, flush=True)
+    return row
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=10000, help="training points")
+    parser.add_argument("--m", type=int, default=2000, help="held-out points mapped")
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
+    args = parser.parse_args(argv)
+    X, y = ge.datasets.fashion_mnist()
+    rows = [run(name, X, y, args.n, args.m) for name in args.methods]
+    write_result("transform", {"dataset": "fashion_mnist", "n_train": args.n,
+                               "n_heldout": args.m, "k": K, "runs": rows})
+
+
+if __name__ == "__main__":
+    main()
