@@ -248,6 +248,24 @@ def test_compiled_barnes_hut_equals_the_vectorized_traversal(d, backend, rng):
                         assert rel(S, S0) < tol and rel(SX, SX0) < tol
 
 
+def test_fixed_sources_build_their_tree_once(backend, rng):
+    """engine_sums' ``sources`` dict (fixed sources, new targets at every call, as
+    in the out-of-sample mapping) keeps Barnes-Hut's tree: the sums equal those
+    with a tree built per call, and the second call reuses the first's tree."""
+    X, w = backend.asarray(rng.normal(size=(800, 2)) * 4), backend.asarray(rng.uniform(1, 2, 800))
+    sources, trees = {}, []
+    for size in (50, 120):
+        Y = backend.asarray(rng.normal(size=(size, 2)) * 4)
+        kept = engine_sums(backend, "bh", X, ("student", "student2"), Y=Y, weights=w,
+                           sources=sources)
+        trees.append(sources["tree"])
+        fresh = engine_sums(backend, "bh", X, ("student", "student2"), Y=Y, weights=w)
+        for (S, SX), (S0, SX0) in zip(kept, fresh):
+            np.testing.assert_array_equal(backend.to_host(S), backend.to_host(S0))
+            np.testing.assert_array_equal(backend.to_host(SX), backend.to_host(SX0))
+    assert trees[0] is trees[1] and list(sources) == ["tree"]
+
+
 def test_new_targets_are_walked_in_their_morton_order(rng):
     tree = Tree(CPU, rng.normal(size=(500, 2)))
     Y = rng.normal(size=(300, 2))

@@ -81,10 +81,14 @@ def check_accuracy(method, accuracy):
     return accuracy
 
 
-def engine_sums(be, method, X, kernels, Y=None, weights=None, accuracy=None, **shifts):
+def engine_sums(be, method, X, kernels, Y=None, weights=None, accuracy=None, sources=None,
+                **shifts):
     """[(S, SX) for each kernel] by engine ``method`` (already resolved).
 
     ``shifts`` (target_shift / source_shift) are an exact-engine feature.
+    ``sources``: a dict the caller keeps while X and weights stay the same (new
+    targets Y at every call), in which an engine may keep what depends on the
+    sources alone (Barnes-Hut: the tree).
     """
     if method == "exact":
         return exact_sums(be, X, kernels, Y=Y, weights=weights, **shifts)
@@ -98,7 +102,7 @@ def engine_sums(be, method, X, kernels, Y=None, weights=None, accuracy=None, **s
             p = DEFAULT_ORDER if tol is None else order_for_tolerance(tol, X.shape[1])
         return fgt_sums(be, X, kernels, Y=Y, weights=weights, p=p)
     return bh_sums(be, X, kernels, Y=Y, weights=weights,
-                   theta=accuracy.get("theta", DEFAULT_THETA))
+                   theta=accuracy.get("theta", DEFAULT_THETA), sources=sources)
 
 
 def kernel_sums(X, kernel, method="exact", *, backend="auto", **accuracy):

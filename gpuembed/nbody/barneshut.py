@@ -148,17 +148,25 @@ class Tree:
         self.rank[self.order] = xp.arange(n)
 
 
-def bh_sums(be, X, kernels, Y=None, weights=None, theta=DEFAULT_THETA):
+def bh_sums(be, X, kernels, Y=None, weights=None, theta=DEFAULT_THETA, sources=None):
     """[(S, SX) for each kernel] by Barnes-Hut; the exact engine's contract.
 
     The kernel sets of the compiled exact loop (KERNEL_CODES) use the compiled
     walks (barneshut_cpu.py on the CPU, kernels/barneshut.cu on the GPU), others
-    the vectorized traversal.
+    the vectorized traversal.  ``sources``: a dict kept by a caller whose sources
+    X (and weights) are the same at every call, where the tree is built once
+    (the out-of-sample mapping: 750 builds of a 10,000-point tree were half of
+    its time).
     """
     kernels = tuple(kernels)
     if kernels not in KERNEL_CODES:
         return vectorized_bh_sums(be, X, kernels, Y, weights, theta)
-    tree = Tree(be, X, weights)
+    if sources is None:
+        tree = Tree(be, X, weights)
+    elif "tree" in sources:
+        tree = sources["tree"]
+    else:
+        tree = sources["tree"] = Tree(be, X, weights)
     code = KERNEL_CODES[kernels]
     if be.is_gpu:
         S, SX = _walk_gpu(tree, X if Y is None else Y, code, theta, Y is None)
