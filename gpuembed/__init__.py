@@ -10,7 +10,7 @@ from .spectral import LaplacianEigenmaps, SpectralClustering
 
 __version__ = "0.1.0"
 
-__all__ = ["Backend", "BackendUnavailable", "NotFittedError", "get_backend", "knn", "entropic_affinities",
-           "multiscale_affinities", "TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE",
+__all__ = ["Backend", "BackendUnavailable", "NotFittedError", "get_backend", "knn",
+           "entropic_affinities", "multiscale_affinities", "TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE",
            "ParametricEmbedding", "LaplacianEigenmaps", "SpectralClustering", "datasets",
            "metrics", "nbody", "objectives", "optim", "parametric", "__version__"]

@@ -22,7 +22,8 @@ import time
 
 import numpy as np
 
-from .._checks import check_data, check_features, check_fitted, check_float, check_int, check_random_state
+from .._checks import (check_data, check_features, check_fitted, check_float, check_int,
+                       check_random_state)
 from .._params import Params
 from .._sparse import is_sparse
 from ..objectives.penalty import Penalized

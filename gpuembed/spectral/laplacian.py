@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse
 
-from .._checks import (check_choice, check_data, check_features, check_fitted, check_float, check_int,
-                       check_random_state)
+from .._checks import (check_choice, check_data, check_features, check_fitted, check_float,
+                       check_int, check_random_state)
 from .._params import Params
 from ..affinities import entropic_affinities
 from ..backend import get_backend
