@@ -45,8 +45,11 @@ def check_data(X, backend, *, name="X", dtype=None, min_samples=2, sparse=False)
     if is_sparse(X) and not sparse:
         raise TypeError(f"{name} is a sparse matrix, which this function does not take; "
                         f"pass a dense array ({name}.toarray())")
-    if not (is_sparse(X) or hasattr(X, "dtype")):
-        X = np.asarray(X)           # lists, and tables such as pandas DataFrames
+    if not (is_sparse(X) or isinstance(getattr(X, "dtype", None), np.dtype)):
+        # Lists, tables (pandas DataFrames) and other libraries' tensors; on the GPU
+        # device arrays through the CUDA array interface (PyTorch, Numba, JAX).
+        cuda = backend.is_gpu and hasattr(X, "__cuda_array_interface__")
+        X = xp.asarray(X) if cuda else np.asarray(X)
     if X.dtype == object:           # numbers in an object array (a mixed table)
         try:
             X = np.asarray(X, dtype=np.float64)

@@ -172,6 +172,11 @@ def _strict(function, where, params, host_input=False, sequences=True):
             count("calls")
             args = tuple(_device(a, where, sequences) for a in args)
             kwargs = {k: _device(v, where, sequences) for k, v in kwargs.items()}
+        elif args and hasattr(args[0], "__cuda_array_interface__") and not isinstance(
+                args[0], DeviceArray):
+            # Another library's device array: CuPy wraps its memory, no copy.
+            view = types.SimpleNamespace(__array_interface__=args[0].__cuda_array_interface__)
+            return _wrap(function(np.asarray(view), *args[1:], **kwargs))
         elif args and not isinstance(args[0], DeviceArray):
             count("uploads")
             # An upload is a copy: device and host arrays never share memory.

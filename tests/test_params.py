@@ -187,8 +187,12 @@ def test_table_like_input_and_unfitted_errors():
         def __array__(self, dtype=None, copy=None):
             return np.arange(12.0).reshape(6, 2)
 
+    class Tensor(Table):            # another library's array: a dtype numpy does not know
+        dtype = "float64 of another library"
+
     be = ge.get_backend("cpu")
-    np.testing.assert_array_equal(check_data(Table(), be), np.arange(12.0).reshape(6, 2))
+    for table in (Table(), Tensor()):
+        np.testing.assert_array_equal(check_data(table, be), np.arange(12.0).reshape(6, 2))
     mixed = np.array([[1, 2.5], [3, 4.0], [5, 6.5]], dtype=object)
     assert check_data(mixed, be).dtype == np.float64
     mixed[0, 0] = {"a": 1}
@@ -211,3 +215,21 @@ def test_table_like_input_and_unfitted_errors():
     assert est.n_features_in_ == 3
     with pytest.raises(ValueError, match="X_new has 2 features, but TSNE is expecting 3"):
         est.transform(np.ones((2, 2)))
+
+
+@pytest.mark.gpu
+def test_device_arrays_of_other_libraries_stay_on_the_device():
+    """An object with only the CUDA array interface (a PyTorch or Numba device
+    array) is taken on the GPU without a copy through the host."""
+    from gpuembed._checks import check_data
+
+    be = ge.get_backend("gpu")
+    a = be.asarray(np.arange(12.0).reshape(6, 2))
+
+    class Foreign:
+        __cuda_array_interface__ = a.__cuda_array_interface__
+
+    X = check_data(Foreign(), be)
+    pointer = lambda v: v.__cuda_array_interface__["data"][0]
+    assert X.dtype == np.float64 and pointer(X) == pointer(a)
+    np.testing.assert_array_equal(be.to_host(X), np.arange(12.0).reshape(6, 2))
