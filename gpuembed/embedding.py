@@ -275,7 +275,6 @@ class _Embedding(Params):
         all of them in one batch: see _OutOfSample.minimize)."""
         check_fitted(self, hasattr(self, "_fitted"))
         be, X_train, Y_train, objective, n = self._fitted
-        xp = be.xp
         X_new = check_data(X_new, be, name="X_new", dtype=X_train.dtype, min_samples=1,
                            sparse=True)
         check_features(X_new, self)
@@ -311,33 +310,37 @@ class _OutOfSample:
         return engine_sums(self.be, self.nbody, self.Y, kernels, Y=X, accuracy=self.accuracy,
                            sources=self.sources)
 
-    def value_and_grad(self, X, rows):
-        """Per-point objective (M,) and gradient (M, d) of the new points ``rows``
-        at X (M, d)."""
+    def evaluate(self, X, rows, grad=True):
+        """Per-point objective (M,) of the new points ``rows`` at X (M, d); with
+        ``grad`` also the gradient (M, d) and the attractive curvature (M,) that
+        scales it (FP).  The line search's trials take the objective alone (t-SNE:
+        one Student-t sum instead of the pair)."""
         xp = self.be.xp
         W = self.W[rows]
         diff = X[:, None, :] - self.Y[self.idx[rows]]          # (M, k, d)
         d2 = (diff * diff).sum(axis=2)
         if self.student:
             attract = (W * xp.log1p(d2)).sum(axis=1)
-            g_att = 2.0 * ((W / (1.0 + d2))[:, :, None] * diff).sum(axis=1)
+            if not grad:
+                (S1, _), = self.sums(X, ("student",))
+                return attract + xp.log(S1)
+            w = W / (1.0 + d2)
+            g_att = 2.0 * (w[:, :, None] * diff).sum(axis=1)
             (S1, _), (S2, SX2) = self.sums(X, ("student", "student2"))
-            return attract + xp.log(S1), g_att - 2.0 * (S2[:, None] * X - SX2) / S1[:, None]
+            return (attract + xp.log(S1), g_att - 2.0 * (S2[:, None] * X - SX2) / S1[:, None],
+                    2.0 * w.sum(axis=1))
         attract = (W * d2).sum(axis=1)
-        g_att = 2.0 * (W[:, :, None] * diff).sum(axis=1)
         (S, SX), = self.sums(X, ("gaussian",))
-        if self.name == "ee":
-            value = attract / self.n + self.lambda_ * S
-            return value, g_att / self.n - 2.0 * self.lambda_ * (S[:, None] * X - SX)
-        return attract + xp.log(S), g_att - 2.0 * (S[:, None] * X - SX) / S[:, None]
-
-    def curvature(self, X, rows):
-        """Attractive curvature per point: the FP scaling of the gradient."""
-        W = self.W[rows]
-        if self.student:
-            diff = X[:, None, :] - self.Y[self.idx[rows]]
-            return 2.0 * (W / (1.0 + (diff * diff).sum(axis=2))).sum(axis=1)
-        return 2.0 * W.sum(axis=1) / (self.n if self.name == "ee" else 1.0)
+        ee = self.name == "ee"
+        value = attract / self.n + self.lambda_ * S if ee else attract + xp.log(S)
+        if not grad:
+            return value
+        g_att = 2.0 * (W[:, :, None] * diff).sum(axis=1)
+        curvature = 2.0 * W.sum(axis=1)
+        if ee:
+            return (value, g_att / self.n - 2.0 * self.lambda_ * (S[:, None] * X - SX),
+                    curvature / self.n)
+        return value, g_att - 2.0 * (S[:, None] * X - SX) / S[:, None], curvature
 
     def minimize(self, X, max_iter, tol=1e-10):
         """Scaled gradient steps with a per-point Armijo backtracking line search.
@@ -354,8 +357,8 @@ class _OutOfSample:
             if rows.size == 0:
                 break
             Xa = X[rows]
-            E, G = self.value_and_grad(Xa, rows)
-            P = -G / self.curvature(Xa, rows)[:, None]
+            E, G, curvature = self.evaluate(Xa, rows)
+            P = -G / curvature[:, None]
             slope = (G * P).sum(axis=1)
             # The last accepted step, doubled (up to 1) after a first trial that was
             # accepted: always doubling made most points backtrack every iteration.
@@ -368,7 +371,7 @@ class _OutOfSample:
             for attempt in range(30):
                 t = trial[pending]
                 cand = Xa[pending] + t[:, None] * P[pending]
-                E_c, _ = self.value_and_grad(cand, rows[pending])
+                E_c = self.evaluate(cand, rows[pending], grad=False)
                 ok = E_c <= E[pending] + 1e-4 * t * slope[pending]
                 done = pending[ok]
                 X_new[done], E_new[done], step[rows[done]] = cand[ok], E_c[ok], t[ok]
