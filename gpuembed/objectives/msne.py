@@ -174,13 +174,11 @@ class MultiscaleObjective(Objective):
                                                   js, self.kappa)
             part, mass = self.be.to_host(totals)
         else:
-            g_edge = np.empty_like(pairs.p)
-            rs = np.empty((H, n))
-            lap = np.empty_like(X)
-            part, mass = edge_terms(pairs.P.indptr, pairs.P.indices, X, pairs.p, 0.5 * self.p,
-                                    shifts, Z, js, self.kappa, g_edge, rs, lap)
+            rs, grad = np.empty((H, n)), np.empty_like(X)
+            part, mass = edge_terms(pairs.P.indptr, pairs.P.indices, np.ascontiguousarray(X.T),
+                                    pairs.p, 0.5 * self.p, shifts, Z, js, self.kappa, rs,
+                                    np.empty((get_num_threads(), X.shape[1], n)), grad)
             W = (0.5 * self.p / H)[:, None] * rs / Z
-            grad = 2.0 * (lap + pairs.laplacian_times(g_edge, X, transpose=True))
         value = self.constant + part if self.cost == "kl" else self._js_value(part, n - mass)
         return value, list(W), grad
 

@@ -47,40 +47,45 @@ def _edge_cost(sg, s, js, kappa, off):
 
 
 @njit(parallel=True, fastmath=True)
-def edge_terms(indptr, indices, X, sigma, half_p, m, Z, js, kappa, g_edge, rs, lap):
-    """One sweep: fills ``g_edge`` (nnz) with sum_h (p_h / 2H) s_hij r_ij, ``rs``
-    (H, N) with sum_j r_ij s_hij, where r = dE/ds (KL: sigma / s; JS: eq. 2.7's),
-    and ``lap`` (N, d) with sum_j g_ij (x_i - x_j) (the squared distances d_ij and
-    this row half of the Laplacian product cost 30% of an evaluation as arrays);
-    returns (the pattern's part of the cost, sum of s over the pattern).
+def edge_terms(indptr, indices, XT, sigma, half_p, m, Z, js, kappa, rs, columns, grad):
+    """One sweep: fills ``rs`` (H, N) with sum_j r_ij s_hij, where r = dE/ds (KL:
+    sigma / s; JS: eq. 2.7's), and ``grad`` (N, d) with the pattern's gradient
+    sum_j 2 (g_ij + g_ji)(x_i - x_j), g_ij = sum_h (p_h / 2H) s_hij r_ij; returns
+    (the pattern's part of the cost, sum of s over the pattern).
     KL part: -sum sigma log s.  JS part: sum [kappa sigma log(sigma / z)
-    + (1 - kappa) s log(s / z)], z = kappa sigma + (1 - kappa) s."""
-    n = indptr.size - 1
+    + (1 - kappa) s log(s / z)], z = kappa sigma + (1 - kappa) s.
+
+    XT: the layout transposed (d, N), contiguous.  Row i adds g_ij (x_j - x_i)
+    to point j's transposed half in its thread's ``columns`` (T, d, N), summed
+    at the end (as a transposed sparse product that was 10% of an evaluation on
+    Fashion-MNIST 10k)."""
+    dim, n = XT.shape
     H = half_p.size
     part = np.zeros(n)
     mass = np.zeros(n)
+    columns[:] = 0.0
     off = math.log(1.0 / (1.0 - kappa)) if js else 0.0
     for i in prange(n):
+        col = columns[get_thread_id()]
         # Row slices and 0-based local buffers: with them LLVM vectorizes the
         # loops over the edges (indexing the full arrays at e ran 6x slower).
         lo, hi = np.int64(indptr[i]), np.int64(indptr[i + 1])
         cols, sg = indices[lo:hi], sigma[lo:hi]
         d = np.zeros(hi - lo)
-        for k in range(X.shape[1]):
-            xi = X[i, k]
+        for k in range(dim):
+            xi, xk = XT[k, i], XT[k]
             for e in range(hi - lo):
-                diff = xi - X[cols[e], k]
+                diff = xi - xk[cols[e]]
                 d[e] += diff * diff
         # Each s_hij once, kept for the gradient pass below (computing it again
         # there cost a third of the sweep).
         s = np.zeros(hi - lo)
         s_h = np.empty((H, hi - lo))
         for h in range(H):
-            c, shift, inv = half_p[h], m[h, i], 1.0 / Z[h, i]
+            c, shift, inv, v = half_p[h], m[h, i], 1.0 / Z[h, i], s_h[h]
             for e in range(hi - lo):
-                v = expneg(c * d[e] - shift) * inv
-                s_h[h, e] = v
-                s[e] += v
+                v[e] = expneg(c * d[e] - shift) * inv
+                s[e] += v[e]
         r = np.empty(hi - lo)
         acc = 0.0
         total = 0.0
@@ -97,16 +102,29 @@ def edge_terms(indptr, indices, X, sigma, half_p, m, Z, js, kappa, g_edge, rs, l
                 row += r[e] * v[e]
             rs[h, i] = row
         g = g * r / H
-        g_edge[lo:hi] = g
-        for k in range(X.shape[1]):
-            xi = X[i, k]
-            acc_k = 0.0
+        for k in range(dim):
+            xi, xk, colk = XT[k, i], XT[k], col[k]
+            own = 0.0
             for e in range(hi - lo):
-                acc_k += g[e] * (xi - X[cols[e], k])
-            lap[i, k] = acc_k
+                v = g[e] * (xi - xk[cols[e]])
+                own += v
+                colk[cols[e]] -= v
+            grad[i, k] = own
         part[i] = acc
         mass[i] = total
+    _add_columns(columns, grad, 2.0)
     return part.sum(), mass.sum()
+
+
+@njit(parallel=True)
+def _add_columns(columns, grad, factor):
+    """grad = factor (grad + the threads' transposed halves ``columns`` (T, d, N))."""
+    for j in prange(grad.shape[0]):
+        for k in range(grad.shape[1]):
+            v = grad[j, k]
+            for t in range(columns.shape[0]):
+                v += columns[t, k, j]
+            grad[j, k] = factor * v
 
 
 @njit(parallel=True, fastmath=True)
@@ -198,8 +216,5 @@ def fused_exact(indptr, indices, XT, sigma, half_p, nearest, js, kappa, kernels,
             grad[i, k] = own
         part[i] = acc
         mass[i] = total
-    for t in range(columns.shape[0]):
-        for k in range(dim):
-            for j in range(n):
-                grad[j, k] += columns[t, k, j]
+    _add_columns(columns, grad, 1.0)
     return part.sum(), mass.sum()
