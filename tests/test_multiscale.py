@@ -47,6 +47,27 @@ def test_average_of_single_scale_conditional_rows(rng):
     assert abs(J.sum() - 1) < 1e-12 and abs(J - J.T).max() < 1e-15
 
 
+def test_scales_share_one_sorted_pattern(rng):
+    """Each scale's conditionals on one canonical pattern (columns sorted per row),
+    equal to the single-scale affinities on the same k-NN graph; the objectives
+    average them by their data arrays, which needs that pattern."""
+    from gpuembed.affinities.multiscale import mean_on_pattern
+    X = rng.standard_normal((200, 4))
+    M = ge.multiscale_affinities(X, 2.0, n_scales=3, symmetrize=False, backend="cpu")
+    first = M.conditionals[0]
+    for K, C in zip(M.perplexities, M.conditionals):
+        assert C.has_canonical_format and C.nnz == 200 * 24
+        np.testing.assert_array_equal(C.indices, first.indices)
+        single = ge.entropic_affinities(X, K, n_neighbors=24, symmetrize=False, backend="cpu")
+        np.testing.assert_allclose(C.toarray(), single.P.toarray(), rtol=1e-9, atol=1e-15)
+    be = ge.get_backend("cpu")
+    np.testing.assert_allclose(mean_on_pattern(be, M.conditionals).toarray(), M.P.toarray(),
+                               rtol=1e-14)
+    other = ge.multiscale_affinities(X[::-1], 2.0, n_scales=3, symmetrize=False, backend="cpu")
+    with pytest.raises(ValueError, match="one sparsity pattern"):
+        mean_on_pattern(be, [first, other.conditionals[1]])
+
+
 def test_too_few_neighbours(rng):
     X = rng.standard_normal((100, 3))
     with pytest.raises(ValueError, match="n_neighbors"):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import scipy.sparse
 
 from .._checks import check_float, check_int
 from ..backend import get_backend
@@ -71,6 +72,24 @@ def scale_perplexities(n, perplexity=2.0, n_scales=None):
     return K * 2.0 ** np.arange(H)
 
 
+def mean_on_pattern(be, matrices):
+    """The average of CSR matrices with one pattern (equal indices and indptr),
+    by their data arrays: a sum of sparse matrices merges patterns (1.1 s for 9
+    matrices of 1.5e7 entries against 0.1 s).  On the matrices' device: the
+    host for SciPy matrices, else ``be``'s."""
+    first = matrices[0]
+    for M in matrices[1:]:
+        for a, b in ((M.indptr, first.indptr), (M.indices, first.indices)):
+            if a.shape != b.shape or bool((a != b).any()):
+                raise ValueError("the matrices must share one sparsity pattern")
+    data = first.data.copy()
+    for M in matrices[1:]:
+        data += M.data
+    sparse = scipy.sparse if scipy.sparse.issparse(first) else be.sparse
+    return sparse.csr_matrix((data / len(matrices), first.indices, first.indptr),
+                             shape=first.shape)
+
+
 def _default_neighbors(n, largest_perplexity):
     return min(n - 1, math.ceil(3 * largest_perplexity))
 
@@ -96,18 +115,20 @@ def multiscale_affinities(X=None, perplexity=2.0, *, n_scales=None, n_neighbors=
         raise ValueError(f"the largest scale's perplexity {scales[-1]} needs more than the "
                          f"{k} neighbours given; lower n_scales or raise n_neighbors")
     sqdist = sqdist.astype(xp.float64)
-    cols = indices.ravel().astype(xp.int32)
+    # One canonical pattern (columns sorted in each row) shared by every scale:
+    # the objectives take it without sorting it again at each stage (0.5 s at
+    # 10,000 points and 9 scales), and the average is a sum of the data arrays.
+    by_column = xp.argsort(indices, axis=1)
+    cols = xp.take_along_axis(indices, by_column, axis=1).ravel().astype(xp.int32)
     indptr = xp.arange(0, n * k + 1, k, dtype=xp.int32)
     conditionals, columns = [], []
     for K in scales:
         beta, entropy, n_iter, W_h = _calibrate(be, sqdist, indices, np.full(n, K), "newton",
                                                 "dk", tol)
-        conditionals.append(be.sparse.csr_matrix((W_h.ravel(), cols, indptr), shape=(n, n)))
+        W_h = xp.take_along_axis(W_h, by_column, axis=1).ravel()
+        conditionals.append(be.sparse.csr_matrix((W_h, cols, indptr), shape=(n, n)))
         columns.append((beta, entropy, n_iter))
-    P = conditionals[0]
-    for C in conditionals[1:]:
-        P = P + C
-    P = P / len(scales)
+    P = mean_on_pattern(be, conditionals)
     if symmetrize:
         P = ((P + P.T) / (2.0 * n)).tocsr()
     beta, entropy, n_iter = (xp.stack(c, axis=1) for c in zip(*columns))

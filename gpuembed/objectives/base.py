@@ -32,10 +32,17 @@ class PairSet:
         P.sum_duplicates()
         self.be, self.P = be, P
         self.n = P.shape[0]
-        coo = P.tocoo()                    # canonical CSR: COO entries in the same order
-        self.rows = coo.row.astype(xp.int64)
-        self.cols = coo.col.astype(xp.int64)
         self.p = P.data
+
+    # Each edge's row and column (int64, in the canonical CSR order), for the
+    # array code: built on first use, as the compiled CPU sweeps read P itself.
+    @functools.cached_property
+    def rows(self):
+        return self.P.tocoo().row.astype(self.be.xp.int64)
+
+    @functools.cached_property
+    def cols(self):
+        return self.P.indices.astype(self.be.xp.int64)
 
     def sqdist(self, X):
         # Column by column: a (nnz, d) difference summed over its short axis is
@@ -99,8 +106,7 @@ class PairSet:
     def entropy_term(self):
         """sum p log p (the constant part of KL(P || Q))."""
         xp = self.be.xp
-        p = self.p[self.p > 0]
-        return float(xp.sum(p * xp.log(p)))
+        return float(xp.dot(self.p, xp.log(xp.where(self.p > 0, self.p, 1.0))))
 
 
 class Objective:

@@ -33,6 +33,7 @@ import math
 import numpy as np
 from numba import get_num_threads
 
+from ..affinities.multiscale import mean_on_pattern
 from ..nbody import exact_sums
 from ..nbody.exact import MAX_COMPILED_DIM
 from ..neighbors import knn
@@ -86,16 +87,14 @@ class MultiscaleObjective(Objective):
 
     def __init__(self, sigmas, backend, dtype, precisions, cost="kl", kappa=0.5,
                  nbody="exact"):
-        """sigmas: per-scale conditional HD affinities (sparse, one pattern);
+        """sigmas: per-scale conditional HD affinities (CSR, one pattern, as
+        multiscale_affinities makes them);
         precisions: the LD p_h of the same scales."""
         if cost not in COSTS:
             raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
         if not 0.0 < kappa < 1.0:
             raise ValueError(f"kappa must be in (0, 1), got {kappa}")
-        mean = sigmas[0]
-        for s in sigmas[1:]:
-            mean = mean + s
-        super().__init__(mean / len(sigmas), backend, dtype, nbody)
+        super().__init__(mean_on_pattern(backend, sigmas), backend, dtype, nbody)
         self.p = np.asarray(precisions, dtype=np.float64)
         self.cost, self.kappa = cost, float(kappa)
         # The compiled sweeps (msne_cpu.py; with the exact engine, msne_gpu.py's
