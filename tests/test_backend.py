@@ -1,6 +1,5 @@
 import subprocess
 import shutil
-import sys
 
 import numpy as np
 import pytest

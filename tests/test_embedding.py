@@ -21,7 +21,6 @@ def digits():
 
 @pytest.fixture(scope="module")
 def small():
-    rng = np.random.default_rng(5)
     X, y = ge.datasets.gaussian_clusters(120, 3, 6, random_state=5)
     return X, y, ge.entropic_affinities(X, 10.0, backend="cpu")
 
@@ -220,7 +219,7 @@ def test_gpu_jacobi_cg_equals_the_array_code(rng, k):
     the step limit stops it, float32 to 1e-4; a solved column stays put, and a
     second run gives the same bits (the sums are reduced in a fixed order)."""
     from gpuembed.optim.directions import pcg
-    from gpuembed.optim.sparse_gpu import CHECK_EVERY, jacobi_pcg_gpu
+    from gpuembed.optim.sparse_gpu import jacobi_pcg_gpu
 
     gpu = ge.get_backend("gpu")
     A, diag, B, X0 = _cg_system(rng, k)

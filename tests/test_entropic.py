@@ -1,5 +1,4 @@
 """Entropic affinities (../shared/papers/003_e1371111a5435f8e.txt; dissertation ch. 2)."""
-import warnings
 
 import numba
 import numpy as np

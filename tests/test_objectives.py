@@ -1,7 +1,6 @@
 """Objectives of seed 002 section 1 against dense brute-force formulas and finite differences."""
 import numpy as np
 import pytest
-import scipy.sparse
 
 import gpuembed as ge
 from gpuembed import objectives

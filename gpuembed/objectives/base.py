@@ -23,7 +23,6 @@ class PairSet:
     """The edges (n, m, p_nm) of a sparse matrix, fixed over the optimization."""
 
     def __init__(self, be, P, dtype):
-        xp = be.xp
         # A copy: sum_duplicates sorts the indices in place, and with a new dtype
         # the caller's matrix would share only its indices, whose reordering then
         # scrambled it (SNE in float32 on its row-conditional P: a second fit with

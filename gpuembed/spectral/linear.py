@@ -4,7 +4,6 @@ N x N product.  Also the landmark baselines of section 4.8: LE(Z) and Nystrom.""
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse
 
 from .._checks import check_data, check_float, check_int
 from ..backend import get_backend
