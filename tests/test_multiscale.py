@@ -1,4 +1,6 @@
 """Multi-scale affinities (../shared/papers/004_13864de36f3612a6.txt, eq. 2.11)."""
+import json
+
 import numpy as np
 import pytest
 
@@ -384,3 +386,39 @@ def test_multiscale_sne_bad_arguments(kwargs, match):
     X = np.random.default_rng(0).standard_normal((60, 4))
     with pytest.raises(ValueError, match=match):
         ge.MultiscaleSNE(backend="cpu", **kwargs).fit(X)
+
+
+def test_fused_sweep_gives_the_same_bits_compiled_or_loaded_from_the_cache(tmp_path):
+    """msne_cpu.fused_exact is cached on disk; compiled in a process or loaded from
+    numba's cache it must sum in one order (with fastmath's reassociation the two
+    differed in the last bits, so a first run would not have repeated later)."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import hashlib, json, numpy as np, scipy.sparse
+from numba import get_num_threads
+from gpuembed.objectives.msne_cpu import fused_exact
+rng = np.random.default_rng(0)
+n, H, d = 300, 4, 2
+P = scipy.sparse.random(n, n, density=0.1, format="csr", random_state=1)
+P.setdiag(0.0); P.eliminate_zeros(); P.sort_indices()
+XT = rng.standard_normal((d, n))
+sq = ((XT[:, :, None] - XT[:, None, :]) ** 2).sum(axis=0) + np.diag(np.full(n, np.inf))
+T, longest = get_num_threads(), int(np.diff(P.indptr).max())
+grad = np.empty((n, d))
+out = fused_exact(P.indptr, P.indices, XT, P.data, np.geomspace(0.5, 50.0, H), sq.min(axis=1),
+                  True, 0.3, np.empty((T, H, n)), np.empty((T, 2, n)),
+                  np.empty((T, H + 4, longest)), np.empty((T, d, n)), grad)
+digest = hashlib.sha1(grad.tobytes() + np.array(out).tobytes()).hexdigest()
+print(json.dumps({"hits": sum(fused_exact.stats.cache_hits.values()), "digest": digest}))
+"""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           env=env, timeout=600) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    first, second = (json.loads(run.stdout.strip().splitlines()[-1]) for run in runs)
+    assert (first["hits"], second["hits"]) == (0, 1)
+    assert first["digest"] == second["digest"]

@@ -248,14 +248,14 @@ class MultiscaleObjective(Objective):
             part, mass, grad = msne_gpu.fused_exact(self.be, self.pairs, X, 0.5 * self.p, js,
                                                     self.kappa)
         else:
-            threads = get_num_threads()
+            threads, H, P = get_num_threads(), self.p.size, self.pairs.P
             grad = np.empty((n, d))
+            longest = int(np.diff(P.indptr).max())
             part, mass = fused_exact(
-                self.pairs.P.indptr, self.pairs.P.indices,
-                np.ascontiguousarray(X.T, dtype=np.float64), self.pairs._p64, 0.5 * self.p,
-                _nearest_sqdist(X, self.be), js, self.kappa,
-                np.empty((threads, self.p.size, n)), np.empty((threads, 6, n)),
-                np.empty((threads, d, n)), grad)
+                P.indptr, P.indices, np.ascontiguousarray(X.T, dtype=np.float64),
+                self.pairs._p64, 0.5 * self.p, _nearest_sqdist(X, self.be), js, self.kappa,
+                np.empty((threads, H, n)), np.empty((threads, 2, n)),
+                np.empty((threads, H + 4, longest)), np.empty((threads, d, n)), grad)
         value = self.constant + part if self.cost == "kl" else self._js_value(part, n - mass)
         return value, grad.astype(X.dtype, copy=False)
 

@@ -23,6 +23,38 @@ from numba import get_thread_id, njit, prange
 from ..fastexp import expneg, logpos
 
 TINY = np.finfo(np.float64).tiny
+# fused_exact is cached on disk (its compilation took 6-7 s in every process, a
+# 300-point fit 8 s), so it may fuse multiply-adds but not reassociate: with
+# reassociation the parallel sweep compiled in a process and the same sweep
+# loaded from numba's cache gave other last bits (tested), so a first run
+# from a new checkout would differ from later ones (as the generated N-body
+# loops did: nbody/exact_cpu.py).  Its sums go through LANES partial sums.
+# That costs it about 10% (Fashion-MNIST 5k, 9 scales: 0.21 s against 0.19 s
+# per evaluation).  edge_terms (the FGT path, from 6,000 points, where a fit
+# takes minutes) keeps reassociation, 21% faster, and is compiled in each
+# process instead.
+FLAGS = {"contract"}
+LANES = 8
+
+
+@njit(inline="always", fastmath=FLAGS)
+def _lane_sum(a, b):
+    """sum_j a_j (b is None) or sum_j a_j b_j, in LANES partial sums (see FLAGS);
+    scalars, which LLVM keeps in registers (an array of them took twice as long)."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    full = a.size // LANES * LANES
+    for j in range(0, full, LANES):
+        if b is None:
+            s0 += a[j]; s1 += a[j + 1]; s2 += a[j + 2]; s3 += a[j + 3]          # noqa: E702
+            s4 += a[j + 4]; s5 += a[j + 5]; s6 += a[j + 6]; s7 += a[j + 7]      # noqa: E702
+        else:
+            s0 += a[j] * b[j]; s1 += a[j + 1] * b[j + 1]                        # noqa: E702
+            s2 += a[j + 2] * b[j + 2]; s3 += a[j + 3] * b[j + 3]                # noqa: E702
+            s4 += a[j + 4] * b[j + 4]; s5 += a[j + 5] * b[j + 5]                # noqa: E702
+            s6 += a[j + 6] * b[j + 6]; s7 += a[j + 7] * b[j + 7]                # noqa: E702
+    for j in range(full, a.size):
+        s0 += a[j] if b is None else a[j] * b[j]
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
 @njit(inline="always")
@@ -116,7 +148,7 @@ def edge_terms(indptr, indices, XT, sigma, half_p, m, Z, js, kappa, rs, columns,
     return part.sum(), mass.sum()
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def _add_columns(columns, grad, factor):
     """grad = factor (grad + the threads' transposed halves ``columns`` (T, d, N))."""
     for j in prange(grad.shape[0]):
@@ -127,26 +159,27 @@ def _add_columns(columns, grad, factor):
             grad[j, k] = factor * v
 
 
-@njit(parallel=True, fastmath=True)
-def fused_exact(indptr, indices, XT, sigma, half_p, nearest, js, kappa, kernels, scratch,
+@njit(parallel=True, fastmath=FLAGS, cache=True)
+def fused_exact(indptr, indices, XT, sigma, half_p, nearest, js, kappa, kernels, scratch, edges,
                 columns, grad):
     """The whole cost and gradient with every pair summed exactly, one sweep over
     the rows: each kernel exp(-(p_h d_ik / 2 - m_hi)) is computed once, H N^2 exps
     in all, where the exact sums and the edge sweep above take 2H N^2 + 2H nnz
     (4H N^2 when the pattern is dense, as it is with all scales below ~4,000
-    points).  Row i's kernels stay in its thread's ``kernels`` (T, H, N) buffer;
-    every other step is a contiguous pass over them, with one gather per
-    pattern edge:
-      S_k = sum_h s_hik, V_k = sum_h (p_h / 2) s_hik, r_ik (= -dE/ds_ik, 0 off the
-      pattern) from S, rs_hi = sum_k r_ik s_hik, and
+    points).  Row i's kernels stay in its thread's ``kernels`` (T, H, N) buffer,
+    their values on the pattern's edges gathered into ``edges``:
+      Z_hi = sum_k E_hik; on the edges S_k = sum_h s_hik, V_k = sum_h (p_h / 2) s_hik
+      and r_ik = -dE/ds_ik from S (0 off the pattern, so S and V are needed only
+      there), rs_hi = sum_k r_ik s_hik, and
       G_ik = (1/H) sum_h (p_h / 2) s_hik (r_ik - rs_hi) = dE/dd_ik.
     Row i adds 2 G_ik (x_i - x_k) to its own gradient row and 2 G_ik (x_k - x_i) to
     point k's in its thread's ``columns`` (T, d, N), summed at the end.
 
     XT: the layout transposed (d, N), contiguous; nearest: each point's squared
-    nearest-neighbour distance (m_hi = p_h nearest_i / 2); scratch (T, 6, N);
-    grad (N, d) is filled.  Returns (the pattern's part of the cost, sum of s
-    over the pattern), as :func:`edge_terms`."""
+    nearest-neighbour distance (m_hi = p_h nearest_i / 2); scratch (T, 2, N);
+    edges (T, H + 4, the pattern's longest row); grad (N, d) is filled.  Returns
+    (the pattern's part of the cost, sum of s over the pattern), as
+    :func:`edge_terms`."""
     dim, n = XT.shape
     H = half_p.size
     part = np.zeros(n)
@@ -155,8 +188,7 @@ def fused_exact(indptr, indices, XT, sigma, half_p, nearest, js, kappa, kernels,
     off = math.log(1.0 / (1.0 - kappa)) if js else 0.0
     for i in prange(n):
         t = get_thread_id()
-        E, col = kernels[t], columns[t]
-        d, S, V, R = scratch[t, 0], scratch[t, 1], scratch[t, 2], scratch[t, 3]
+        E, col, d, G = kernels[t], columns[t], scratch[t, 0], scratch[t, 1]
         d[:] = 0.0
         for k in range(dim):
             xi, xk = XT[k, i], XT[k]
@@ -167,54 +199,41 @@ def fused_exact(indptr, indices, XT, sigma, half_p, nearest, js, kappa, kernels,
         inv_z = np.empty(H)
         for h in range(H):
             c, shift, Eh = half_p[h], half_p[h] * nearest[i], E[h]
-            z = 0.0
             for j in range(n):
-                e = expneg(c * d[j] - shift)
-                Eh[j] = e
-                z += e
-            inv_z[h] = 1.0 / (z - Eh[i])
+                Eh[j] = expneg(c * d[j] - shift)
+            inv_z[h] = 1.0 / (_lane_sum(Eh, None) - Eh[i])
             Eh[i] = 0.0
+        lo, hi = np.int64(indptr[i]), np.int64(indptr[i + 1])
+        m = hi - lo
+        cols, sg = indices[lo:hi], sigma[lo:hi]
+        S, V = edges[t, H, :m], edges[t, H + 1, :m]
+        r, cost = edges[t, H + 2, :m], edges[t, H + 3, :m]
         S[:] = 0.0
         V[:] = 0.0
         for h in range(H):
-            Eh, iz, c = E[h], inv_z[h] / H, half_p[h] * inv_z[h] / H
-            for j in range(n):
-                S[j] += iz * Eh[j]
-                V[j] += c * Eh[j]
-        R[:] = 0.0
-        lo, hi = np.int64(indptr[i]), np.int64(indptr[i + 1])
-        cols, sg = indices[lo:hi], sigma[lo:hi]
-        acc = 0.0
-        total = 0.0
-        # Gather, a contiguous loop that LLVM vectorizes (logs and all), scatter.
-        s_edge, r = scratch[t, 4, :hi - lo], scratch[t, 5, :hi - lo]
-        for e in range(hi - lo):
-            s_edge[e] = S[cols[e]]
-        for e in range(hi - lo):
-            cost, r[e], se = _edge_cost(sg[e], s_edge[e], js, kappa, off)
-            acc += cost
-            total += se
-        for e in range(hi - lo):
-            R[cols[e]] = r[e]
-        G = S                       # S is spent: G_k = R_k V_k - sum_h b_h E_hk
-        G[:] = R * V
+            Eh, Eg, iz = E[h], edges[t, h, :m], inv_z[h] / H
+            for e in range(m):
+                Eg[e] = Eh[cols[e]]
+            for e in range(m):
+                S[e] += iz * Eg[e]
+                V[e] += half_p[h] * iz * Eg[e]
+        for e in range(m):          # LLVM vectorizes this loop, logs and all
+            cost[e], r[e], S[e] = _edge_cost(sg[e], S[e], js, kappa, off)
+        part[i] = _lane_sum(cost, None)
+        mass[i] = _lane_sum(S, None)
+        G[:] = 0.0                  # G_k = R_k V_k - sum_h b_h E_hk
         for h in range(H):
+            b = half_p[h] * _lane_sum(r, edges[t, h, :m]) * inv_z[h] * inv_z[h] / H
             Eh = E[h]
-            rs = 0.0
-            for j in range(n):
-                rs += R[j] * Eh[j]
-            b = half_p[h] * rs * inv_z[h] * inv_z[h] / H
             for j in range(n):
                 G[j] -= b * Eh[j]
-        for k in range(dim):
+        for e in range(m):
+            G[cols[e]] += r[e] * V[e]
+        for k in range(dim):        # the distances are spent: d holds the terms
             xi, xk, colk = XT[k, i], XT[k], col[k]
-            own = 0.0
             for j in range(n):
-                g = 2.0 * G[j] * (xi - xk[j])
-                own += g
-                colk[j] -= g
-            grad[i, k] = own
-        part[i] = acc
-        mass[i] = total
+                d[j] = 2.0 * G[j] * (xi - xk[j])
+                colk[j] -= d[j]
+            grad[i, k] = _lane_sum(d, None)
     _add_columns(columns, grad, 1.0)
     return part.sum(), mass.sum()
