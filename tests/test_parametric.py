@@ -50,6 +50,20 @@ def test_rbf_mapping_fits_a_smooth_function(rng):
     assert err < 0.02 * Z.std()
 
 
+def test_rbf_default_centres_fit_small_data(rng):
+    """The default takes min(200, N) centres: 60 points get 60 (200 refused them);
+    an explicit count above N is still refused by name."""
+    Y = rng.uniform(-3, 3, size=(60, 2))
+    Z = _smooth_targets(Y)
+    m = RBFMapping(random_state=0).fit(Y, Z)
+    assert m.centers_.shape == (60, 2)
+    assert np.abs(m.predict(Y) - Z).max() < 0.05 * np.abs(Z).max()
+    assert RBFMapping(random_state=0).fit(np.tile(Y, (5, 1)), np.tile(Z, (5, 1))).centers_.shape \
+        == (200, 2)
+    with pytest.raises(ValueError, match="n_centers"):
+        RBFMapping(n_centers=61).fit(Y, Z)
+
+
 def test_mlp_mapping_learns_and_warm_starts(rng):
     Y = rng.uniform(-3, 3, size=(2000, 2))
     Z = _smooth_targets(Y)

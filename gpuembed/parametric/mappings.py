@@ -70,12 +70,13 @@ class LinearMapping(_CachedDesign):
 class RBFMapping(_CachedDesign):
     """F(y) = W^T [phi(y); 1] with Gaussian features phi_j = exp(-|y - c_j|^2 / (2 sigma^2)).
 
-    Centres by k-means (on at most ``max_kmeans_points`` points), sigma by default
+    ``n_centers`` centres (default min(200, N)) by k-means (on at most
+    ``max_kmeans_points`` points), sigma by default
     the root mean squared distance of the points to their nearest centre times
     ``width``; W by ridge regression (ridge ``ridge`` x N on the features).
     """
 
-    def __init__(self, n_centers=200, sigma=None, width=3.0, ridge=1e-6, max_kmeans_points=20000,
+    def __init__(self, n_centers=None, sigma=None, width=3.0, ridge=1e-6, max_kmeans_points=20000,
                  random_state=None):
         self.n_centers = n_centers
         self.sigma = sigma
@@ -94,7 +95,7 @@ class RBFMapping(_CachedDesign):
 
         xp = array_module(Y)
         n = Y.shape[0]
-        k = check_int(self.n_centers, "n_centers", 1, n)
+        k = min(200, n) if self.n_centers is None else check_int(self.n_centers, "n_centers", 1, n)
         check_float(self.ridge, "ridge", 0.0)
         rng = np.random.default_rng(self.random_state)
         host = Y.get() if xp is not np else Y
