@@ -6,6 +6,9 @@ nothing is silently clipped.
 from __future__ import annotations
 
 import numbers
+import sys
+import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -150,3 +153,15 @@ def check_dtype(dtype, backend):
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
     return dtype
+
+
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def warn(message, category=RuntimeWarning):
+    """warnings.warn attributed to the first caller outside gpuembed (the user's
+    line), however deep in the package the condition was found."""
+    frame, level = sys._getframe(1), 2         # stacklevel 2: warn's caller
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

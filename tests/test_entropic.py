@@ -1,5 +1,7 @@
 """Entropic affinities (../shared/papers/003_e1371111a5435f8e.txt; dissertation ch. 2)."""
 
+from pathlib import Path
+
 import numba
 import numpy as np
 import pytest
@@ -263,6 +265,20 @@ def test_too_many_duplicates_saturate_with_a_warning(rng):
     np.testing.assert_allclose(A.entropy[ok], LOG(5.0), atol=1e-10)
 
 
+def test_degenerate_rows_warn_at_the_callers_line(rng):
+    """The warning names the user's line, however deep the package found the
+    condition: entropic_affinities, multi-scale affinities and an estimator's fit."""
+    base = rng.standard_normal((60, 3))
+    X = np.concatenate([base, np.repeat(base[:1], 12, axis=0)])
+    calls = [lambda: ge.entropic_affinities(X, 5.0, n_neighbors=15, backend="cpu"),
+             lambda: ge.multiscale_affinities(X, 2.0, n_scales=2, backend="cpu"),
+             lambda: ge.TSNE(perplexity=5.0, max_iter=5, backend="cpu").fit(X)]
+    for call in calls:
+        with pytest.warns(RuntimeWarning, match="duplicates|distances equal") as record:
+            call()
+        assert {Path(w.filename).name for w in record} == {Path(__file__).name}
+
+
 def test_equidistant_row_is_uniform_with_a_warning():
     # Point 0 at the centre of a regular simplex: all its distances are equal.
     X = np.vstack([np.zeros(6), np.eye(6), 5 + np.random.default_rng(0).random((20, 6))])
@@ -435,3 +451,9 @@ def test_affinities_equal_whether_compiled_or_loaded_from_numba_cache(tmp_path):
         assert run.returncode == 0, run.stderr
     assert any(tmp_path.rglob("*.nbi"))             # the second run had a cache to load
     assert runs[0].stdout == runs[1].stdout
+
+
+def test_perplexity_above_the_point_count_says_so():
+    X = np.random.default_rng(0).standard_normal((20, 3))
+    with pytest.raises(ValueError, match=r"N - 1 = 19: 20 points have no more neighbours"):
+        ge.TSNE(backend="cpu").fit(X)                  # perplexity 30

@@ -9,13 +9,12 @@ warm-start orders: orders.py.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .._checks import check_choice, check_data, check_float, check_int
+from .._checks import check_choice, check_data, check_float, check_int, warn
 from ..backend import get_backend
 from ..neighbors import knn
 from . import orders as _orders
@@ -254,18 +253,17 @@ def _perplexities(K, n, k):
     if K.ndim == 1 and K.shape[0] != n:
         raise ValueError(f"perplexity must be a number or an array of {n} values")
     if np.any(K >= k):
-        raise ValueError(f"perplexity must be in (1, n_neighbors = {k}) for every point, got "
-                         f"values in [{K.min()}, {K.max()}]")
+        limit = f" (N - 1 = {k}: {n} points have no more neighbours)" if k == n - 1 else ""
+        raise ValueError(f"perplexity must be in (1, n_neighbors = {k}) for every point{limit}, "
+                         f"got values in [{K.min()}, {K.max()}]")
     return np.broadcast_to(K, (n,)).copy()
 
 
 def _warn_degenerate(flat, saturated):
     if flat.any():
-        warnings.warn(f"{int(flat.sum())} point(s) have all neighbour distances equal: entropy "
-                      "is log(n_neighbors) for every beta; set beta = 0 (uniform row)",
-                      RuntimeWarning, stacklevel=3)
+        warn(f"{int(flat.sum())} point(s) have all neighbour distances equal: entropy is "
+             "log(n_neighbors) for every beta; set beta = 0 (uniform row)")
     if saturated.any():
-        warnings.warn(f"{int(saturated.sum())} point(s) have at least perplexity neighbours at "
-                      "their minimum distance (duplicates): entropy cannot reach log(perplexity); "
-                      "set beta = inf (uniform over the tied neighbours)",
-                      RuntimeWarning, stacklevel=3)
+        warn(f"{int(saturated.sum())} point(s) have at least perplexity neighbours at their "
+             "minimum distance (duplicates): entropy cannot reach log(perplexity); set beta = "
+             "inf (uniform over the tied neighbours)")
