@@ -29,8 +29,8 @@ TINY = np.finfo(np.float64).tiny
 # loaded from numba's cache gave other last bits (tested), so a first run
 # from a new checkout would differ from later ones (as the generated N-body
 # loops did: nbody/exact_cpu.py).  Its sums go through LANES partial sums.
-# That costs it about 10% (Fashion-MNIST 5k, 9 scales: 0.21 s against 0.19 s
-# per evaluation).  edge_terms (the FGT path, from 6,000 points, where a fit
+# That costs it about 9% (Fashion-MNIST 5k, 9 scales: 0.218 s against 0.201 s
+# per evaluation, alternating in one process).  edge_terms (the FGT path, from 6,000 points, where a fit
 # takes minutes) keeps reassociation, 21% faster, and is compiled in each
 # process instead.
 FLAGS = {"contract"}
@@ -217,7 +217,7 @@ def fused_exact(indptr, indices, XT, sigma, half_p, nearest, js, kappa, kernels,
             for e in range(m):
                 S[e] += iz * Eg[e]
                 V[e] += half_p[h] * iz * Eg[e]
-        for e in range(m):          # LLVM vectorizes this loop, logs and all
+        for e in range(m):
             cost[e], r[e], S[e] = _edge_cost(sg[e], S[e], js, kappa, off)
         part[i] = _lane_sum(cost, None)
         mass[i] = _lane_sum(S, None)
