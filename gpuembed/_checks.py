@@ -155,13 +155,13 @@ def check_dtype(dtype, backend):
     return dtype
 
 
-_PACKAGE = str(Path(__file__).resolve().parent)
+_PACKAGE = Path(__file__).resolve().parent
 
 
 def warn(message, category=RuntimeWarning):
     """warnings.warn attributed to the first caller outside gpuembed (the user's
     line), however deep in the package the condition was found."""
     frame, level = sys._getframe(1), 2         # stacklevel 2: warn's caller
-    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_PACKAGE):
+    while frame is not None and _PACKAGE in Path(frame.f_code.co_filename).resolve().parents:
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)

@@ -30,9 +30,9 @@ TINY = np.finfo(np.float64).tiny
 # from a new checkout would differ from later ones (as the generated N-body
 # loops did: nbody/exact_cpu.py).  Its sums go through LANES partial sums.
 # That costs it about 9% (Fashion-MNIST 5k, 9 scales: 0.218 s against 0.201 s
-# per evaluation, alternating in one process).  edge_terms (the FGT path, from 6,000 points, where a fit
-# takes minutes) keeps reassociation, 21% faster, and is compiled in each
-# process instead.
+# per evaluation, alternating in one process).  edge_terms (the FGT path, from
+# 6,000 points, where a fit takes minutes) keeps reassociation, 21% faster, and
+# is compiled in each process instead.
 FLAGS = {"contract"}
 LANES = 8
 
@@ -211,12 +211,12 @@ def fused_exact(indptr, indices, XT, sigma, half_p, nearest, js, kappa, kernels,
         S[:] = 0.0
         V[:] = 0.0
         for h in range(H):
-            Eh, Eg, iz = E[h], edges[t, h, :m], inv_z[h] / H
+            Eh, Eg, iz, c = E[h], edges[t, h, :m], inv_z[h] / H, half_p[h] * inv_z[h] / H
             for e in range(m):
                 Eg[e] = Eh[cols[e]]
             for e in range(m):
                 S[e] += iz * Eg[e]
-                V[e] += half_p[h] * iz * Eg[e]
+                V[e] += c * Eg[e]
         for e in range(m):
             cost[e], r[e], S[e] = _edge_cost(sg[e], S[e], js, kappa, off)
         part[i] = _lane_sum(cost, None)
