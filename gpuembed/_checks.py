@@ -5,6 +5,7 @@ nothing is silently clipped.
 """
 from __future__ import annotations
 
+import inspect
 import numbers
 import sys
 import warnings
@@ -130,11 +131,14 @@ def check_random_state(value, name="random_state"):
 
 
 def check_callbacks(callbacks):
-    """A list of callables from None, one callable or an iterable of them."""
+    """A list of callables from None, one callable or an iterable of them, each
+    called as ``callback(iteration, time, objective, embedding)``: one that takes
+    three positional arguments (DESIGN.md's ``(iteration, time, objective)``)
+    gets those three."""
     if callbacks is None:
         return []
     if callable(callbacks):
-        return [callbacks]
+        callbacks = [callbacks]
     try:
         callbacks = list(callbacks)
     except TypeError:
@@ -143,7 +147,22 @@ def check_callbacks(callbacks):
     for c in callbacks:
         if not callable(c):
             raise TypeError(f"callbacks must be callables, got {c!r}")
-    return callbacks
+    return [_with_embedding(c) for c in callbacks]
+
+
+def _with_embedding(callback):
+    try:
+        signature = inspect.signature(callback)
+    except (TypeError, ValueError):             # some builtins have none: call with four
+        return callback
+    for args in ((0, 0.0, 0.0, None), (0, 0.0, 0.0)):
+        try:
+            signature.bind(*args)
+        except TypeError:
+            continue
+        return callback if len(args) == 4 else (lambda it, t, E, X: callback(it, t, E))
+    raise TypeError(f"callbacks must take (iteration, time, objective) or (iteration, "
+                    f"time, objective, embedding), got {callback!r} with signature {signature}")
 
 
 def check_dtype(dtype, backend):

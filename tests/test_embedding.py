@@ -587,6 +587,22 @@ def test_transform_other_objectives(small, cls):
     assert (y[nearest] == y[:30]).mean() >= 0.9
 
 
+def test_callbacks_take_three_or_four_arguments(small):
+    """DESIGN.md's callbacks receive (iteration, time, objective); one that takes a
+    fourth argument also gets the embedding; other signatures are refused at once."""
+    X, _, A = small
+    seen = []
+    ge.SSNE(affinities=A, max_iter=4, backend="cpu",
+            callbacks=lambda iteration, time, objective: seen.append(objective)).fit(X)
+    assert len(seen) == 5 and all(isinstance(v, float) for v in seen)
+    layouts = []
+    ge.SSNE(affinities=A, max_iter=2, backend="cpu",
+            callbacks=[lambda it, t, E, Y=None: layouts.append(Y)]).fit(X)
+    assert len(layouts) == 3 and layouts[-1].shape == (X.shape[0], 2)
+    with pytest.raises(TypeError, match=r"callbacks must take \(iteration, time, objective\)"):
+        ge.SSNE(affinities=A, backend="cpu", callbacks=[lambda it, t: None]).fit(X)
+
+
 def test_three_components_and_classic_optimizer(small):
     X, y, A = small
     model = ge.TSNE(n_components=3, optimizer="tsne", max_iter=300, affinities=A, backend="cpu")
