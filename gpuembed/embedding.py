@@ -30,6 +30,7 @@ from .objectives import OBJECTIVES, default_lambda, make_objective
 from .optim import (DIRECTIONS, Monitor, Result, accuracy_schedule, homotopy, homotopy_path,
                     minimize, tsne_classic)
 from .optim.directions import Spectral, check_refresh
+from .optim.loop import TRUST_RADIUS
 
 __all__ = ["TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE"]
 
@@ -42,6 +43,9 @@ INIT_STD = {"tsne": 1e-4, "default": 0.1}
 METHOD_PARAMS = {"n_neighbors", "kappa", "sd_solver", "sd_refresh", "lbfgs_memory", "step_size",
                  "learning_rate", "early_exaggeration", "exaggeration_iter",
                  "transform_max_iter", "accuracy", "accuracy_schedule"}
+# Iterations of the out-of-sample mappings (TSNE & co.: method_params
+# ``transform_max_iter``).
+TRANSFORM_MAX_ITER = 200
 # The exaggerated stage's layout counts as collapsed below this fraction of the
 # start's RMS radius.
 COLLAPSED = 1e-3
@@ -284,7 +288,8 @@ class _Embedding(Params):
         W = conditional_affinities(sqdist, min(K, k - 0.5), backend=be).astype(Y_train.dtype)
         Y = (W[:, :, None] * Y_train[idx]).sum(axis=1)        # affinity-weighted mean
         mapping = _OutOfSample(self.objective_name, Y_train, idx, W, objective, be)
-        return be.to_host(mapping.minimize(Y, self._method_params.get("transform_max_iter", 200)))
+        return be.to_host(mapping.minimize(Y, self._method_params.get("transform_max_iter",
+                                                                      TRANSFORM_MAX_ITER)))
 
 
 class _OutOfSample:
@@ -342,23 +347,38 @@ class _OutOfSample:
                     curvature / self.n)
         return value, g_att - 2.0 * (S[:, None] * X - SX) / S[:, None], curvature
 
-    def minimize(self, X, max_iter, tol=1e-10):
-        """Scaled gradient steps with a per-point Armijo backtracking line search.
-        Each point stops on its own relative change, so where it lands does not
-        depend on the other points transformed with it (one stopping test over
-        all of them moved the converged points on while the slowest converged)."""
+    def minimize(self, X, max_iter, tol=1e-10, first=0):
+        """Quasi-Newton steps with a per-point Armijo backtracking line search:
+        each point keeps its own d x d BFGS inverse Hessian, started at the
+        inverse of its attractive curvature (FP's scaled gradient), and moves at
+        most the fit's trust radius (optim.loop.TRUST_RADIUS times the training
+        layout's RMS radius, at least 1) per iteration.  Each point
+        stops on its own relative change, so where it lands does not depend on
+        the other points transformed with it (one stopping test over all of them
+        moved the converged points on while the slowest converged).
+        X: the starts of new points ``first``, ``first + 1``, ..."""
         xp = self.be.xp
         X = X.copy()
-        step = xp.ones(X.shape[0], dtype=X.dtype)
-        grow = xp.ones(X.shape[0], dtype=bool)
-        rows = xp.arange(X.shape[0])
+        n, d = X.shape
+        step = xp.ones(n, dtype=X.dtype)
+        grow = xp.ones(n, dtype=bool)
+        inverse = xp.zeros((n, d, d), dtype=X.dtype)
+        X_old, G_old = xp.zeros_like(X), xp.zeros_like(X)
+        rows = xp.arange(n)
         floor = np.finfo(X.dtype).tiny              # 1e-300 would be 0 in float32
-        for _ in range(max_iter):
+        reach = TRUST_RADIUS * max(_rms_radius(self.Y), 1.0)
+        for it in range(max_iter):
             if rows.size == 0:
                 break
             Xa = X[rows]
-            E, G, curvature = self.evaluate(Xa, rows)
-            P = -G / curvature[:, None]
+            E, G, curvature = self.evaluate(Xa, rows + first)
+            if it == 0:
+                inverse[:] = xp.eye(d, dtype=X.dtype) / curvature[:, None, None]
+            else:
+                inverse[rows] = _bfgs_update(xp, inverse[rows], Xa - X_old[rows], G - G_old[rows])
+            X_old[rows], G_old[rows] = Xa, G
+            P = -_batched_times(inverse[rows], G)
+            P *= xp.minimum(1.0, reach / xp.maximum(xp.sqrt((P * P).sum(axis=1)), floor))[:, None]
             slope = (G * P).sum(axis=1)
             # The last accepted step, doubled (up to 1) after a first trial that was
             # accepted: always doubling made most points backtrack every iteration.
@@ -371,7 +391,7 @@ class _OutOfSample:
             for attempt in range(30):
                 t = trial[pending]
                 cand = Xa[pending] + t[:, None] * P[pending]
-                E_c = self.evaluate(cand, rows[pending], grad=False)
+                E_c = self.evaluate(cand, rows[pending] + first, grad=False)
                 ok = E_c <= E[pending] + 1e-4 * t * slope[pending]
                 done = pending[ok]
                 X_new[done], E_new[done], step[rows[done]] = cand[ok], E_c[ok], t[ok]
@@ -384,6 +404,110 @@ class _OutOfSample:
             X[rows] = X_new
             rows = rows[xp.abs(E - E_new) / xp.maximum(xp.abs(E), floor) >= tol]
         return X
+
+
+def _batched_times(A, v):
+    """A_i v_i for (M, d, d) and (M, d): elementwise products summed along the
+    last axis, which adds each row's terms in one order however many rows come
+    together (a stacked matmul's did not: a point transformed alone landed 1e-9
+    away from where it landed in a batch)."""
+    return (A * v[:, None, :]).sum(axis=2)
+
+
+def _bfgs_update(xp, inverse, s, y):
+    """BFGS updates of inverse Hessians (M, d, d) by steps s and gradient changes
+    y (M, d); a pair without positive curvature (s.y <= 1e-10 |s| |y|) leaves
+    its matrix as it is, so each stays positive definite."""
+    sy = (s * y).sum(axis=1)
+    ok = sy > 1e-10 * xp.sqrt((s * s).sum(axis=1) * (y * y).sum(axis=1))
+    rho = xp.where(ok, 1.0 / xp.where(ok, sy, 1.0), 0.0)[:, None, None]
+    Hy = _batched_times(inverse, y)
+    yHy = (y * Hy).sum(axis=1)[:, None, None]
+    ss = s[:, :, None] * s[:, None, :]
+    cross = Hy[:, :, None] * s[:, None, :]
+    return inverse + rho * (1.0 + rho * yHy) * ss - rho * (cross + cross.transpose(0, 2, 1))
+
+
+class _MultiscaleOutOfSample(_OutOfSample):
+    """Per-point multi-scale SNE cost of new points x against the fixed training
+    embedding Y (see MultiscaleSNE.transform): for the new point's affinities
+    sigma_j to its training neighbours j and s_j = (1/H) sum_h s_hj,
+    s_hj = e_hj / Z_h, e_hj = exp(-(p_h |x - y_j|^2 / 2 - m_h)), Z_h = sum_n e_hn
+    over all training points n (m_h: the shift by the nearest one),
+
+        gradient = sum_j G_j (x - y_j) - sum_h (p_h / H) rs_h (x - SX_h / Z_h),
+        G_j = sum_h (p_h / H) s_hj r_j,  rs_h = sum_j r_j s_hj,  SX_h = sum_n e_hn y_n,
+
+    r as msne.pattern_terms (the cost's constant derivative off the pattern
+    cancels); the scaling curvature is sum_j max(G_j, 0), for KL sum_j sigma_j
+    times the responsibility-weighted precision, SNE's 2 sum_j w_j at p = 2
+    (at least the coarsest precision)."""
+
+    # Neighbour entries (rows x k) per chunk of transform: H arrays of them.
+    CHUNK = 2**20
+    # Evaluations of fewer rows sum exactly (see evaluate).
+    FAST_ROWS = 1000
+
+    def __init__(self, Y_train, idx, W, fitted, be):
+        # In float64 (the fit's sums are; msne.py), the gradient in Y's dtype.
+        self.Y, self.dtype = Y_train.astype(np.float64), Y_train.dtype
+        self.idx, self.W, self.be = idx, W, be
+        self.p, self.cost, self.kappa = fitted.p, fitted.cost, fitted.kappa
+        self.nbody, self.accuracy = fitted.nbody, fitted.accuracy
+        self.n = Y_train.shape[0]
+        xp = be.xp
+        # KL's constant sum_j sigma_j log sigma_j, so that values are the cost itself.
+        self.entropy = (W * xp.log(xp.where(W > 0, W, 1.0))).sum(axis=1)
+        self.tree = None
+        if not be.is_gpu and Y_train.shape[1] <= 3:     # msne._Balls' k-d tree of Y
+            from scipy.spatial import cKDTree
+            self.tree = cKDTree(self.Y)
+
+    def evaluate(self, X, rows, grad=True):
+        from .objectives.msne import (
+            _Balls,
+            _nearest_sqdist,
+            js_value,
+            pattern_terms,
+            shifted_row_sums,
+        )
+
+        xp, H = self.be.xp, len(self.p)
+        sigma = self.W[rows]
+        X = X.astype(np.float64, copy=False)        # as the fit's sums (msne.py)
+        diff = X[:, None, :] - self.Y[self.idx[rows]]          # (M, k, d)
+        d2 = (diff * diff).sum(axis=2)
+        # A fast engine pays O(N) per call however few the targets: the line
+        # search's trials and the last points to converge take the exact sums.
+        nbody = self.nbody if X.shape[0] >= self.FAST_ROWS else "exact"
+        balls = None if self.tree is None else _Balls(self.Y, X, self.tree)
+        nearest = (_nearest_sqdist(X, self.be, self.Y) if balls is None
+                   else balls.nearest_sqdist())
+        scales, s = [], xp.zeros_like(d2)
+        for p in self.p:
+            c, m = math.sqrt(p / 2.0), 0.5 * p * nearest
+            Z, SX = shifted_row_sums(self.be, nbody, self.accuracy, self.Y * c, m, c,
+                                     balls, targets=X * c)
+            s_h = xp.exp(m[:, None] - 0.5 * p * d2) / Z[:, None]
+            scales.append((p, Z, SX / c, s_h))
+            s += s_h
+        terms, r, s = pattern_terms(xp, sigma, s / H, self.cost, self.kappa)
+        value = terms.sum(axis=1)
+        if self.cost == "kl":
+            value = value + self.entropy[rows]
+        else:
+            value = js_value(value, 1.0 - s.sum(axis=1), self.kappa)
+        if not grad:
+            return value
+        G, g = xp.zeros_like(d2), xp.zeros_like(X)
+        for p, Z, SX, s_h in scales:
+            G += (p / H) * s_h * r
+            g -= (p / H) * (r * s_h).sum(axis=1)[:, None] * (X - SX / Z[:, None])
+        g += (G[:, :, None] * diff).sum(axis=1)
+        # A point whose neighbours all sit on the floor (r = 0) has no attractive
+        # curvature: the coarsest scale's, p_min sum_j sigma_j, bounds it below.
+        curvature = xp.maximum(xp.maximum(G, 0.0).sum(axis=1), self.p.min())
+        return value, g.astype(self.dtype, copy=False), curvature
 
 
 def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
@@ -584,8 +708,13 @@ class MultiscaleSNE(Params):
     def fit(self, X, y=None):
         """Embed X (N, D), dense or sparse; ``y`` is ignored (scikit-learn pipelines)."""
         from .affinities import multiscale_affinities
-        from .objectives.msne import (COSTS, EXACT_BELOW, MultiscaleObjective, intrinsic_exponent,
-                                      ld_precisions)
+        from .objectives.msne import (
+            COSTS,
+            EXACT_BELOW,
+            MultiscaleObjective,
+            intrinsic_exponent,
+            ld_precisions,
+        )
 
         be = get_backend(self.backend)
         X = check_data(X, be, min_samples=5, sparse=True)
@@ -629,7 +758,36 @@ class MultiscaleSNE(Params):
         self.perplexities_ = M.perplexities
         self.exponent_ = U
         self.n_features_in_ = X.shape[1]
+        # What transform needs: the final stage's LD precisions and engine, and the
+        # neighbour count of the HD affinities (not the affinities themselves).
+        self._fitted = (be, X, Y, types.SimpleNamespace(
+            p=objective.p, cost=objective.cost, kappa=objective.kappa, nbody=nbody,
+            accuracy=objective.accuracy, n_neighbors=int(M.neighbors[0].shape[1])))
         return self
 
     def fit_transform(self, X, y=None):
         return self.fit(X).embedding_
+
+    def transform(self, X_new):
+        """Embed new points with the training embedding fixed: each new point x
+        minimizes its own row of the fitted cost (KL or JS) between its multi-scale
+        affinities to its training neighbours (the fit's scales and neighbour
+        count) and s_xj = (1/H) sum_h exp(-p_h |x - y_j|^2 / 2) / Z_h(x), Z_h over
+        all training points, at the final stage's precisions p_h; started at the
+        affinity-weighted mean of its neighbours, stopping on its own test (see
+        _OutOfSample.minimize), in chunks of rows that bound the memory."""
+        check_fitted(self, hasattr(self, "_fitted"))
+        be, X_train, Y_train, fitted = self._fitted
+        X_new = check_data(X_new, be, name="X_new", dtype=X_train.dtype, min_samples=1,
+                           sparse=True)
+        check_features(X_new, self)
+        k = min(X_train.shape[0], fitted.n_neighbors)
+        sqdist, idx = knn_query(X_new, X_train, k, backend=be)
+        W = sum(conditional_affinities(sqdist, K, backend=be)
+                for K in self.perplexities_) / len(self.perplexities_)
+        Y = (W[:, :, None] * Y_train[idx]).sum(axis=1).astype(Y_train.dtype)   # weighted mean
+        mapping = _MultiscaleOutOfSample(Y_train, idx, W, fitted, be)
+        step = max(1, _MultiscaleOutOfSample.CHUNK // k)
+        return be.to_host(be.xp.concatenate([
+            mapping.minimize(Y[a:a + step], TRANSFORM_MAX_ITER, first=a)
+            for a in range(0, Y.shape[0], step)]))

@@ -587,6 +587,40 @@ def test_transform_other_objectives(small, cls):
     assert (y[nearest] == y[:30]).mean() >= 0.9
 
 
+def test_bfgs_update_of_the_out_of_sample_mapping(rng):
+    """Each point's inverse Hessian update satisfies the secant condition H y = s,
+    stays symmetric positive definite, and is left alone by a pair without
+    positive curvature; on a quadratic the per-point BFGS reaches the minimum."""
+    from gpuembed.embedding import _bfgs_update
+    A = rng.standard_normal((5, 3, 3))
+    H = A @ A.transpose(0, 2, 1) + 0.1 * np.eye(3)
+    s, y = rng.standard_normal((5, 3)), rng.standard_normal((5, 3))
+    y[:4] = np.abs(y[:4]) * np.sign(s[:4])            # s.y > 0 for the first four
+    y[4] = -s[4]                                       # negative curvature
+    H1 = _bfgs_update(np, H.copy(), s, y)
+    np.testing.assert_allclose((H1[:4] @ y[:4, :, None])[:, :, 0], s[:4], rtol=1e-10)
+    np.testing.assert_allclose(H1, H1.transpose(0, 2, 1), rtol=1e-12)
+    assert np.all(np.linalg.eigvalsh(H1[:4]) > 0)
+    np.testing.assert_array_equal(H1[4], H[4])
+
+    from gpuembed.embedding import _OutOfSample
+
+    class Quadratics(_OutOfSample):     # 1/2 (x - c)' A (x - c) per point, ill-conditioned
+        def __init__(self):
+            self.be, self.Y = ge.get_backend("cpu"), np.zeros((2, 3))
+            self.A = np.array([[[100.0, 0, 0], [0, 1, 0], [0, 0, 0.01]]] * 5)
+            self.c = rng.standard_normal((5, 3))
+
+        def evaluate(self, X, rows, grad=True):
+            r = X - self.c[rows]
+            Ar = (self.A[rows] @ r[:, :, None])[:, :, 0]
+            E = 0.5 * (r * Ar).sum(axis=1)
+            return (E, Ar, np.full(len(rows), 100.0)) if grad else E
+
+    q = Quadratics()
+    np.testing.assert_allclose(q.minimize(np.zeros((5, 3)), 60), q.c, atol=1e-6)
+
+
 def test_callbacks_take_three_or_four_arguments(small):
     """DESIGN.md's callbacks receive (iteration, time, objective); one that takes a
     fourth argument also gets the embedding; other signatures are refused at once."""

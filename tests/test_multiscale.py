@@ -331,6 +331,143 @@ def test_isolated_rows_summed_over_their_balls(rng, d):
         np.testing.assert_allclose(SXw, SXw0, rtol=rtol, atol=rtol * np.abs(SXw0).max())
 
 
+def out_of_sample_case(rng, cost, kappa, nbody="exact", backend="cpu"):
+    """New points against a fixed clustered training layout with a far outlier,
+    at precisions from 0.05 to 5e3 (the finest isolate most new points): the
+    per-point objective of MultiscaleSNE.transform, with random affinities to
+    40 of each point's 60 nearest training points, some of them 0."""
+    import types
+
+    from gpuembed.embedding import _MultiscaleOutOfSample
+    Y = np.concatenate([rng.standard_normal((300, 2)), rng.standard_normal((300, 2)) + 6.0])
+    Y[0] = (40.0, -40.0)
+    X = np.concatenate([rng.standard_normal((12, 2)) * 3.0, [[38.0, -41.0], [3.0, 3.0]]])
+    near = np.argsort(((X[:, None] - Y[None]) ** 2).sum(-1), axis=1)[:, :60]
+    idx = np.stack([rng.choice(row, 40, replace=False) for row in near])
+    W = rng.random(idx.shape) * (rng.random(idx.shape) > 0.2)
+    W /= W.sum(axis=1, keepdims=True)
+    fitted = types.SimpleNamespace(p=np.geomspace(0.05, 5e3, 4), cost=cost, kappa=kappa,
+                                   nbody=nbody, accuracy={})
+    be = ge.get_backend(backend)
+    mapping = _MultiscaleOutOfSample(be.asarray(Y), be.asarray(idx), be.asarray(W), fitted, be)
+    return X, Y, idx, W, fitted.p, mapping
+
+
+def dense_row_cost(x, Y, idx, w, p, cost, kappa):
+    """One new point's cost over all training points, densely: s_n the mean over
+    scales of its normalized Gaussian kernels, sigma = w on its neighbours."""
+    d = ((Y - x) ** 2).sum(axis=1)
+    s = sum(np.exp(-ph * (d - d.min()) / 2) / np.exp(-ph * (d - d.min()) / 2).sum()
+            for ph in p) / len(p)
+    sigma = np.zeros(len(Y))
+    sigma[idx] = w
+    m = sigma > 0
+    if cost == "kl":
+        return np.sum(sigma[m] * np.log(sigma[m] / s[m]))
+    z = kappa * sigma + (1 - kappa) * s
+    return (kappa * np.sum(sigma[m] * np.log(sigma[m] / z[m]))
+            + (1 - kappa) * np.sum(s * np.log(s / z))) / (kappa * (1 - kappa))
+
+
+@pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
+def test_out_of_sample_cost_and_gradient(rng, cost, kappa):
+    """MultiscaleSNE.transform's per-point cost against the dense formula, its
+    gradient against central differences, and its curvature (KL: sum_j sigma_j
+    times the responsibility-weighted precision, positive)."""
+    X, Y, idx, W, p, mapping = out_of_sample_case(rng, cost, kappa)
+    rows = np.arange(len(X))
+    E, G, curvature = mapping.evaluate(X, rows)
+    expected = [dense_row_cost(x, Y, i, w, p, cost, kappa) for x, i, w in zip(X, idx, W)]
+    np.testing.assert_allclose(E, expected, rtol=1e-10)
+    np.testing.assert_allclose(mapping.evaluate(X, rows, grad=False), E, rtol=1e-14)
+    h = 1e-6
+    num = np.zeros_like(X)
+    for j in range(2):
+        step = np.zeros_like(X)
+        step[:, j] = h
+        num[:, j] = (mapping.evaluate(X + step, rows, grad=False)
+                     - mapping.evaluate(X - step, rows, grad=False)) / (2 * h)
+    np.testing.assert_allclose(G, num, rtol=1e-5, atol=1e-6 * np.abs(G).max())
+    assert np.all(curvature >= p.min()) and np.all(curvature <= p.max())
+    # The per-point descent (BFGS, line search, trust region) lowers every cost;
+    # the outlier's neighbours sit on the floor, where only the repulsion acts.
+    Z = mapping.minimize(X, 30)
+    assert np.all(np.isfinite(Z))
+    assert np.all(mapping.evaluate(Z, rows, grad=False) <= E)
+
+
+@pytest.mark.parametrize("cost", ["kl", "js"])
+def test_out_of_sample_fgt_matches_exact(rng, cost):
+    """The fast engine's path of the per-point objective (unshifted FGT sums at
+    the new points, isolated ones summed over their k-d tree balls, msne._Balls
+    with other targets) gives the exact engine's values and gradients."""
+    from gpuembed.objectives import msne
+    X, Y, _, _, p, exact = out_of_sample_case(rng, cost, 0.5)
+    *_, fast = out_of_sample_case(np.random.default_rng(0), cost, 0.5, nbody="fgt")
+    fast.Y, fast.idx, fast.W, fast.entropy = exact.Y, exact.idx, exact.W, exact.entropy
+    from scipy.spatial import cKDTree
+    fast.tree = cKDTree(exact.Y)
+    fast.FAST_ROWS = 1                  # the FGT for every evaluation
+    rows = np.arange(len(X))
+    nearest = msne._Balls(Y, X).nearest_sqdist()
+    np.testing.assert_allclose(nearest, ((X[:, None] - Y[None]) ** 2).sum(-1).min(axis=1))
+    assert 0 < (0.5 * p.max() * nearest > msne.ISOLATED).sum() < len(X)  # both paths run
+    E0, G0, _ = exact.evaluate(X, rows)
+    E, G, _ = fast.evaluate(X, rows)
+    np.testing.assert_allclose(E, E0, rtol=5e-5)        # the FGT's order 8
+    assert np.linalg.norm(G - G0) <= 1e-3 * np.linalg.norm(G0)
+
+
+def test_multiscale_sne_transform_places_held_out_digits():
+    """New digits land among their class (10-NN accuracy against the training
+    labels), a training point given again lands next to its fitted position,
+    and a point's position does not depend on the points transformed with it."""
+    pytest.importorskip("sklearn")
+    from sklearn.neighbors import KNeighborsClassifier
+    X, y = ge.datasets.digits()
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(X))
+    train, test = order[:700], order[700:900]
+    model = ge.MultiscaleSNE(max_iter=30, backend="cpu").fit(X[train])
+    Z = model.transform(X[test])
+    acc = KNeighborsClassifier(10).fit(model.embedding_, y[train]).score(Z, y[test])
+    fitted_acc = ge.metrics.knn_accuracy(model.embedding_, y[train])
+    print(f"MultiscaleSNE.transform: held-out 10-NN accuracy {acc:.3f} (training layout "
+          f"{fitted_acc:.3f})")
+    assert acc >= 0.9 and acc >= fitted_acc - 0.03
+    again = model.transform(X[train[:20]])
+    spread = np.ptp(model.embedding_, axis=0).max()
+    assert np.median(np.linalg.norm(again - model.embedding_[:20], axis=1)) < 0.02 * spread
+    for i in (0, 13):       # up to the k-NN's last bits (see test_params.py's test)
+        np.testing.assert_allclose(model.transform(X[test[i:i + 1]])[0], Z[i], rtol=1e-7,
+                                   atol=1e-7 * spread)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
+def test_gpu_out_of_sample_objective_equals_cpu(rng, cost, kappa):
+    """The per-point objective of MultiscaleSNE.transform on the GPU (CuPy array
+    code, shifted exact sums, the k-NN for each new point's shift) against the CPU."""
+    X, Y, idx, W, _, cpu = out_of_sample_case(rng, cost, kappa)
+    *_, gpu_mapping = out_of_sample_case(np.random.default_rng(rng.integers(1 << 30)), cost,
+                                         kappa, backend="gpu")
+    gpu = ge.get_backend("gpu")
+    gpu_mapping.Y, gpu_mapping.idx, gpu_mapping.W = gpu.asarray(Y), gpu.asarray(idx), \
+        gpu.asarray(W)
+    gpu_mapping.entropy = gpu.asarray(cpu.entropy)
+    rows = np.arange(len(X))
+    E, G, curvature = cpu.evaluate(X, rows)
+    E1, G1, c1 = (gpu.to_host(a) for a in gpu_mapping.evaluate(gpu.asarray(X),
+                                                                 gpu.asarray(rows)))
+    np.testing.assert_allclose(E1, E, rtol=1e-10)
+    np.testing.assert_allclose(G1, G, rtol=1e-8, atol=1e-11 * np.abs(G).max())
+    np.testing.assert_allclose(c1, curvature, rtol=1e-10)
+    # A few iterations: later, last bits can send a point on a flat stretch of its
+    # cost to another local minimum.
+    np.testing.assert_allclose(gpu.to_host(gpu_mapping.minimize(gpu.asarray(X), 5)),
+                               cpu.minimize(X, 5), rtol=1e-8, atol=1e-10)
+
+
 def test_multiscale_sne_fgt_and_n_scales(rng):
     X = np.concatenate([rng.standard_normal((150, 5)), rng.standard_normal((150, 5)) + 8.0])
     fits = {nbody: ge.MultiscaleSNE(cost="kl", nbody=nbody, n_scales=4, max_iter=20,

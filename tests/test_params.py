@@ -164,15 +164,20 @@ def test_scikit_learn_estimator_checks(est):
 
 def test_transform_of_a_point_does_not_depend_on_the_batch():
     """Each new point stops on its own test: transforming it alone or with others
-    gives the same position (a shared stopping test moved converged points on)."""
+    gives the same position (a shared stopping test moved converged points on).
+    The same up to the last bits of its k-NN distances, which the GEMM rounds
+    differently with other rows in the block (2e-13 here): multi-scale SNE's
+    flatter per-point cost carries that to about 1e-9 of the layout's spread."""
     X, _ = ge.datasets.gaussian_clusters(300, 3, 5, random_state=0)
-    for est in (ge.TSNE(max_iter=50, backend="cpu", random_state=0),
-                ge.EE(max_iter=50, backend="cpu", random_state=0)):
+    for est, rtol in ((ge.TSNE(max_iter=50, backend="cpu", random_state=0), 1e-12),
+                      (ge.EE(max_iter=50, backend="cpu", random_state=0), 1e-12),
+                      (ge.MultiscaleSNE(max_iter=10, n_scales=3, backend="cpu"), 1e-7)):
         est.fit(X[:250])
         together = est.transform(X[250:])
+        spread = np.ptp(est.embedding_)
         for i in (0, 17, 49):
             np.testing.assert_allclose(est.transform(X[250 + i:251 + i])[0], together[i],
-                                       rtol=1e-12, atol=1e-12)
+                                       rtol=rtol, atol=rtol * spread)
 
 
 def test_table_like_input_and_unfitted_errors():

@@ -34,9 +34,9 @@ import numpy as np
 from numba import get_num_threads
 
 from ..affinities.multiscale import mean_on_pattern
-from ..nbody import exact_sums
+from ..nbody import engine_sums, exact_sums
 from ..nbody.exact import MAX_COMPILED_DIM
-from ..neighbors import knn
+from ..neighbors import knn, knn_query
 from . import msne_gpu
 from .base import Objective
 from .msne_cpu import edge_terms, fused_exact
@@ -80,6 +80,36 @@ def intrinsic_exponent(beta, n_components):
     return float(min(2.0, max(1.0, D.max() / n_components))) if D.size else 1.0
 
 
+def js_value(on_pattern, rest, kappa):
+    """JS cost from its pattern part and the mass ``rest`` of s off the pattern,
+    where sigma = 0 and each unit of s costs (1 - kappa) log(1 / (1 - kappa))."""
+    k = kappa
+    return (on_pattern + (1.0 - k) * math.log(1.0 / (1.0 - k)) * rest) / (k * (1.0 - k))
+
+
+def pattern_terms(xp, sigma, s_raw, cost, kappa):
+    """On the pattern's entries, in array code: (cost terms, r, s floored at the
+    smallest normal float).  KL's terms are -sigma log s (the cost less the
+    constant sum sigma log sigma), JS's kappa sigma log(sigma / z) + (1 - kappa)
+    s log(s / z), z = kappa sigma + (1 - kappa) s, before js_value; r = c0 - dE/ds
+    with c0 dE/ds off the pattern (KL: sigma / s; JS: -(log(s / z) - log(1 / (1 -
+    kappa))) / kappa), as msne_cpu._edge_cost."""
+    # Floored: an HD neighbour that every LD scale has pushed out of reach (exp
+    # underflow) costs ~700 nats instead of an infinite objective, and pulls no
+    # more (the floored cost is flat: r = 0 there).
+    tiny = np.finfo(np.float64).tiny
+    s = xp.maximum(s_raw, tiny)
+    if cost == "kl":
+        terms, r = -sigma * xp.log(s), sigma / s
+    else:
+        k = kappa
+        z = k * sigma + (1.0 - k) * s
+        terms = (k * sigma * xp.log(xp.where(sigma > 0, sigma, 1.0) / z)
+                 + (1.0 - k) * s * xp.log(s / z))
+        r = -(xp.log(s / z) - math.log(1.0 / (1.0 - k))) / k
+    return terms, xp.where(s_raw < tiny, 0.0, r), s
+
+
 class MultiscaleObjective(Objective):
     name = "msne"
     kernel = "gaussian"
@@ -119,20 +149,7 @@ class MultiscaleObjective(Objective):
     def _row_sums(self, Xs, m, c=None, balls=None):
         """sum_k exp(-(t_ik - m_i)) (1, x_k): each row in its own shifted units
         (``balls``: the CPU's sums of isolated rows, Xs = c X)."""
-        if self.nbody == "exact":
-            return self.sums(Xs, ("gaussian",), target_shift=m)[0]
-        xp = self.be.xp
-        (Z, SX), = self.sums(Xs, ("gaussian",))
-        scale = xp.exp(xp.minimum(m, ISOLATED))
-        Z, SX = Z * scale, SX * scale[:, None]
-        isolated = xp.flatnonzero(m > ISOLATED)
-        if isolated.size and balls is not None:
-            Z[isolated], SX[isolated] = balls.row_sums(Xs, c, isolated, m[isolated])
-        elif isolated.size:
-            (Z[isolated], SX[isolated]), = exact_sums(
-                self.be, Xs, ("gaussian",), Y=Xs[isolated], target_shift=m[isolated],
-                exclude=isolated)
-        return Z, SX
+        return shifted_row_sums(self.be, self.nbody, self.accuracy, Xs, m, c, balls)
 
     def _column_sums(self, Xs, m, w, c=None, balls=None):
         """sum_k exp(-(t_ik - m_k)) w_k (1, x_k): each source in its own shifted units."""
@@ -178,14 +195,9 @@ class MultiscaleObjective(Objective):
                                     pairs.p, 0.5 * self.p, shifts, Z, js, self.kappa, rs,
                                     np.empty((get_num_threads(), X.shape[1], n)), grad)
             W = (0.5 * self.p / H)[:, None] * rs / Z
-        value = self.constant + part if self.cost == "kl" else self._js_value(part, n - mass)
+        value = (self.constant + part if self.cost == "kl"
+                 else js_value(part, n - mass, self.kappa))
         return value, list(W), grad
-
-    def _js_value(self, on_pattern, rest):
-        """JS cost from its pattern part and the mass ``rest`` of s off the pattern,
-        where sigma = 0 and each unit of s costs (1 - kappa) log(1 / (1 - kappa))."""
-        k = self.kappa
-        return (on_pattern + (1.0 - k) * math.log(1.0 / (1.0 - k)) * rest) / (k * (1.0 - k))
 
     def _edge_terms_array(self, d_edge, scales):
         """:meth:`_edge_terms` in array code (the GPU path and the reference)."""
@@ -193,26 +205,12 @@ class MultiscaleObjective(Objective):
         H = len(scales)
         s_all = [xp.exp(-0.5 * p * d_edge + m[pairs.rows]) / Z[pairs.rows]
                  for p, Z, _, m in scales]
-        # Floored: an HD neighbour that every LD scale has pushed out of reach
-        # (exp underflow) costs ~700 nats instead of an infinite objective, and
-        # pulls no more (the floored cost is flat: r = 0 there).
-        tiny = np.finfo(np.float64).tiny
-        s_raw = sum(s_all) / H
-        s = xp.maximum(s_raw, tiny)
-        sigma = pairs.p
+        terms, r, s = pattern_terms(xp, pairs.p, sum(s_all) / H, self.cost, self.kappa)
         if self.cost == "kl":
-            value = self.constant - float(xp.sum(sigma * xp.log(s)))
-            r = sigma / s
+            value = self.constant + float(terms.sum())
         else:
-            k = self.kappa
-            z = k * sigma + (1.0 - k) * s
-            off = math.log(1.0 / (1.0 - k))
-            rest = 1.0 - pairs.row_sums(s)                # mass of s off the pattern
-            value = self._js_value(
-                k * float(xp.sum(sigma * xp.log(xp.where(sigma > 0, sigma, 1.0) / z)))
-                + (1.0 - k) * float(xp.sum(s * xp.log(s / z))), float(rest.sum()))
-            r = -(xp.log(s / z) - off) / k
-        r = xp.where(s_raw < tiny, 0.0, r)
+            rest = float((1.0 - pairs.row_sums(s)).sum())      # mass of s off the pattern
+            value = js_value(float(terms.sum()), rest, self.kappa)
         g_edge = sum((0.5 * p / H) * s_h * r for (p, *_), s_h in zip(scales, s_all))
         return value, g_edge, [pairs.row_sums(r * s_h) for s_h in s_all]
 
@@ -256,8 +254,33 @@ class MultiscaleObjective(Objective):
                 self.pairs._p64, 0.5 * self.p, _nearest_sqdist(X, self.be), js, self.kappa,
                 np.empty((threads, H, n)), np.empty((threads, 2, n)),
                 np.empty((threads, H + 4, longest)), np.empty((threads, d, n)), grad)
-        value = self.constant + part if self.cost == "kl" else self._js_value(part, n - mass)
+        value = (self.constant + part if self.cost == "kl"
+                 else js_value(part, n - mass, self.kappa))
         return value, grad.astype(X.dtype, copy=False)
+
+
+def shifted_row_sums(be, nbody, accuracy, Xs, m, c=None, balls=None, targets=None):
+    """(Z, SX): Z_i = sum_k exp(-(t_ik - m_i)) and SX_i the same sum of xs_k, over
+    the sources Xs at the targets (default: the sources, self pairs excluded),
+    t the squared distance in the scale's units (Xs = c X, targets likewise),
+    each target shifted by its m_i.  The fast engines sum unshifted kernels and
+    rescale; targets with m_i > ISOLATED are summed exactly, over ``balls`` (the
+    CPU's :class:`_Balls` of the same sources and targets) or all sources."""
+    if nbody == "exact":
+        return engine_sums(be, nbody, Xs, ("gaussian",), Y=targets, target_shift=m)[0]
+    xp = be.xp
+    (Z, SX), = engine_sums(be, nbody, Xs, ("gaussian",), Y=targets, accuracy=accuracy)
+    scale = xp.exp(xp.minimum(m, ISOLATED))
+    Z, SX = Z * scale, SX * scale[:, None]
+    isolated = xp.flatnonzero(m > ISOLATED)
+    if isolated.size and balls is not None:
+        Z[isolated], SX[isolated] = balls.row_sums(Xs, c, isolated, m[isolated])
+    elif isolated.size:
+        own = targets is None
+        (Z[isolated], SX[isolated]), = exact_sums(
+            be, Xs, ("gaussian",), Y=(Xs if own else targets)[isolated],
+            target_shift=m[isolated], exclude=isolated if own else None)
+    return Z, SX
 
 
 class _Balls:
@@ -266,16 +289,21 @@ class _Balls:
     evaluation, for every scale) gives each isolated point the points within its
     ball t - m < TAIL + log N, in kernel units of the scale's Xs = c X.  The
     row and column sums of a scale isolate the same points: their pairs and
-    kernels are found once."""
+    kernels are found once.  ``targets``: other points whose rows are summed
+    over X (out-of-sample points; default X itself, self pairs excluded);
+    ``tree``: X's k-d tree, when it is at hand."""
 
-    def __init__(self, X):
+    def __init__(self, X, targets=None, tree=None):
         from scipy.spatial import cKDTree
-        self.X, self.tree = X, cKDTree(X)
+        self.X, self.targets = X, targets
+        self.tree = cKDTree(X) if tree is None else tree
         self.tail = TAIL + math.log(X.shape[0])
         self.kernels = {}
 
     def nearest_sqdist(self):
-        return self.tree.query(self.X, k=2)[0][:, 1] ** 2
+        if self.targets is None:
+            return self.tree.query(self.X, k=2)[0][:, 1] ** 2
+        return self.tree.query(self.targets, k=1)[0] ** 2
 
     def _kernels(self, rows, m, c):
         """(position in rows, neighbour j != row, exp(-(t - m_row))) for every
@@ -286,15 +314,16 @@ class _Balls:
         if c in self.kernels:
             return self.kernels[c]
         radius = np.sqrt(m + self.tail) / c
-        points = self.X[rows]
+        own = self.targets is None
+        points = (self.X if own else self.targets)[rows]
+        n = self.X.shape[0]
         counts = self.tree.query_ball_point(points, radius, return_length=True, workers=-1)
-        groups = np.minimum(2 ** np.ceil(np.log2(np.maximum(counts, 2))).astype(np.int64),
-                            self.X.shape[0])
+        groups = np.minimum(2 ** np.ceil(np.log2(np.maximum(counts, 2))).astype(np.int64), n)
         pos, nbr, t = [], [], []
         for k in np.unique(groups):
             sel = np.flatnonzero(groups == k)
             dist, idx = self.tree.query(points[sel], k=int(k), workers=-1)
-            keep = idx != rows[sel, None]
+            keep = (idx != rows[sel, None]) if own else (idx < n)
             pos.append(np.broadcast_to(sel[:, None], idx.shape)[keep])
             nbr.append(idx[keep])
             t.append(c * c * dist[keep] ** 2)
@@ -323,13 +352,18 @@ def _scatter(into, e, x, n):
     return S, SX
 
 
-def _nearest_sqdist(X, be):
-    """Squared distance of every point to its nearest neighbour: a k-d tree for a
+def _nearest_sqdist(X, be, sources=None):
+    """Squared distance of every point of X to its nearest neighbour (in
+    ``sources``, default X itself without the point): a k-d tree for a
     low-dimensional embedding on the CPU (O(N log N)), else the exact k-NN."""
     if not be.is_gpu and X.shape[1] <= 3:
-        return _Balls(X).nearest_sqdist()
+        return _Balls(X if sources is None else sources,
+                      None if sources is None else X).nearest_sqdist()
     # The distance again coordinate by coordinate, as the shifted sums take it:
     # k-NN's GEMM distances err by eps |x|^2, and the shift should make the
     # nearest kernel exactly 1.
-    diff = X - X[knn(X, 1, backend=be)[1][:, 0]]
+    if sources is None:
+        diff = X - X[knn(X, 1, backend=be)[1][:, 0]]
+    else:
+        diff = X - sources[knn_query(X, sources, 1, backend=be)[1][:, 0]]
     return (diff * diff).sum(axis=1)
