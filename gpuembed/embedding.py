@@ -464,13 +464,8 @@ class _MultiscaleOutOfSample(_OutOfSample):
             self.tree = cKDTree(self.Y)
 
     def evaluate(self, X, rows, grad=True):
-        from .objectives.msne import (
-            _Balls,
-            _nearest_sqdist,
-            js_value,
-            pattern_terms,
-            shifted_row_sums,
-        )
+        from .objectives.msne import (_Balls, _nearest_sqdist, js_value, pattern_terms,
+                                      shifted_row_sums)
 
         xp, H = self.be.xp, len(self.p)
         sigma = self.W[rows]
@@ -708,13 +703,8 @@ class MultiscaleSNE(Params):
     def fit(self, X, y=None):
         """Embed X (N, D), dense or sparse; ``y`` is ignored (scikit-learn pipelines)."""
         from .affinities import multiscale_affinities
-        from .objectives.msne import (
-            COSTS,
-            EXACT_BELOW,
-            MultiscaleObjective,
-            intrinsic_exponent,
-            ld_precisions,
-        )
+        from .objectives.msne import (COSTS, EXACT_BELOW, MultiscaleObjective, intrinsic_exponent,
+                                      ld_precisions)
 
         be = get_backend(self.backend)
         X = check_data(X, be, min_samples=5, sparse=True)

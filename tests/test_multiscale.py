@@ -468,6 +468,24 @@ def test_gpu_out_of_sample_objective_equals_cpu(rng, cost, kappa):
                                cpu.minimize(X, 5), rtol=1e-8, atol=1e-10)
 
 
+@pytest.mark.gpu
+def test_gpu_multiscale_sne_transform_equals_cpu(rng):
+    """MultiscaleSNE.transform on the GPU (k-NN to the training points, each
+    scale's conditional affinities, the per-point BFGS on device arrays) lands
+    where the CPU's does from the same fitted layout."""
+    X = np.concatenate([rng.standard_normal((150, 5)), rng.standard_normal((150, 5)) + 6.0])
+    model = ge.MultiscaleSNE(max_iter=10, n_scales=3, backend="gpu").fit(X[:250])
+    gpu, cpu = ge.get_backend("gpu"), ge.get_backend("cpu")
+    be, X_train, Y_train, fitted = model._fitted
+    twin = ge.MultiscaleSNE(max_iter=10, n_scales=3, backend="cpu")
+    twin.__dict__.update(model.__dict__)
+    twin._fitted = (cpu, gpu.to_host(X_train), gpu.to_host(Y_train), fitted)
+    Z = model.transform(X[250:])
+    assert isinstance(Z, np.ndarray) and Z.shape == (50, 2)
+    spread = np.ptp(model.embedding_)
+    np.testing.assert_allclose(Z, twin.transform(X[250:]), atol=1e-4 * spread)
+
+
 def test_multiscale_sne_fgt_and_n_scales(rng):
     X = np.concatenate([rng.standard_normal((150, 5)), rng.standard_normal((150, 5)) + 8.0])
     fits = {nbody: ge.MultiscaleSNE(cost="kl", nbody=nbody, n_scales=4, max_iter=20,

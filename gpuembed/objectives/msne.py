@@ -91,9 +91,9 @@ def pattern_terms(xp, sigma, s_raw, cost, kappa):
     """On the pattern's entries, in array code: (cost terms, r, s floored at the
     smallest normal float).  KL's terms are -sigma log s (the cost less the
     constant sum sigma log sigma), JS's kappa sigma log(sigma / z) + (1 - kappa)
-    s log(s / z), z = kappa sigma + (1 - kappa) s, before js_value; r = c0 - dE/ds
-    with c0 dE/ds off the pattern (KL: sigma / s; JS: -(log(s / z) - log(1 / (1 -
-    kappa))) / kappa), as msne_cpu._edge_cost."""
+    s log(s / z), z = kappa sigma + (1 - kappa) s, before js_value.  r = c0 - dE/ds,
+    c0 being dE/ds off the pattern (KL: r = sigma / s; JS: r = -(log(s / z)
+    - log(1 / (1 - kappa))) / kappa), as msne_cpu._edge_cost."""
     # Floored: an HD neighbour that every LD scale has pushed out of reach (exp
     # underflow) costs ~700 nats instead of an infinite objective, and pulls no
     # more (the floored cost is flat: r = 0 there).
