@@ -458,51 +458,83 @@ class _MultiscaleOutOfSample(_OutOfSample):
         xp = be.xp
         # KL's constant sum_j sigma_j log sigma_j, so that values are the cost itself.
         self.entropy = (W * xp.log(xp.where(W > 0, W, 1.0))).sum(axis=1)
+        self.compiled = True        # msne_cpu.out_of_sample_rows; False: the array code
         self.tree = None
         if not be.is_gpu and Y_train.shape[1] <= 3:     # msne._Balls' k-d tree of Y
             from scipy.spatial import cKDTree
             self.tree = cKDTree(self.Y)
 
     def evaluate(self, X, rows, grad=True):
-        from .objectives.msne import (_Balls, _nearest_sqdist, js_value, pattern_terms,
-                                      shifted_row_sums)
+        from .objectives.msne import _Balls, _nearest_sqdist, js_value, shifted_row_sums
 
-        xp, H = self.be.xp, len(self.p)
-        sigma = self.W[rows]
+        xp = self.be.xp
         X = X.astype(np.float64, copy=False)        # as the fit's sums (msne.py)
-        diff = X[:, None, :] - self.Y[self.idx[rows]]          # (M, k, d)
-        d2 = (diff * diff).sum(axis=2)
         # A fast engine pays O(N) per call however few the targets: the line
         # search's trials and the last points to converge take the exact sums.
         nbody = self.nbody if X.shape[0] >= self.FAST_ROWS else "exact"
         balls = None if self.tree is None else _Balls(self.Y, X, self.tree)
         nearest = (_nearest_sqdist(X, self.be, self.Y) if balls is None
                    else balls.nearest_sqdist())
-        scales, s = [], xp.zeros_like(d2)
+        scales = []
         for p in self.p:
             c, m = math.sqrt(p / 2.0), 0.5 * p * nearest
             Z, SX = shifted_row_sums(self.be, nbody, self.accuracy, self.Y * c, m, c,
                                      balls, targets=X * c)
-            s_h = xp.exp(m[:, None] - 0.5 * p * d2) / Z[:, None]
-            scales.append((p, Z, SX / c, s_h))
-            s += s_h
-        terms, r, s = pattern_terms(xp, sigma, s / H, self.cost, self.kappa)
-        value = terms.sum(axis=1)
+            scales.append((p, Z, SX / c, m))
+        if self.compiled and not self.be.is_gpu:
+            value, mass, g, curvature = self._compiled_terms(X, rows, scales, grad)
+        else:
+            value, mass, g, curvature = self._array_terms(X, rows, scales, grad)
         if self.cost == "kl":
             value = value + self.entropy[rows]
         else:
-            value = js_value(value, 1.0 - s.sum(axis=1), self.kappa)
+            value = js_value(value, 1.0 - mass, self.kappa)
         if not grad:
             return value
+        # A point whose neighbours all sit on the floor (r = 0) has no attractive
+        # curvature: the coarsest scale's, p_min sum_j sigma_j, bounds it below.
+        curvature = xp.maximum(curvature, self.p.min())
+        return value, g.astype(self.dtype, copy=False), curvature
+
+    def _array_terms(self, X, rows, scales, grad):
+        """(pattern part of the cost, sum_j s_j, gradient, sum_j max(G_j, 0)) of
+        ``rows`` at X, in array code: the GPU path and the CPU's reference."""
+        from .objectives.msne import pattern_terms
+
+        xp, H = self.be.xp, len(self.p)
+        diff = X[:, None, :] - self.Y[self.idx[rows]]          # (M, k, d)
+        d2 = (diff * diff).sum(axis=2)
+        s_all, s = [], xp.zeros_like(d2)
+        for p, Z, _, m in scales:
+            s_all.append(xp.exp(m[:, None] - 0.5 * p * d2) / Z[:, None])
+            s += s_all[-1]
+        terms, r, s = pattern_terms(xp, self.W[rows], s / H, self.cost, self.kappa)
+        if not grad:
+            return terms.sum(axis=1), s.sum(axis=1), None, None
         G, g = xp.zeros_like(d2), xp.zeros_like(X)
-        for p, Z, SX, s_h in scales:
+        for (p, Z, SX, _), s_h in zip(scales, s_all):
             G += (p / H) * s_h * r
             g -= (p / H) * (r * s_h).sum(axis=1)[:, None] * (X - SX / Z[:, None])
         g += (G[:, :, None] * diff).sum(axis=1)
-        # A point whose neighbours all sit on the floor (r = 0) has no attractive
-        # curvature: the coarsest scale's, p_min sum_j sigma_j, bounds it below.
-        curvature = xp.maximum(xp.maximum(G, 0.0).sum(axis=1), self.p.min())
-        return value, g.astype(self.dtype, copy=False), curvature
+        return terms.sum(axis=1), s.sum(axis=1), g, xp.maximum(G, 0.0).sum(axis=1)
+
+    def _compiled_terms(self, X, rows, scales, grad):
+        """:meth:`_array_terms` by msne_cpu.out_of_sample_rows: one compiled pass
+        per row (the array code's temporaries took 65% of a transform)."""
+        from numba import get_num_threads
+
+        from .objectives.msne_cpu import out_of_sample_rows
+
+        M, k, d = X.shape[0], self.idx.shape[1], X.shape[1]
+        value, mass = np.empty(M), np.empty(M)
+        g, curvature = np.empty((M, d)), np.empty(M)
+        out_of_sample_rows(
+            np.ascontiguousarray(X), self.Y, np.ascontiguousarray(self.idx[rows]),
+            np.ascontiguousarray(self.W[rows]), 0.5 * np.asarray(self.p, dtype=np.float64),
+            np.stack([m for *_, m in scales]), np.stack([Z for _, Z, _, _ in scales]),
+            np.stack([SX for _, _, SX, _ in scales]), self.cost != "kl", self.kappa, grad,
+            value, mass, g, curvature, np.empty((get_num_threads(), len(scales) + 3, k)))
+        return value, mass, g, curvature
 
 
 def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):

@@ -369,12 +369,15 @@ def dense_row_cost(x, Y, idx, w, p, cost, kappa):
             + (1 - kappa) * np.sum(s * np.log(s / z))) / (kappa * (1 - kappa))
 
 
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
-def test_out_of_sample_cost_and_gradient(rng, cost, kappa):
-    """MultiscaleSNE.transform's per-point cost against the dense formula, its
-    gradient against central differences, and its curvature (KL: sum_j sigma_j
-    times the responsibility-weighted precision, positive)."""
+def test_out_of_sample_cost_and_gradient(rng, cost, kappa, compiled):
+    """MultiscaleSNE.transform's per-point cost (the CPU's compiled pass and the
+    array code) against the dense formula, its gradient against central
+    differences, and its curvature (KL: sum_j sigma_j times the
+    responsibility-weighted precision, positive)."""
     X, Y, idx, W, p, mapping = out_of_sample_case(rng, cost, kappa)
+    mapping.compiled = compiled
     rows = np.arange(len(X))
     E, G, curvature = mapping.evaluate(X, rows)
     expected = [dense_row_cost(x, Y, i, w, p, cost, kappa) for x, i, w in zip(X, idx, W)]
@@ -394,6 +397,24 @@ def test_out_of_sample_cost_and_gradient(rng, cost, kappa):
     Z = mapping.minimize(X, 30)
     assert np.all(np.isfinite(Z))
     assert np.all(mapping.evaluate(Z, rows, grad=False) <= E)
+
+
+@pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
+def test_out_of_sample_compiled_rows_match_array_code(rng, cost, kappa):
+    """msne_cpu.out_of_sample_rows against the array code, on every row and on a
+    subset (the line search's trials), with the layout spread 10x so that
+    neighbours fall on the floor."""
+    X, *_, mapping = out_of_sample_case(rng, cost, kappa)
+    for Xe, rows in ((X, np.arange(len(X))), (10.0 * X[3:9], np.arange(3, 9))):
+        mapping.compiled = True
+        E, G, c = mapping.evaluate(Xe, rows)
+        E1 = mapping.evaluate(Xe, rows, grad=False)
+        mapping.compiled = False
+        E0, G0, c0 = mapping.evaluate(Xe, rows)
+        np.testing.assert_allclose(E, E0, rtol=1e-10)
+        np.testing.assert_array_equal(E1, E)
+        np.testing.assert_allclose(G, G0, rtol=1e-7, atol=1e-10 * np.abs(G0).max())
+        np.testing.assert_allclose(c, c0, rtol=1e-9)
 
 
 @pytest.mark.parametrize("cost", ["kl", "js"])
@@ -476,7 +497,7 @@ def test_gpu_multiscale_sne_transform_equals_cpu(rng):
     X = np.concatenate([rng.standard_normal((150, 5)), rng.standard_normal((150, 5)) + 6.0])
     model = ge.MultiscaleSNE(max_iter=10, n_scales=3, backend="gpu").fit(X[:250])
     gpu, cpu = ge.get_backend("gpu"), ge.get_backend("cpu")
-    be, X_train, Y_train, fitted = model._fitted
+    _, X_train, Y_train, fitted = model._fitted
     twin = ge.MultiscaleSNE(max_iter=10, n_scales=3, backend="cpu")
     twin.__dict__.update(model.__dict__)
     twin._fitted = (cpu, gpu.to_host(X_train), gpu.to_host(Y_train), fitted)

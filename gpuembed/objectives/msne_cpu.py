@@ -237,3 +237,63 @@ def fused_exact(indptr, indices, XT, sigma, half_p, nearest, js, kappa, kernels,
             grad[i, k] = _lane_sum(d, None)
     _add_columns(columns, grad, 1.0)
     return part.sum(), mass.sum()
+
+
+@njit(parallel=True, fastmath=FLAGS, cache=True)
+def out_of_sample_rows(X, Y, idx, sigma, half_p, shift, Z, SX, js, kappa, grad_needed, value,
+                       mass, grad, curvature, scratch):
+    """The per-point terms of new points (embedding._MultiscaleOutOfSample, whose
+    array code is the reference): row i of X (M, d) against its training
+    neighbours Y[idx[i]] (idx (M, k)) with HD affinities sigma (M, k); per scale
+    h the shifts, Z (H, M) and SX (H, M, d) of the shifted sums over all training
+    points.  Fills ``value`` with the pattern's part of the cost (KL: -sum sigma
+    log s; JS: the terms before msne.js_value) and ``mass`` with sum_j s_j; with
+    ``grad_needed`` also ``grad`` (M, d) and ``curvature`` (M,), sum_j max(G_j, 0).
+    Each row is summed alone, in one order, so a point's terms do not depend on
+    the rows evaluated with it.  scratch: (T, H + 3, k)."""
+    M, k = idx.shape
+    dim, H = X.shape[1], half_p.size
+    off = math.log(1.0 / (1.0 - kappa)) if js else 0.0
+    for i in prange(M):
+        buf = scratch[get_thread_id()]
+        d, s, r = buf[H], buf[H + 1], buf[H + 2]
+        for j in range(k):
+            acc = 0.0
+            for c in range(dim):
+                diff = X[i, c] - Y[idx[i, j], c]
+                acc += diff * diff
+            d[j] = acc
+        s[:] = 0.0
+        for h in range(H):
+            c, sh, inv, m = half_p[h], buf[h], 1.0 / Z[h, i], shift[h, i]
+            for j in range(k):
+                sh[j] = expneg(c * d[j] - m) * inv
+                s[j] += sh[j]
+        cost = total = 0.0
+        for j in range(k):
+            term, r[j], se = _edge_cost(sigma[i, j], s[j] / H, js, kappa, off)
+            cost += term
+            total += se
+        value[i], mass[i] = cost, total
+        if not grad_needed:
+            continue
+        G = d                       # the distances are spent: d holds G
+        G[:] = 0.0
+        for c in range(dim):
+            grad[i, c] = 0.0
+        for h in range(H):
+            w, sh = 2.0 * half_p[h] / H, buf[h]
+            rs = _lane_sum(r, sh)
+            for j in range(k):
+                G[j] += w * sh[j] * r[j]
+            for c in range(dim):
+                grad[i, c] -= w * rs * (X[i, c] - SX[h, i, c] / Z[h, i])
+        curv = 0.0
+        for j in range(k):
+            curv += max(G[j], 0.0)
+        curvature[i] = curv
+        for c in range(dim):
+            acc = 0.0
+            for j in range(k):
+                acc += G[j] * (X[i, c] - Y[idx[i, j], c])
+            grad[i, c] += acc
