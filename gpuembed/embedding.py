@@ -409,8 +409,7 @@ class _OutOfSample:
 def _batched_times(A, v):
     """A_i v_i for (M, d, d) and (M, d): elementwise products summed along the
     last axis, which adds each row's terms in one order however many rows come
-    together (a stacked matmul's did not: a point transformed alone landed 1e-9
-    away from where it landed in a batch)."""
+    together (a stacked matmul promises no order), as batch independence needs."""
     return (A * v[:, None, :]).sum(axis=2)
 
 

@@ -565,8 +565,8 @@ def test_multiscale_sne_bad_arguments(kwargs, match):
 
 
 def test_fused_sweep_gives_the_same_bits_compiled_or_loaded_from_the_cache(tmp_path):
-    """msne_cpu.fused_exact is cached on disk; compiled in a process or loaded from
-    numba's cache it must sum in one order (with fastmath's reassociation the two
+    """msne_cpu.fused_exact (and out_of_sample_rows, transform's) is cached on disk;
+    compiled in a process or loaded from numba's cache it must sum in one order (with fastmath's reassociation the two
     differed in the last bits, so a first run would not have repeated later)."""
     import os
     import subprocess
@@ -575,7 +575,7 @@ def test_fused_sweep_gives_the_same_bits_compiled_or_loaded_from_the_cache(tmp_p
     script = """
 import hashlib, json, numpy as np, scipy.sparse
 from numba import get_num_threads
-from gpuembed.objectives.msne_cpu import fused_exact
+from gpuembed.objectives.msne_cpu import fused_exact, out_of_sample_rows
 rng = np.random.default_rng(0)
 n, H, d = 300, 4, 2
 P = scipy.sparse.random(n, n, density=0.1, format="csr", random_state=1)
@@ -587,8 +587,18 @@ grad = np.empty((n, d))
 out = fused_exact(P.indptr, P.indices, XT, P.data, np.geomspace(0.5, 50.0, H), sq.min(axis=1),
                   True, 0.3, np.empty((T, H, n)), np.empty((T, 2, n)),
                   np.empty((T, H + 4, longest)), np.empty((T, d, n)), grad)
-digest = hashlib.sha1(grad.tobytes() + np.array(out).tobytes()).hexdigest()
-print(json.dumps({"hits": sum(fused_exact.stats.cache_hits.values()), "digest": digest}))
+M, k = 40, 30
+X, Y = rng.standard_normal((M, d)), XT.T.copy()
+idx = np.stack([rng.choice(n, k, replace=False) for _ in range(M)])
+W = rng.random((M, k)); W /= W.sum(axis=1, keepdims=True)
+rows = [np.empty(M), np.empty(M), np.empty((M, d)), np.empty(M)]
+out_of_sample_rows(X, Y, idx, W, np.geomspace(0.5, 50.0, H), np.zeros((H, M)),
+                   np.full((H, M), 7.0), rng.standard_normal((H, M, d)), True, 0.3, True,
+                   *rows, np.empty((T, H + 3, k)))
+digest = hashlib.sha1(grad.tobytes() + np.array(out).tobytes()
+                      + b"".join(a.tobytes() for a in rows)).hexdigest()
+hits = sum(f.stats.cache_hits.get(f.signatures[0], 0) for f in (fused_exact, out_of_sample_rows))
+print(json.dumps({"hits": hits, "digest": digest}))
 """
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -596,5 +606,5 @@ print(json.dumps({"hits": sum(fused_exact.stats.cache_hits.values()), "digest": 
     for run in runs:
         assert run.returncode == 0, run.stderr
     first, second = (json.loads(run.stdout.strip().splitlines()[-1]) for run in runs)
-    assert (first["hits"], second["hits"]) == (0, 1)
+    assert (first["hits"], second["hits"]) == (0, 2)
     assert first["digest"] == second["digest"]
