@@ -704,7 +704,7 @@ class MultiscaleSNE(Params):
     rotating_objects and Fashion-MNIST 2k) and
     keeps no more than fit a k-NN graph of 2e7 entries (seven scales, up to
     perplexity 128, at 2,000 points; six, up to 64, at 70,000), so large N stays
-    sparse.
+    sparse.  ``transform`` maps new points into the fitted layout.
     """
 
     optimizers = ("lbfgs", "cg", "gd")
