@@ -355,10 +355,10 @@ def _scatter(into, e, x, n):
 def _nearest_sqdist(X, be, sources=None):
     """Squared distance of every point of X to its nearest neighbour (in
     ``sources``, default X itself without the point): a k-d tree for a
-    low-dimensional embedding on the CPU (O(N log N)), else the exact k-NN."""
-    if not be.is_gpu and X.shape[1] <= 3:
-        return _Balls(X if sources is None else sources,
-                      None if sources is None else X).nearest_sqdist()
+    low-dimensional embedding on the CPU (O(N log N); other targets:
+    :class:`_Balls` with ``targets``), else the exact k-NN."""
+    if sources is None and not be.is_gpu and X.shape[1] <= 3:
+        return _Balls(X).nearest_sqdist()
     # The distance again coordinate by coordinate, as the shifted sums take it:
     # k-NN's GEMM distances err by eps |x|^2, and the shift should make the
     # nearest kernel exactly 1.
