@@ -481,7 +481,7 @@ class _MultiscaleOutOfSample(_OutOfSample):
                                      balls, targets=X * c)
             scales.append((p, Z, SX / c, m))
         if self.compiled and not self.be.is_gpu:
-            value, mass, g, curvature = self._compiled_terms(X, rows, scales, grad)
+            value, mass, g, curvature = self._compiled_terms(X, rows, nearest, scales, grad)
         else:
             value, mass, g, curvature = self._array_terms(X, rows, scales, grad)
         if self.cost == "kl":
@@ -517,20 +517,21 @@ class _MultiscaleOutOfSample(_OutOfSample):
         g += (G[:, :, None] * diff).sum(axis=1)
         return terms.sum(axis=1), s.sum(axis=1), g, xp.maximum(G, 0.0).sum(axis=1)
 
-    def _compiled_terms(self, X, rows, scales, grad):
+    def _compiled_terms(self, X, rows, nearest, scales, grad):
         """:meth:`_array_terms` by msne_cpu.out_of_sample_rows: one compiled pass
         per row (the array code's temporaries took 65% of a transform)."""
         from numba import get_num_threads
 
-        from .objectives.msne_cpu import out_of_sample_rows
+        from .objectives.msne_cpu import out_of_sample_rows, squaring_plan
 
         M, k, d = X.shape[0], self.idx.shape[1], X.shape[1]
         value, mass = np.empty(M), np.empty(M)
         g, curvature = np.empty((M, d)), np.empty(M)
+        half_p = 0.5 * np.asarray(self.p, dtype=np.float64)
         out_of_sample_rows(
             np.ascontiguousarray(X), self.Y, np.ascontiguousarray(self.idx[rows]),
-            np.ascontiguousarray(self.W[rows]), 0.5 * np.asarray(self.p, dtype=np.float64),
-            np.stack([m for *_, m in scales]), np.stack([Z for _, Z, _, _ in scales]),
+            np.ascontiguousarray(self.W[rows]), half_p, squaring_plan(half_p), nearest,
+            np.stack([Z for _, Z, _, _ in scales]),
             np.stack([SX for _, _, SX, _ in scales]), self.cost != "kl", self.kappa, grad,
             value, mass, g, curvature, np.empty((get_num_threads(), len(scales) + 3, k)))
         return value, mass, g, curvature

@@ -1,14 +1,17 @@
 """exp of negative arguments, and log, for numba-compiled CPU loops, in forms LLVM vectorizes.
 
 LLVM does not vectorize calls to libm's exp, so loops dominated by it run at
-~4 ns per element.  ``negexp`` (arrays; the entropic root finding) computes
-2^n p(r): range reduction with a split ln 2, a degree-12 polynomial p, and 2^n
-built from its bits; vectorized it takes ~1.2 ns per element and stays within
-2 ulp of NumPy's exp over the clamped range (tests).  ``expneg`` (one scalar,
-inlined into a loop that keeps everything in registers; the Gaussian N-body
-sums) cannot reach a double's bits, so it uses exp(-t) = p(-t / 1024)^1024 with
-a degree-11 Taylor p: relative error below 1e-12 for t < 40, i.e. wherever
-exp(-t) is not negligible against a self-pair scale term of 1.
+~4 ns per element.  ``expneg_accurate`` (one scalar, inlined into loops that
+LLVM vectorizes) computes 2^n p(r): range reduction with a split ln 2, a
+degree-12 polynomial p, and 2^n built from its bits (``_as_int`` / ``_as_float``
+below); within 2 ulp of NumPy's exp (tests).  ``negexp`` (arrays; the entropic
+root finding) is its loop: 0.9 ns per element on one core, where the same steps
+in three passes over a scratch array of bits took 1.2 ns.  Its rounding
+constant does not survive fastmath's reassociation, so loops compiled with it
+(the FGT, multi-scale SNE's edge sweep) use ``expneg``: exp(-t) = p(-t /
+1024)^1024 with a degree-11 Taylor p, relative error below 1e-12 for t < 40,
+i.e. wherever exp(-t) is not negligible against a self-pair scale term of 1
+(2e-8 near t = 700).
 
 ``logpos`` (one scalar; t-SNE's attractive sum p log(1 + d^2)) reads and writes
 a double's bits through LLVM bitcasts (``_as_int`` / ``_as_float``), which
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
@@ -31,45 +33,6 @@ _LN2_LO = 1.9082149292705877e-10
 _ROUND = 6755399441055744.0           # 1.5 * 2^52: x + _ROUND holds round(x) in its low bits
 _ROUND_BITS = 0x4338000000000000      # the bit pattern of _ROUND
 _EXP_MIN = -708.0                     # exp(-708) is still a normal double
-
-
-@njit(fastmath={"contract"}, cache=True)
-def negexp(beta, d, out, bits):
-    """out = exp(max(-beta d, -708)) for d >= 0; ``bits``: int64 scratch of d's size.
-
-    No reassociation allowed here (it would fold the rounding constant away);
-    contraction into FMAs only makes the reduction more exact.
-    """
-    scale = bits.view(np.float64)
-    for j in range(d.size):
-        v = max(-beta * d[j], _EXP_MIN)
-        shifted = v * _LOG2E + _ROUND
-        scale[j] = shifted
-        n = shifted - _ROUND
-        r = (v - n * _LN2_HI) - n * _LN2_LO              # |r| <= ln(2) / 2
-        out[j] = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (
-            1 / 120 + r * (1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (
-                1 / 362880 + r * (1 / 3628800 + r * (1 / 39916800 + r / 479001600)))))))))))
-    for j in range(d.size):
-        bits[j] = (bits[j] - _ROUND_BITS + 1023) << 52   # 2^n as a double's bits
-    for j in range(d.size):
-        out[j] *= scale[j]
-
-
-@njit(inline="always", fastmath=True)
-def expneg(t):
-    """exp(-t) for one t >= 0, and 0 beyond t = 708 (a constant exp(-708) there
-    once gave far pairs of multi-scale SNE a spurious pull).  The last
-    coefficient is a product, not a division: without fastmath's reassociation
-    (the callers that must give the same bits compiled or cached) a division
-    per element made a loop of it 15% slower."""
-    r = max(-t, _EXP_MIN) * (1.0 / 1024.0)
-    p = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (1 / 120 + r * (
-        1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (1 / 362880 + r * (
-            1 / 3628800 + r * (1 / 39916800)))))))))))
-    for _ in range(10):
-        p = p * p
-    return p if t <= -_EXP_MIN else 0.0
 
 
 @intrinsic
@@ -86,6 +49,52 @@ def _as_float(typingctx, x):
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.DoubleType())
     return types.float64(types.int64), codegen
+
+
+@njit(inline="always", fastmath={"contract"})
+def expneg_accurate(t):
+    """exp(-t) within 2 ulp for one t >= 0, and 0 beyond t = 708 (as ``expneg``):
+    2^n p(r), range reduction with a split ln 2, a degree-12 polynomial p, and
+    2^n built from its bits.  Only for callers compiled without reassociation,
+    which would fold the rounding constant away (contraction into FMAs only
+    makes the reduction more exact)."""
+    return _exp_clamped(max(-t, _EXP_MIN)) if t <= -_EXP_MIN else 0.0
+
+
+@njit(inline="always", fastmath={"contract"})
+def _exp_clamped(v):
+    """exp(v) for v in [-708, 0]."""
+    shifted = v * _LOG2E + _ROUND
+    n = shifted - _ROUND
+    r = (v - n * _LN2_HI) - n * _LN2_LO              # |r| <= ln(2) / 2
+    p = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (
+        1 / 120 + r * (1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (
+            1 / 362880 + r * (1 / 3628800 + r * (1 / 39916800 + r / 479001600)))))))))))
+    return p * _as_float((_as_int(shifted) - _ROUND_BITS + 1023) << 52)   # p 2^n
+
+
+@njit(fastmath={"contract"}, cache=True)
+def negexp(beta, d, out):
+    """out = exp(max(-beta d, -708)) for d >= 0 (the clamp keeps exp(-708), a
+    normal double, where ``expneg_accurate`` gives 0)."""
+    for j in range(d.size):
+        out[j] = _exp_clamped(max(-beta * d[j], _EXP_MIN))
+
+
+@njit(inline="always", fastmath=True)
+def expneg(t):
+    """exp(-t) for one t >= 0, and 0 beyond t = 708 (a constant exp(-708) there
+    once gave far pairs of multi-scale SNE a spurious pull).  The last
+    coefficient is a product, not a division: without fastmath's reassociation
+    (the callers that must give the same bits compiled or cached) a division
+    per element made a loop of it 15% slower."""
+    r = max(-t, _EXP_MIN) * (1.0 / 1024.0)
+    p = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (1 / 120 + r * (
+        1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (1 / 362880 + r * (
+            1 / 3628800 + r * (1 / 39916800)))))))))))
+    for _ in range(10):
+        p = p * p
+    return p if t <= -_EXP_MIN else 0.0
 
 
 _LN2 = math.log(2.0)

@@ -10,7 +10,7 @@ import scipy.optimize
 import gpuembed as ge
 from gpuembed.affinities import orders, rootfinding, rootfinding_cpu
 from gpuembed.affinities.entropic import solve_rows
-from gpuembed.fastexp import logpos, negexp
+from gpuembed.fastexp import expneg_accurate, logpos, negexp
 
 LOG = np.log
 
@@ -333,13 +333,31 @@ def test_bad_data_and_neighbors():
 
 def test_compiled_negexp_is_within_two_ulp_of_numpy_exp(rng):
     d = np.concatenate([rng.uniform(0, 700, 20000), rng.uniform(0, 1e-8, 1000), [0.0, 707.9]])
-    out, bits = np.empty_like(d), np.empty(d.size, dtype=np.int64)
+    out = np.empty_like(d)
     for beta in (1.0, 0.37):
-        negexp(beta, d, out, bits)
+        negexp(beta, d, out)
         ref = np.exp(-beta * d)
         assert (np.abs(out - ref) / ref).max() <= 2 * np.finfo(float).eps
-    negexp(1.0, np.array([800.0, 1e300]), out[:2], bits[:2])
+    negexp(1.0, np.array([800.0, 1e300]), out[:2])
     assert np.all((out[:2] > 0) & (out[:2] <= np.exp(-708.0) * (1 + 1e-15)))    # clamped
+
+
+def test_compiled_expneg_accurate_is_within_two_ulp_of_numpy_exp(rng):
+    """The scalar form (multi-scale SNE's exact sweeps square its values up to
+    2^10-fold, so its error must start at the last bits): 0 beyond t = 708."""
+    from numba import njit
+
+    @njit
+    def loop(t, out):
+        for j in range(t.size):
+            out[j] = expneg_accurate(t[j])
+
+    t = np.concatenate([rng.uniform(0, 708, 20000), rng.uniform(0, 1e-8, 1000), [0.0, 708.0]])
+    out = np.empty_like(t)
+    loop(t, out)
+    assert (np.abs(out - np.exp(-t)) / np.exp(-t)).max() <= 2 * np.finfo(float).eps
+    loop(np.array([708.5, 1e300]), out[:2])
+    assert np.all(out[:2] == 0.0)
 
 
 def test_compiled_logpos_matches_numpy_log(rng):

@@ -219,17 +219,41 @@ def test_compiled_edge_sweep_matches_array_code(rng, cost, kappa):
     np.testing.assert_allclose(G1, G2, rtol=1e-9, atol=1e-12 * np.abs(G1).max())
 
 
+def test_squaring_plan_chains_exact_powers_of_two_within_its_limit():
+    """Kernels are squared from the next coarser scale only where the precisions
+    differ by exactly 2^m (m >= 1; descending, as the scales' perplexities
+    ascend), and never more than CHAIN_SQUARINGS (10) times since an exp."""
+    from gpuembed.objectives.msne_cpu import squaring_plan
+
+    assert squaring_plan(np.array([64.0, 16.0, 4.0, 1.0])).tolist() == [2, 2, 2, 0]
+    assert squaring_plan(4.0 ** np.arange(8)[::-1]).tolist() == [2, 0, 2, 2, 2, 2, 2, 0]
+    assert squaring_plan(np.array([2.0 ** 11, 1.0])).tolist() == [0, 0]     # 11 > 10
+    assert squaring_plan(np.array([1024.0, 1.0])).tolist() == [10, 0]
+    assert squaring_plan(np.array([1.0, 4.0, 16.0])).tolist() == [0, 0, 0]  # ascending
+    assert squaring_plan(np.array([12.0, 4.0, 4.0, 1.0 + 1e-15])).tolist() == [0, 0, 0, 0]
+    assert squaring_plan(np.array([3.0])).tolist() == [0]
+
+
 @pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
-@pytest.mark.parametrize("n_scales", ["all", 3])
-def test_fused_exact_sweep_matches_the_split_computation(rng, cost, kappa, n_scales):
+@pytest.mark.parametrize("n_scales,chained", [("all", False), ("all", True), (3, False),
+                                              (3, True)])
+def test_fused_exact_sweep_matches_the_split_computation(rng, cost, kappa, n_scales, chained):
     """msne_cpu.fused_exact (the CPU's exact engine: every kernel computed once)
     against the exact sums plus the compiled edge sweep, on a dense pattern (all
     scales) and a sparse one (3 scales), with fine scales where unshifted kernels
-    underflow; and against the array code in float32."""
+    underflow, each scale's kernels an exp or (``chained``: precisions falling by
+    factors of 8, as ld_precisions' do by powers of two) the coarser scale's
+    squared 3 times, from an exp again after 9 squarings; and against the array
+    code in float32."""
+    from gpuembed.objectives.msne_cpu import squaring_plan
+
     X = rng.standard_normal((300, 6))
     Y = rng.standard_normal((300, 2))
     M = ge.multiscale_affinities(X, 2.0, n_scales=n_scales, symmetrize=False, backend="cpu")
-    p = np.geomspace(0.5, 5e4, len(M.perplexities))
+    H = len(M.perplexities)
+    p = 0.5 * 8.0 ** np.arange(H)[::-1] if chained else np.geomspace(0.5, 5e4, H)
+    plan = squaring_plan(0.5 * p)
+    assert plan.tolist() == ([3, 3, 0, 3, 3, 3, 0][-H:] if chained else [0] * H)
     be = ge.get_backend("cpu")
     obj = MultiscaleObjective(M.conditionals, be, np.float64, p, cost, kappa)
     assert (obj.pairs.P.nnz == 300 * 299) == (n_scales == "all")
@@ -331,11 +355,19 @@ def test_isolated_rows_summed_over_their_balls(rng, d):
         np.testing.assert_allclose(SXw, SXw0, rtol=rtol, atol=rtol * np.abs(SXw0).max())
 
 
-def out_of_sample_case(rng, cost, kappa, nbody="exact", backend="cpu"):
+# LD precisions of the out-of-sample cases, both spanning 0.05 to ~5e3 (the finest
+# isolate most new points): a geometric range, each scale's kernels an exp, and
+# descending factors of 16 as ld_precisions makes them (factors of 2^(2U/P)),
+# each kernel the next coarser one's squared 4 times, the chain starting again
+# from an exp after 8 squarings (msne_cpu.squaring_plan).
+PRECISIONS = {"geometric": np.geomspace(0.05, 5e3, 4), "chained": 0.05 * 16.0 ** np.arange(4)[::-1]}
+
+
+def out_of_sample_case(rng, cost, kappa, nbody="exact", backend="cpu", precisions="geometric"):
     """New points against a fixed clustered training layout with a far outlier,
-    at precisions from 0.05 to 5e3 (the finest isolate most new points): the
-    per-point objective of MultiscaleSNE.transform, with random affinities to
-    40 of each point's 60 nearest training points, some of them 0."""
+    at the LD PRECISIONS: the per-point objective of MultiscaleSNE.transform,
+    with random affinities to 40 of each point's 60 nearest training points,
+    some of them 0."""
     import types
 
     from gpuembed.embedding import _MultiscaleOutOfSample
@@ -346,7 +378,7 @@ def out_of_sample_case(rng, cost, kappa, nbody="exact", backend="cpu"):
     idx = np.stack([rng.choice(row, 40, replace=False) for row in near])
     W = rng.random(idx.shape) * (rng.random(idx.shape) > 0.2)
     W /= W.sum(axis=1, keepdims=True)
-    fitted = types.SimpleNamespace(p=np.geomspace(0.05, 5e3, 4), cost=cost, kappa=kappa,
+    fitted = types.SimpleNamespace(p=PRECISIONS[precisions], cost=cost, kappa=kappa,
                                    nbody=nbody, accuracy={})
     be = ge.get_backend(backend)
     mapping = _MultiscaleOutOfSample(be.asarray(Y), be.asarray(idx), be.asarray(W), fitted, be)
@@ -369,14 +401,15 @@ def dense_row_cost(x, Y, idx, w, p, cost, kappa):
             + (1 - kappa) * np.sum(s * np.log(s / z))) / (kappa * (1 - kappa))
 
 
-@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("compiled,precisions", [(True, "geometric"), (True, "chained"),
+                                                  (False, "geometric")])
 @pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
-def test_out_of_sample_cost_and_gradient(rng, cost, kappa, compiled):
+def test_out_of_sample_cost_and_gradient(rng, cost, kappa, compiled, precisions):
     """MultiscaleSNE.transform's per-point cost (the CPU's compiled pass and the
     array code) against the dense formula, its gradient against central
     differences, and its curvature (KL: sum_j sigma_j times the
     responsibility-weighted precision, positive)."""
-    X, Y, idx, W, p, mapping = out_of_sample_case(rng, cost, kappa)
+    X, Y, idx, W, p, mapping = out_of_sample_case(rng, cost, kappa, precisions=precisions)
     mapping.compiled = compiled
     rows = np.arange(len(X))
     E, G, curvature = mapping.evaluate(X, rows)
@@ -399,12 +432,13 @@ def test_out_of_sample_cost_and_gradient(rng, cost, kappa, compiled):
     assert np.all(mapping.evaluate(Z, rows, grad=False) <= E)
 
 
+@pytest.mark.parametrize("precisions", sorted(PRECISIONS))
 @pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
-def test_out_of_sample_compiled_rows_match_array_code(rng, cost, kappa):
+def test_out_of_sample_compiled_rows_match_array_code(rng, cost, kappa, precisions):
     """msne_cpu.out_of_sample_rows against the array code, on every row and on a
     subset (the line search's trials), with the layout spread 10x so that
     neighbours fall on the floor."""
-    X, *_, mapping = out_of_sample_case(rng, cost, kappa)
+    X, *_, mapping = out_of_sample_case(rng, cost, kappa, precisions=precisions)
     for Xe, rows in ((X, np.arange(len(X))), (10.0 * X[3:9], np.arange(3, 9))):
         mapping.compiled = True
         E, G, c = mapping.evaluate(Xe, rows)
@@ -575,26 +609,27 @@ def test_fused_sweep_gives_the_same_bits_compiled_or_loaded_from_the_cache(tmp_p
     script = """
 import hashlib, json, numpy as np, scipy.sparse
 from numba import get_num_threads
-from gpuembed.objectives.msne_cpu import fused_exact, out_of_sample_rows
+from gpuembed.objectives.msne_cpu import fused_exact, out_of_sample_rows, squaring_plan
 rng = np.random.default_rng(0)
 n, H, d = 300, 4, 2
+half_p = np.array([30.0, 7.5, 1.875, 0.5])        # chained (factors of 4), then an exp
+plan = squaring_plan(half_p)
 P = scipy.sparse.random(n, n, density=0.1, format="csr", random_state=1)
 P.setdiag(0.0); P.eliminate_zeros(); P.sort_indices()
 XT = rng.standard_normal((d, n))
 sq = ((XT[:, :, None] - XT[:, None, :]) ** 2).sum(axis=0) + np.diag(np.full(n, np.inf))
 T, longest = get_num_threads(), int(np.diff(P.indptr).max())
 grad = np.empty((n, d))
-out = fused_exact(P.indptr, P.indices, XT, P.data, np.geomspace(0.5, 50.0, H), sq.min(axis=1),
-                  True, 0.3, np.empty((T, H, n)), np.empty((T, 2, n)),
-                  np.empty((T, H + 4, longest)), np.empty((T, d, n)), grad)
+out = fused_exact(P.indptr, P.indices, XT, P.data, half_p, plan, sq.min(axis=1), True, 0.3,
+                  np.empty((T, H, n)), np.empty((T, 2, n)), np.empty((T, H + 4, longest)),
+                  np.empty((T, d, n)), grad)
 M, k = 40, 30
 X, Y = rng.standard_normal((M, d)), XT.T.copy()
 idx = np.stack([rng.choice(n, k, replace=False) for _ in range(M)])
 W = rng.random((M, k)); W /= W.sum(axis=1, keepdims=True)
 rows = [np.empty(M), np.empty(M), np.empty((M, d)), np.empty(M)]
-out_of_sample_rows(X, Y, idx, W, np.geomspace(0.5, 50.0, H), np.zeros((H, M)),
-                   np.full((H, M), 7.0), rng.standard_normal((H, M, d)), True, 0.3, True,
-                   *rows, np.empty((T, H + 3, k)))
+out_of_sample_rows(X, Y, idx, W, half_p, plan, np.zeros(M), np.full((H, M), 7.0),
+                   rng.standard_normal((H, M, d)), True, 0.3, True, *rows, np.empty((T, H + 3, k)))
 digest = hashlib.sha1(grad.tobytes() + np.array(out).tobytes()
                       + b"".join(a.tobytes() for a in rows)).hexdigest()
 hits = sum(f.stats.cache_hits.get(f.signatures[0], 0) for f in (fused_exact, out_of_sample_rows))

@@ -31,9 +31,9 @@ ROWS_PER_TASK = 64                    # rows sharing one scratch allocation
 # iteration).  Strict sums make the root finding about 1.5x slower (30k rows
 # of 90: 29 ms against 18 ms), small beside the k-NN it follows.
 @njit(cache=True)
-def _entropy_terms(d, beta, w, bits):
+def _entropy_terms(d, beta, w):
     """H, dH/dalpha, d2H/dalpha2 of one row (rootfinding.entropy_terms)."""
-    negexp(beta, d, w, bits)
+    negexp(beta, d, w)
     z = 0.0
     s1 = 0.0
     for j in range(d.size):
@@ -65,7 +65,7 @@ def _step(method, f, g, h2):
 
 
 @njit(cache=True)
-def _solve_row(d, target, a, lo, hi, method, tol, w, bits):
+def _solve_row(d, target, a, lo, hi, method, tol, w):
     """Algorithm 1 on one row; returns (alpha evaluated last, H there, evaluations)."""
     if not (lo < a < hi):
         a = 0.5 * (lo + hi)
@@ -77,7 +77,7 @@ def _solve_row(d, target, a, lo, hi, method, tol, w, bits):
     while evals < MAX_EVALUATIONS:
         evals += 1
         a_eval = a
-        H, dH, d2H = _entropy_terms(d, math.exp(a), w, bits)
+        H, dH, d2H = _entropy_terms(d, math.exp(a), w)
         f = H - target
         # Too high an entropy means beta is too small: the root lies right of a.
         if f > 0.0:
@@ -105,10 +105,9 @@ def _solve_rows(shifted, rows, log_k, alpha0, lo, hi, method, tol, alpha, entrop
     m = rows.size
     for task in prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         w = np.empty(k)
-        bits = np.empty(k, dtype=np.int64)
         for i in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
             alpha[i], entropy[i], n_eval[i] = _solve_row(
-                shifted[rows[i]], log_k[i], alpha0[i], lo[i], hi[i], method, tol, w, bits)
+                shifted[rows[i]], log_k[i], alpha0[i], lo[i], hi[i], method, tol, w)
 
 
 @njit(parallel=True, cache=True)

@@ -39,7 +39,7 @@ from ..nbody.exact import MAX_COMPILED_DIM
 from ..neighbors import knn, knn_query
 from . import msne_gpu
 from .base import Objective
-from .msne_cpu import edge_terms, fused_exact
+from .msne_cpu import edge_terms, fused_exact, squaring_plan
 
 COSTS = ("kl", "js")
 # Shift (in kernel units) beyond which a row's sums go to the exact engine: e^m
@@ -249,9 +249,11 @@ class MultiscaleObjective(Objective):
             threads, H, P = get_num_threads(), self.p.size, self.pairs.P
             grad = np.empty((n, d))
             longest = int(np.diff(P.indptr).max())
+            half_p = 0.5 * self.p
             part, mass = fused_exact(
                 P.indptr, P.indices, np.ascontiguousarray(X.T, dtype=np.float64),
-                self.pairs._p64, 0.5 * self.p, _nearest_sqdist(X, self.be), js, self.kappa,
+                self.pairs._p64, half_p, squaring_plan(half_p), _nearest_sqdist(X, self.be), js,
+                self.kappa,
                 np.empty((threads, H, n)), np.empty((threads, 2, n)),
                 np.empty((threads, H + 4, longest)), np.empty((threads, d, n)), grad)
         value = (self.constant + part if self.cost == "kl"
