@@ -1,17 +1,18 @@
 """exp of negative arguments, and log, for numba-compiled CPU loops, in forms LLVM vectorizes.
 
 LLVM does not vectorize calls to libm's exp, so loops dominated by it run at
-~4 ns per element.  ``expneg_accurate`` (one scalar, inlined into loops that
-LLVM vectorizes) computes 2^n p(r): range reduction with a split ln 2, a
-degree-12 polynomial p, and 2^n built from its bits (``_as_int`` / ``_as_float``
-below); within 2 ulp of NumPy's exp (tests).  ``negexp`` (arrays; the entropic
-root finding) is its loop: 0.9 ns per element on one core, where the same steps
-in three passes over a scratch array of bits took 1.2 ns.  Its rounding
-constant does not survive fastmath's reassociation, so loops compiled with it
-(the FGT, multi-scale SNE's edge sweep) use ``expneg``: exp(-t) = p(-t /
-1024)^1024 with a degree-11 Taylor p, relative error below 1e-12 for t < 40,
-i.e. wherever exp(-t) is not negligible against a self-pair scale term of 1
-(2e-8 near t = 700).
+~4 ns per element.  ``expneg`` (one scalar, inlined into loops that LLVM
+vectorizes: the Gaussian N-body sums, multi-scale SNE's sweeps) computes 2^n
+p(r): range reduction with a split ln 2, a degree-12 polynomial p, and 2^n
+built from its bits (``_as_int`` / ``_as_float`` below).  Compiled without
+reassociation it is within 2 ulp of NumPy's exp (tests); with it (the FGT's
+loops, multi-scale SNE's edge sweep) LLVM merges the split ln 2, which leaves
+a relative error of 2e-15 for t < 40 and 2.4e-14 near t = 708.  ``negexp``
+(arrays; the entropic root finding) is its loop.  Per element on one core:
+0.72 ns with reassociation, 0.77 ns without, where the form before, exp(-t) =
+q(-t / 1024)^1024 with a Taylor polynomial q, took 0.91 ns with a relative
+error of 1e-13 for t < 40 and 5e-8 near 708; ``negexp`` 0.78 ns, 1.2 ns in
+three passes over a scratch array of bits.
 
 ``logpos`` (one scalar; t-SNE's attractive sum p log(1 + d^2)) reads and writes
 a double's bits through LLVM bitcasts (``_as_int`` / ``_as_float``), which
@@ -51,50 +52,33 @@ def _as_float(typingctx, x):
     return types.float64(types.int64), codegen
 
 
-@njit(inline="always", fastmath={"contract"})
-def expneg_accurate(t):
-    """exp(-t) within 2 ulp for one t >= 0, and 0 beyond t = 708 (as ``expneg``):
-    2^n p(r), range reduction with a split ln 2, a degree-12 polynomial p, and
-    2^n built from its bits.  Only for callers compiled without reassociation,
-    which would fold the rounding constant away (contraction into FMAs only
-    makes the reduction more exact)."""
+@njit(inline="always")
+def expneg(t):
+    """exp(-t) for one t >= 0, and 0 beyond t = 708 (a constant exp(-708) there
+    once gave far pairs of multi-scale SNE a spurious pull): 2^n p(r), see the
+    module doc.  Inlined, it compiles with its caller's fastmath flags."""
     return _exp_clamped(max(-t, _EXP_MIN)) if t <= -_EXP_MIN else 0.0
 
 
-@njit(inline="always", fastmath={"contract"})
+@njit(inline="always")
 def _exp_clamped(v):
     """exp(v) for v in [-708, 0]."""
-    shifted = v * _LOG2E + _ROUND
-    n = shifted - _ROUND
+    # floor, not the rounding constant's add and subtract, which reassociation
+    # folds away (n = v log2(e), r = 0: relative errors up to 0.41).
+    n = math.floor(v * _LOG2E + 0.5)
     r = (v - n * _LN2_HI) - n * _LN2_LO              # |r| <= ln(2) / 2
     p = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (
         1 / 120 + r * (1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (
-            1 / 362880 + r * (1 / 3628800 + r * (1 / 39916800 + r / 479001600)))))))))))
-    return p * _as_float((_as_int(shifted) - _ROUND_BITS + 1023) << 52)   # p 2^n
+            1 / 362880 + r * (1 / 3628800 + r * (1 / 39916800 + r * (1 / 479001600))))))))))))
+    return p * _as_float((_as_int(n + _ROUND) - _ROUND_BITS + 1023) << 52)   # p 2^n
 
 
 @njit(fastmath={"contract"}, cache=True)
 def negexp(beta, d, out):
     """out = exp(max(-beta d, -708)) for d >= 0 (the clamp keeps exp(-708), a
-    normal double, where ``expneg_accurate`` gives 0)."""
+    normal double, where ``expneg`` gives 0)."""
     for j in range(d.size):
         out[j] = _exp_clamped(max(-beta * d[j], _EXP_MIN))
-
-
-@njit(inline="always", fastmath=True)
-def expneg(t):
-    """exp(-t) for one t >= 0, and 0 beyond t = 708 (a constant exp(-708) there
-    once gave far pairs of multi-scale SNE a spurious pull).  The last
-    coefficient is a product, not a division: without fastmath's reassociation
-    (the callers that must give the same bits compiled or cached) a division
-    per element made a loop of it 15% slower."""
-    r = max(-t, _EXP_MIN) * (1.0 / 1024.0)
-    p = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (1 / 120 + r * (
-        1 / 720 + r * (1 / 5040 + r * (1 / 40320 + r * (1 / 362880 + r * (
-            1 / 3628800 + r * (1 / 39916800)))))))))))
-    for _ in range(10):
-        p = p * p
-    return p if t <= -_EXP_MIN else 0.0
 
 
 _LN2 = math.log(2.0)

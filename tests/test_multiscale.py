@@ -101,13 +101,15 @@ def dense_multiscale_cost(Y, sigmas, p, cost, kappa):
             + (1 - kappa) * np.sum(s[off] * np.log(s[off] / z[off]))) / (kappa * (1 - kappa))
 
 
-def random_objective(rng, n, p_max, cost, kappa):
+def random_objective(rng, n, p_max, cost, kappa, chained=False):
     """Multi-scale affinities of n random 6-D points, LD precisions from 0.5 to
-    p_max, and a random 2-D layout."""
+    p_max (``chained``: from 0.5 8^(H-1) down to 0.5, factors of 8, so that
+    msne_cpu.squaring_plan squares kernels), and a random 2-D layout."""
     X = rng.standard_normal((n, 6))
     Y = rng.standard_normal((n, 2))
     M = ge.multiscale_affinities(X, 2.0, symmetrize=False, backend="cpu")
-    p = np.geomspace(0.5, p_max, len(M.perplexities))
+    H = len(M.perplexities)
+    p = 0.5 * 8.0 ** np.arange(H)[::-1] if chained else np.geomspace(0.5, p_max, H)
     obj = MultiscaleObjective(M.conditionals, ge.get_backend("cpu"), np.float64, p, cost, kappa)
     return Y, M, p, obj
 
@@ -196,13 +198,20 @@ def test_gpu_fused_kernels_match_array_code(rng, cost, kappa, d, n_scales):
         np.testing.assert_allclose(G, G1, rtol=1e-8, atol=1e-10 * np.abs(G1).max())
 
 
+@pytest.mark.parametrize("chained", [False, True])
 @pytest.mark.parametrize("cost,kappa", [("kl", 0.5), ("js", 0.3)])
-def test_compiled_edge_sweep_matches_array_code(rng, cost, kappa):
+def test_compiled_edge_sweep_matches_array_code(rng, cost, kappa, chained):
     """msne_cpu.edge_terms (the CPU's sweep beside the FGT and Barnes-Hut) against
     the array code (the GPU path), with fine scales where every unshifted kernel
-    would underflow; then the CPU's whole exact evaluation against the array code."""
-    Y, _, _, obj = random_objective(rng, 300, 5e4, cost, kappa)
+    would underflow, or kernels squared from coarser scales; then the CPU's whole
+    exact evaluation against the array code."""
+    from gpuembed.objectives.msne_cpu import squaring_plan
+
+    Y, _, p, obj = random_objective(rng, 300, 5e4, cost, kappa, chained)
     scales = obj._scales(Y)
+    shifts = np.stack([m for *_, m in scales])
+    assert squaring_plan(0.5 * p, shifts).any() == chained
+    assert not squaring_plan(0.5 * p, shifts * (1 + 1e-15 * np.arange(len(p)))[:, None]).any()
     assert obj.compiled
     E, w, g = obj._edge_terms(Y, scales)
     obj.compiled = False

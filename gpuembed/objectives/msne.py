@@ -190,11 +190,12 @@ class MultiscaleObjective(Objective):
                                                   js, self.kappa)
             part, mass = self.be.to_host(totals)
         else:
-            rs, grad = np.empty((H, n)), np.empty_like(X)
+            rs, grad, half_p = np.empty((H, n)), np.empty_like(X), 0.5 * self.p
             part, mass = edge_terms(pairs.P.indptr, pairs.P.indices, np.ascontiguousarray(X.T),
-                                    pairs.p, 0.5 * self.p, shifts, Z, js, self.kappa, rs,
+                                    pairs.p, half_p, squaring_plan(half_p, shifts), shifts, Z,
+                                    js, self.kappa, rs,
                                     np.empty((get_num_threads(), X.shape[1], n)), grad)
-            W = (0.5 * self.p / H)[:, None] * rs / Z
+            W = (half_p / H)[:, None] * rs / Z
         value = (self.constant + part if self.cost == "kl"
                  else js_value(part, n - mass, self.kappa))
         return value, list(W), grad

@@ -11,10 +11,8 @@ about 1 ns per exp and core with ``fastexp.expneg``, whose argument
 p_h d_ij / 2 - m_hi is never negative (m_hi: the row's nearest neighbour).
 ``fused_exact`` (the exact engine) computes the whole cost and gradient in one
 sweep that evaluates each kernel once: 4x faster than the exact sums plus
-``edge_terms`` on digits.  It and ``out_of_sample_rows`` take their exps from
-``fastexp.expneg_accurate`` (they compile without reassociation) and square
-one scale's kernels into the next where the precisions allow it
-(``squaring_plan``).
+``edge_terms`` on digits.  It and ``out_of_sample_rows`` square one scale's
+kernels into the next where the precisions allow it (``squaring_plan``).
 """
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ import math
 import numpy as np
 from numba import get_thread_id, njit, prange
 
-from ..fastexp import expneg, expneg_accurate, logpos
+from ..fastexp import expneg, logpos
 
 TINY = np.finfo(np.float64).tiny
 # fused_exact is cached on disk (its compilation took 6-7 s in every process, a
@@ -45,24 +43,27 @@ LANES = 8
 # evaluation on Fashion-MNIST 5k (9 scales, two exps and 14 squarings per pair)
 # took 0.155 s against 0.225 s with 9 exps, alternating processes.  A squaring
 # doubles the relative error, so a chain starts again from an exp before its
-# squarings pass this many: within 2^10 x 2 ulp, 5e-13, under expneg's 1e-12.
+# squarings pass this many: within 2^10 x 2 ulp (expneg's error without
+# reassociation), 5e-13.
 # (One squaring loop per pass: squaring m times per element did not vectorize
 # and was slower than the exps.)
 CHAIN_SQUARINGS = 10
 
 
-def squaring_plan(half_p):
+def squaring_plan(half_p, shifts=None):
     """Per scale h (precisions descending): m > 0 where its kernels are scale
     h + 1's squared m times (half_p[h] = 2^m half_p[h + 1] exactly, and the chain
     since the last exp has at most CHAIN_SQUARINGS squarings), else 0: an exp.
     The shift m_hi = half_p[h] nearest_i scales by the same power of two, so the
-    arguments p_h d / 2 - m_hi are exactly 2^m times the next scale's."""
+    arguments p_h d / 2 - m_hi are exactly 2^m times the next scale's; given
+    ``shifts`` (H, N), a link needs them to, too."""
     plan = np.zeros(len(half_p), dtype=np.int64)
     run = 0
     for h in range(len(half_p) - 2, -1, -1):
         fraction, exponent = math.frexp(half_p[h] / half_p[h + 1])
         m = exponent - 1
-        if fraction == 0.5 and m >= 1 and run + m <= CHAIN_SQUARINGS:
+        if (fraction == 0.5 and m >= 1 and run + m <= CHAIN_SQUARINGS
+                and (shifts is None or np.array_equal(shifts[h], 2.0 ** m * shifts[h + 1]))):
             plan[h], run = m, run + m
         else:
             run = 0
@@ -76,7 +77,7 @@ def _scale_kernels(E, h, squarings, c, d, shift):
     Eh, m = E[h], squarings[h]
     if m == 0:
         for j in range(d.size):
-            Eh[j] = expneg_accurate(c * d[j] - shift)
+            Eh[j] = expneg(c * d[j] - shift)
     else:
         prev = E[h + 1]
         for j in range(d.size):
@@ -128,7 +129,8 @@ def _edge_cost(sg, s, js, kappa, off):
 
 
 @njit(parallel=True, fastmath=True)
-def edge_terms(indptr, indices, XT, sigma, half_p, m, Z, js, kappa, rs, columns, grad):
+def edge_terms(indptr, indices, XT, sigma, half_p, squarings, m, Z, js, kappa, rs, columns,
+               grad):
     """One sweep: fills ``rs`` (H, N) with sum_j r_ij s_hij, where r = dE/ds (KL:
     sigma / s; JS: eq. 2.7's), and ``grad`` (N, d) with the pattern's gradient
     sum_j 2 (g_ij + g_ji)(x_i - x_j), g_ij = sum_h (p_h / 2H) s_hij r_ij; returns
@@ -136,6 +138,7 @@ def edge_terms(indptr, indices, XT, sigma, half_p, m, Z, js, kappa, rs, columns,
     KL part: -sum sigma log s.  JS part: sum [kappa sigma log(sigma / z)
     + (1 - kappa) s log(s / z)], z = kappa sigma + (1 - kappa) s.
 
+    m (H, N): the rows' shifts; squarings: squaring_plan(half_p, m).
     XT: the layout transposed (d, N), contiguous.  Row i adds g_ij (x_j - x_i)
     to point j's transposed half in its thread's ``columns`` (T, d, N), summed
     at the end (as a transposed sparse product that was 10% of an evaluation on
@@ -160,12 +163,14 @@ def edge_terms(indptr, indices, XT, sigma, half_p, m, Z, js, kappa, rs, columns,
                 d[e] += diff * diff
         # Each s_hij once, kept for the gradient pass below (computing it again
         # there cost a third of the sweep).
-        s = np.zeros(hi - lo)
         s_h = np.empty((H, hi - lo))
+        for h in range(H - 1, -1, -1):
+            _scale_kernels(s_h, h, squarings, half_p[h], d, m[h, i])
+        s = np.zeros(hi - lo)
         for h in range(H):
-            c, shift, inv, v = half_p[h], m[h, i], 1.0 / Z[h, i], s_h[h]
+            inv, v = 1.0 / Z[h, i], s_h[h]
             for e in range(hi - lo):
-                v[e] = expneg(c * d[e] - shift) * inv
+                v[e] *= inv
                 s[e] += v[e]
         r = np.empty(hi - lo)
         acc = 0.0
