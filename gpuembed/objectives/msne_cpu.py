@@ -11,8 +11,9 @@ about 1 ns per exp and core with ``fastexp.expneg``, whose argument
 p_h d_ij / 2 - m_hi is never negative (m_hi: the row's nearest neighbour).
 ``fused_exact`` (the exact engine) computes the whole cost and gradient in one
 sweep that evaluates each kernel once: 4x faster than the exact sums plus
-``edge_terms`` on digits.  It and ``out_of_sample_rows`` square one scale's
-kernels into the next where the precisions allow it (``squaring_plan``).
+``edge_terms`` on digits.  These two and ``out_of_sample_rows`` (transform's)
+square one scale's kernels into the next where the precisions allow it
+(``squaring_plan``).
 """
 from __future__ import annotations
 
@@ -39,12 +40,13 @@ LANES = 8
 # The scales' kernels are powers of each other where their precisions differ by
 # a power of two (ld_precisions' p_h ~ K_h^(-2U/P), K_h = 2^(h-1) K*: factors
 # of 4 at U = 2 in 2-D, the usual case): exp(-2^m t) is exp(-t) squared m times.
-# fused_exact and out_of_sample_rows square instead of computing an exp: an
-# evaluation on Fashion-MNIST 5k (9 scales, two exps and 14 squarings per pair)
-# took 0.155 s against 0.225 s with 9 exps, alternating processes.  A squaring
-# doubles the relative error, so a chain starts again from an exp before its
-# squarings pass this many: within 2^10 x 2 ulp (expneg's error without
-# reassociation), 5e-13.
+# The sweeps square instead of computing an exp: fused_exact's evaluation on
+# Fashion-MNIST 5k (9 scales, two exps and 14 squarings per pair) took 0.155 s
+# against 0.225 s with 9 exps, alternating processes; edge_terms at 10k 0.11 s
+# against 0.12-0.17 s.  A squaring doubles the relative error, so a chain
+# starts again from an exp before its squarings pass this many: within 2^10
+# times expneg's error, 5e-13 without reassociation (2 ulp), 5e-12 with it
+# (edge_terms, beside the FGT's 1e-5).
 # (One squaring loop per pass: squaring m times per element did not vectorize
 # and was slower than the exps.)
 CHAIN_SQUARINGS = 10
@@ -300,8 +302,9 @@ def out_of_sample_rows(X, Y, idx, sigma, half_p, squarings, nearest, Z, SX, js, 
     array code is the reference): row i of X (M, d) against its training
     neighbours Y[idx[i]] (idx (M, k)) with HD affinities sigma (M, k); per scale
     h, Z (H, M) and SX (H, M, d) of the sums over all training points shifted by
-    m_hi = half_p[h] nearest_i; squarings: squaring_plan(half_p).  Fills ``value`` with the pattern's part of the cost (KL: -sum sigma
-    log s; JS: the terms before msne.js_value) and ``mass`` with sum_j s_j; with
+    m_hi = half_p[h] nearest_i; squarings: squaring_plan(half_p).  Fills
+    ``value`` with the pattern's part of the cost (KL: -sum sigma log s; JS: the
+    terms before msne.js_value) and ``mass`` with sum_j s_j; with
     ``grad_needed`` also ``grad`` (M, d) and ``curvature`` (M,), sum_j max(G_j, 0).
     Each row is summed alone, in one order, so a point's terms do not depend on
     the rows evaluated with it.  scratch: (T, H + 3, k)."""
