@@ -11,6 +11,11 @@ later processes load the machine code.  The hash covers what the compiled code
 depends on besides the text (numba's version and fastexp.py, whose functions
 it inlines; numba's own cache checks only the file itself).  Where no folder
 can be written, the text is compiled in memory as before.
+
+The hand-written modules whose cached functions inline fastexp's carry its
+digest as FASTEXP_DIGEST, so that a change to fastexp.py changes their text and
+numba compiles them again (tests/test_generated.py checks that it is current):
+without it a checkout kept loading the FGT's loops with the exp before.
 """
 from __future__ import annotations
 
@@ -38,12 +43,17 @@ def cache_folder():
     return Path(folder)
 
 
+def fastexp_digest():
+    """The first 16 hex digits of fastexp.py's SHA-256."""
+    return hashlib.sha256(Path(fastexp.__file__).read_bytes()).hexdigest()[:16]
+
+
 def compile_source(source, name, **options):
     """njit(**options) of the function ``name`` that ``source`` defines (it may use
     np, prange and expneg), cached on disk where a cache folder can be written."""
     text = HEADER + source
     digest = hashlib.sha256("\0".join(
-        (text, numba.__version__, Path(fastexp.__file__).read_text())).encode()).hexdigest()[:20]
+        (text, numba.__version__, fastexp_digest())).encode()).hexdigest()[:20]
     try:
         return njit(cache=True, **options)(getattr(_module(text, f"{name}_{digest}"), name))
     except OSError:

@@ -110,3 +110,23 @@ def test_engines_give_the_same_bits_compiled_or_loaded_from_the_cache(tmp_path):
     digests = [_run(ENGINES, tmp_path) for _ in range(2)]
     assert len(list(tmp_path.glob("sums_*.py"))) == 6
     assert digests[0] == digests[1]
+
+
+def test_modules_inlining_fastexp_carry_its_digest():
+    """numba's cache of a hand-written module is keyed by that module's text, not
+    by fastexp.py's, whose functions its compiled code inlines: every module that
+    imports fastexp carries FASTEXP_DIGEST, current, so that a change to the exp
+    changes the module and its cached code is compiled again."""
+    import importlib
+
+    from gpuembed._generated import fastexp_digest
+
+    package = Path(__file__).resolve().parents[1] / "gpuembed"
+    importers = sorted(
+        ".".join(path.relative_to(package.parent).with_suffix("").parts)
+        for path in package.rglob("*.py")
+        if "from ..fastexp import" in path.read_text() or "from .fastexp import" in path.read_text())
+    assert len(importers) == 4
+    for name in importers:
+        assert importlib.import_module(name).FASTEXP_DIGEST == fastexp_digest(), (
+            f"{name}.FASTEXP_DIGEST should be {fastexp_digest()!r}")

@@ -19,6 +19,8 @@ from numba import njit, prange
 from ..fastexp import negexp
 from .rootfinding import MAX_EVALUATIONS, MAX_INNER, METHODS
 
+FASTEXP_DIGEST = "6e1b97604187a43b"   # fastexp.py's, whose functions this file's inline (_generated.py)
+
 _HALLEY, _EULER, _BISECTION = (METHODS.index(m) for m in ("halley", "euler", "bisection"))
 _EPS = float(np.finfo(np.float64).eps)
 ROWS_PER_TASK = 64                    # rows sharing one scratch allocation

@@ -27,6 +27,8 @@ from numba import njit, prange
 
 from ..fastexp import expneg
 
+FASTEXP_DIGEST = "6e1b97604187a43b"   # fastexp.py's, whose functions this file's inline (_generated.py)
+
 
 @njit(inline="always")
 def _tensor_row(factors, out):

@@ -17,6 +17,8 @@ from numba import njit, prange
 
 from ..fastexp import logpos
 
+FASTEXP_DIGEST = "6e1b97604187a43b"   # fastexp.py's, whose functions this file's inline (_generated.py)
+
 
 @njit(parallel=True, fastmath=True, cache=True)    # compiling takes ~3 s: cache it on disk
 def attraction(indptr, indices, p, XT, student, grad):

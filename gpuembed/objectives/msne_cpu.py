@@ -24,6 +24,8 @@ from numba import get_thread_id, njit, prange
 
 from ..fastexp import expneg, logpos
 
+FASTEXP_DIGEST = "6e1b97604187a43b"   # fastexp.py's, whose functions this file's inline (_generated.py)
+
 TINY = np.finfo(np.float64).tiny
 # fused_exact is cached on disk (its compilation took 6-7 s in every process, a
 # 300-point fit 8 s), so it may fuse multiply-adds but not reassociate: with
