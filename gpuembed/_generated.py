@@ -52,8 +52,8 @@ def compile_source(source, name, **options):
     """njit(**options) of the function ``name`` that ``source`` defines (it may use
     np, prange and expneg), cached on disk where a cache folder can be written."""
     text = HEADER + source
-    digest = hashlib.sha256("\0".join(
-        (text, numba.__version__, fastexp_digest())).encode()).hexdigest()[:20]
+    digest = hashlib.sha256(f"{text}\0{numba.__version__}\0{fastexp_digest()}".encode()
+                            ).hexdigest()[:20]
     try:
         return njit(cache=True, **options)(getattr(_module(text, f"{name}_{digest}"), name))
     except OSError:
