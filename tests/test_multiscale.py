@@ -369,7 +369,8 @@ def test_isolated_rows_summed_over_their_balls(rng, d):
 # descending factors of 16 as ld_precisions makes them (factors of 2^(2U/P)),
 # each kernel the next coarser one's squared 4 times, the chain starting again
 # from an exp after 8 squarings (msne_cpu.squaring_plan).
-PRECISIONS = {"geometric": np.geomspace(0.05, 5e3, 4), "chained": 0.05 * 16.0 ** np.arange(4)[::-1]}
+PRECISIONS = {"geometric": np.geomspace(0.05, 5e3, 4),
+              "chained": 0.05 * 16.0 ** np.arange(4)[::-1]}
 
 
 def out_of_sample_case(rng, cost, kappa, nbody="exact", backend="cpu", precisions="geometric"):
@@ -447,7 +448,11 @@ def test_out_of_sample_compiled_rows_match_array_code(rng, cost, kappa, precisio
     """msne_cpu.out_of_sample_rows against the array code, on every row and on a
     subset (the line search's trials), with the layout spread 10x so that
     neighbours fall on the floor."""
-    X, *_, mapping = out_of_sample_case(rng, cost, kappa, precisions=precisions)
+    from gpuembed.objectives.msne_cpu import squaring_plan
+
+    X, _, _, _, p, mapping = out_of_sample_case(rng, cost, kappa, precisions=precisions)
+    assert squaring_plan(0.5 * p).tolist() == ([0, 4, 4, 0] if precisions == "chained"
+                                               else [0] * 4)
     for Xe, rows in ((X, np.arange(len(X))), (10.0 * X[3:9], np.arange(3, 9))):
         mapping.compiled = True
         E, G, c = mapping.evaluate(Xe, rows)
