@@ -19,7 +19,7 @@ from numba import njit, prange
 from ..fastexp import negexp
 from .rootfinding import MAX_EVALUATIONS, MAX_INNER, METHODS
 
-FASTEXP_DIGEST = "6e1b97604187a43b"   # fastexp.py's, whose functions this file's inline (_generated.py)
+FASTEXP_DIGEST = "0b1f32411deb462c"   # of fastexp.py, whose functions this file's cached code holds (_generated.py)
 
 _HALLEY, _EULER, _BISECTION = (METHODS.index(m) for m in ("halley", "euler", "bisection"))
 _EPS = float(np.finfo(np.float64).eps)

@@ -17,7 +17,7 @@ from numba import njit, prange
 
 from ..fastexp import logpos
 
-FASTEXP_DIGEST = "6e1b97604187a43b"   # fastexp.py's, whose functions this file's inline (_generated.py)
+FASTEXP_DIGEST = "0b1f32411deb462c"   # of fastexp.py, whose functions this file's cached code holds (_generated.py)
 
 
 @njit(parallel=True, fastmath=True, cache=True)    # compiling takes ~3 s: cache it on disk

@@ -24,7 +24,7 @@ from numba import get_thread_id, njit, prange
 
 from ..fastexp import expneg, logpos
 
-FASTEXP_DIGEST = "6e1b97604187a43b"   # fastexp.py's, whose functions this file's inline (_generated.py)
+FASTEXP_DIGEST = "0b1f32411deb462c"   # of fastexp.py, whose functions this file's cached code holds (_generated.py)
 
 TINY = np.finfo(np.float64).tiny
 # fused_exact is cached on disk (its compilation took 6-7 s in every process, a
