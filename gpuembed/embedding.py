@@ -448,6 +448,8 @@ class _MultiscaleOutOfSample(_OutOfSample):
     FAST_ROWS = 1000
 
     def __init__(self, Y_train, idx, W, fitted, be):
+        from .objectives.msne_cpu import squaring_plan
+
         # In float64 (the fit's sums are; msne.py), the gradient in Y's dtype.
         self.Y, self.dtype = Y_train.astype(np.float64), Y_train.dtype
         self.idx, self.W, self.be = idx, W, be
@@ -458,6 +460,8 @@ class _MultiscaleOutOfSample(_OutOfSample):
         # KL's constant sum_j sigma_j log sigma_j, so that values are the cost itself.
         self.entropy = (W * xp.log(xp.where(W > 0, W, 1.0))).sum(axis=1)
         self.compiled = True        # msne_cpu.out_of_sample_rows; False: the array code
+        self.half_p = 0.5 * self.p
+        self.squarings = squaring_plan(self.half_p)     # the same for every evaluation
         self.tree = None
         if not be.is_gpu and Y_train.shape[1] <= 3:     # msne._Balls' k-d tree of Y
             from scipy.spatial import cKDTree
@@ -522,15 +526,14 @@ class _MultiscaleOutOfSample(_OutOfSample):
         per row (the array code's temporaries took 65% of a transform)."""
         from numba import get_num_threads
 
-        from .objectives.msne_cpu import out_of_sample_rows, squaring_plan
+        from .objectives.msne_cpu import out_of_sample_rows
 
         M, k, d = X.shape[0], self.idx.shape[1], X.shape[1]
         value, mass = np.empty(M), np.empty(M)
         g, curvature = np.empty((M, d)), np.empty(M)
-        half_p = 0.5 * np.asarray(self.p, dtype=np.float64)
         out_of_sample_rows(
             np.ascontiguousarray(X), self.Y, np.ascontiguousarray(self.idx[rows]),
-            np.ascontiguousarray(self.W[rows]), half_p, squaring_plan(half_p), nearest,
+            np.ascontiguousarray(self.W[rows]), self.half_p, self.squarings, nearest,
             np.stack([Z for _, Z, _, _ in scales]),
             np.stack([SX for _, _, SX, _ in scales]), self.cost != "kl", self.kappa, grad,
             value, mass, g, curvature, np.empty((get_num_threads(), len(scales) + 3, k)))
