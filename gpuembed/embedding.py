@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 import types
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse
@@ -49,6 +50,19 @@ TRANSFORM_MAX_ITER = 200
 # The exaggerated stage's layout counts as collapsed below this fraction of the
 # start's RMS radius.
 COLLAPSED = 1e-3
+
+
+class FreeFit(NamedTuple):
+    """A fitted free embedding as a parametric embedding's Z steps take it
+    (``estimator._free_fit(X)``, parametric/mac.py)."""
+
+    be: object                  # the backend
+    X: object                   # the data and the layout, on its device
+    Z: object
+    objective: object
+    optimizer: str              # the Z steps' direction, with its parameters
+    direction_params: dict
+    step_size: float | None     # fixed steps (approximate gradients), else None
 
 
 def _rms_radius(X):
@@ -121,6 +135,17 @@ class _Embedding(Params):
 
     def fit_transform(self, X, y=None):
         return self.fit(X).embedding_
+
+    def _free_fit(self, X):
+        """Fit, and the problem a parametric embedding's Z steps solve
+        (parametric/mac.py); the classic optimizer has no use for a penalty, so
+        its Z steps take the spectral direction."""
+        self.fit(X)
+        be, X_dev, Z, objective, _ = self._fitted
+        if self.optimizer == "tsne":
+            return FreeFit(be, X_dev, Z, objective, "sd", {}, None)
+        return FreeFit(be, X_dev, Z, objective, self.optimizer, self._direction_params(),
+                       self._method_params.get("step_size"))
 
     def __getstate__(self):
         # A pickled or copied model keeps what transform needs; the objective's
@@ -737,6 +762,19 @@ class MultiscaleSNE(Params):
 
     def fit(self, X, y=None):
         """Embed X (N, D), dense or sparse; ``y`` is ignored (scikit-learn pipelines)."""
+        self._fit(X)
+        return self
+
+    def _free_fit(self, X):
+        """Fit, and the final stage's problem for a parametric embedding's Z steps
+        (parametric/mac.py): every scale, at the final LD precisions."""
+        objective = self._fit(X)
+        be, X_dev, Y, _ = self._fitted
+        return FreeFit(be, X_dev, Y, objective, self.optimizer, {}, None)
+
+    def _fit(self, X):
+        """fit's work; returns the final stage's objective, which the model does not
+        keep (its pattern holds up to 2e7 affinities)."""
         from .affinities import multiscale_affinities
         from .objectives.msne import (COSTS, EXACT_BELOW, MultiscaleObjective, intrinsic_exponent,
                                       ld_precisions)
@@ -788,7 +826,7 @@ class MultiscaleSNE(Params):
         self._fitted = (be, X, Y, types.SimpleNamespace(
             p=objective.p, cost=objective.cost, kappa=objective.kappa, nbody=nbody,
             accuracy=objective.accuracy, n_neighbors=int(M.neighbors[0].shape[1])))
-        return self
+        return objective
 
     def fit_transform(self, X, y=None):
         return self.fit(X).embedding_

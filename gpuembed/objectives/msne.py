@@ -131,6 +131,17 @@ class MultiscaleObjective(Objective):
         # kernels on the GPU); False: array code, the reference.
         self.compiled = True
 
+    def attractive_weights(self, X=None):
+        """W+ of KL's attractive curvature 4 L+ at X = 0, whatever X: there every
+        s_hij is 1 / (N - 1) and -sigma_ij log s_ij has the weight
+        sigma_ij mean_h(p_h) / 2, symmetrized.  Elsewhere the weight,
+        sigma_ij sum_h (p_h / 2) s_hij / sum_h s_hij, moves with the layout either
+        way (a near pair's finest scale dominates, a far pair's coarsest), so this
+        is a scale, not a bound: MAC's mu schedule (parametric/mac.py) takes it,
+        for JS too, whose curvature in s equals KL's where s = sigma."""
+        W = self.pairs.weights(self.pairs.p * (0.5 * float(self.p.mean())))
+        return 0.5 * (W + W.T)
+
     def _scales(self, X, balls=None):
         """Per scale: (p_h, Z_h, SX_h, shift m_h).
 

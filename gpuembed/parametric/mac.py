@@ -38,9 +38,11 @@ class ParametricEmbedding(Params):
 
     Parameters
     ----------
-    embedding : an EE, SSNE, TSNE or SNE estimator (default ``EE()``); its
-        affinities, objective, optimizer and N-body engine define E and the Z step
-        (the classic "tsne" optimizer has no use for a penalty: its Z steps use "sd").
+    embedding : an EE, SSNE, TSNE, SNE or MultiscaleSNE estimator (default
+        ``EE()``); its affinities, objective, optimizer and N-body engine define E
+        and the Z step (the classic "tsne" optimizer has no use for a penalty: its
+        Z steps use "sd").  MultiscaleSNE's E is its final stage's: every scale,
+        at the LD precisions it ended with.
     mapping : "linear" | "rbf" | "mlp" | an object with fit(Y, Z) and predict(Y)
         (``fit`` may take ``warm_start``).
     mu : increasing positive penalties, or None for the default geometric schedule
@@ -109,15 +111,15 @@ class ParametricEmbedding(Params):
         return start * curvature * factor ** np.arange(n)
 
     def fit(self, Y, y=None):
-        from ..embedding import EE, _Embedding
+        from ..embedding import EE, MultiscaleSNE, _Embedding
 
         if is_sparse(Y):        # the free embedding would take it, the mappings not
             raise TypeError("Y is a sparse matrix, which the mappings do not take; pass a "
                             "dense array (Y.toarray())")
         embedding = EE() if self.embedding is None else self.embedding
-        if not isinstance(embedding, _Embedding):
-            raise TypeError("embedding must be an EE, SSNE, TSNE or SNE estimator, got "
-                            f"{type(embedding).__name__}")
+        if not isinstance(embedding, (_Embedding, MultiscaleSNE)):
+            raise TypeError("embedding must be an EE, SSNE, TSNE, SNE or MultiscaleSNE "
+                            f"estimator, got {type(embedding).__name__}")
         mapping = make_mapping(self.mapping, self.mapping_params,
                                check_random_state(self.random_state))
         max_inner = check_int(self.max_inner, "max_inner", 1)
@@ -127,13 +129,12 @@ class ParametricEmbedding(Params):
         constraint_tol = check_float(self.constraint_tol, "constraint_tol", 0.0)
         start = time.perf_counter()
 
-        embedding = copy.copy(embedding).fit(Y)              # the free embedding (mu -> 0+)
-        be, Y_dev, Z, objective, _ = embedding._fitted
-        Y_dev = Y_dev.astype(Z.dtype)
+        free = copy.copy(embedding)._free_fit(Y)              # the free embedding (mu -> 0+)
+        be, Z, objective, optimizer = free.be, free.Z, free.objective, free.optimizer
+        Y_dev = free.X.astype(Z.dtype)
         curvature = 4.0 * float(be.xp.asarray(objective.attractive_weights().sum(axis=1)).mean())
         schedule = self._schedule(curvature)
-        optimizer = "sd" if embedding.optimizer == "tsne" else embedding.optimizer
-        direction_params = {} if embedding.optimizer == "tsne" else embedding._direction_params()
+        direction_params = free.direction_params
         if optimizer == "sd" and direction_params.get("solver", "auto") == "auto":
             # mu changes the matrix 4 L+ + mu I at every stage, so a factorization would
             # be redone per mu (35 s for t-SNE on Fashion-MNIST 20k, against 0.1 s
@@ -181,7 +182,7 @@ class ParametricEmbedding(Params):
             for _ in range(max_inner):
                 z_result = minimize(Penalized(objective, FY - U, mu), Z, direction,
                                     max_iter=z_max_iter, tol=z_tol,
-                                    step_size=embedding._method_params.get("step_size"),
+                                    step_size=free.step_size,
                                     monitor=Monitor())
                 Z = z_result.X
                 FY = f_step(False, Z + U)
