@@ -15,6 +15,12 @@
 4. ``mlp``: the same for t-SNE with an MLP (50-256-256-2, Adam) on Fashion-MNIST
    (first N points after PCA to 50), Barnes-Hut sums for MAC's Z step and for
    the chain rule's gradient (and the exact chain rule, time permitting).
+5. ``msne``: parametric multi-scale SNE (``ParametricEmbedding(MultiscaleSNE(),
+   "mlp")``) against parametric t-SNE with the same MLP, on Fashion-MNIST (the
+   first N points after PCA to 50, the last fifth held out): P(F), log-K AUC
+   of R_NX of the training layout and of the held-out points' F(Y), their
+   10-NN accuracy, fit and transform seconds; beside them the free
+   MultiscaleSNE and TSNE with their own (non-parametric) transform.
 
 The time of the free embedding (shared by all) is excluded from the curves.
 ``--backend gpu`` runs all of it on the GPU in its default float32 (the CPU:
@@ -30,7 +36,8 @@ import time
 
 import numpy as np
 
-from common import RESULTS, best_time, device_sync, loglog_slope, pyplot, write_result
+from common import (RESULTS, best_time, device_sync, heldout_accuracy, loglog_slope, pyplot,
+                    write_result)
 import gpuembed as ge
 from gpuembed._checks import check_dtype
 from gpuembed.backend import get_backend
@@ -143,6 +150,45 @@ def _speedup(out):
     return result
 
 
+def parametric_vs_free(X, labels, backend, mlp, mac_params):
+    """The free embeddings and their transform against MAC with an MLP, for
+    MultiscaleSNE and TSNE; the held-out rows are X's last fifth."""
+    n_train = len(X) * 4 // 5
+    train, held = X[:n_train], X[n_train:]
+
+    def scores(Z_train, Z_held):
+        return {"auc_train": ge.metrics.auc_rnx(train, Z_train),
+                "auc_held_out": ge.metrics.auc_rnx(held, Z_held),
+                "knn_accuracy_held_out": heldout_accuracy(Z_train, labels[:n_train], Z_held,
+                                                          labels[n_train:])}
+
+    rows = {}
+    for name, make in (("MultiscaleSNE", lambda: ge.MultiscaleSNE(backend=backend,
+                                                                  random_state=0)),
+                       ("TSNE", lambda: ge.TSNE(backend=backend, random_state=0))):
+        start = time.perf_counter()
+        free = make().fit(train)
+        fit = time.perf_counter() - start
+        start = time.perf_counter()
+        Z_held = free.transform(held)
+        rows[name] = {"objective": free.objective_, "fit_seconds": fit,
+                      "transform_seconds": time.perf_counter() - start,
+                      **scores(free.embedding_, Z_held)}
+        start = time.perf_counter()
+        pe = ge.ParametricEmbedding(make(), "mlp", mapping_params=mlp, random_state=0,
+                                    **mac_params).fit(train)
+        fit = time.perf_counter() - start
+        start = time.perf_counter()
+        Z_held = pe.transform(held)
+        rows[f"parametric {name}"] = {
+            "free_objective": pe.free_objective_, "direct_fit_objective": pe.history_[0]["objective"],
+            "objective": pe.objective_, "fit_seconds": fit,
+            "transform_seconds": time.perf_counter() - start, **scores(pe.embedding_, Z_held)}
+        for key in (name, f"parametric {name}"):
+            print(key, rows[key], flush=True)
+    return {"n_train": n_train, "n_held_out": len(held), "mlp": mlp, "mac": mac_params, **rows}
+
+
 def plot(data, path, title):
     plt = pyplot()
     if plt is None:
@@ -170,6 +216,7 @@ def main():
     parser.add_argument("--exact-max-n", type=int, default=20000)
     parser.add_argument("--mlp-n", type=int, default=20000)
     parser.add_argument("--linear-n", type=int, default=10000)
+    parser.add_argument("--msne-n", type=int, default=2500)
     parser.add_argument("--chain-iter", type=int, default=100)
     parser.add_argument("--suffix", default="")
     parser.add_argument("--backend", default="cpu")
@@ -207,6 +254,12 @@ def main():
         figures["tsne_mlp_fashion_mnist"] = {"n": args.mlp_n, **data}
         plot(data, RESULTS / f"mac_mlp{args.suffix}.png",
              f"t-SNE + MLP, Fashion-MNIST {args.mlp_n}")
+    if "msne" in parts:
+        X, labels = ge.datasets.fashion_mnist()
+        Y = pca(X[: args.msne_n].astype(np.float64), 50)
+        mlp = {"hidden": (256, 256), "initial_epochs": 30, "epochs": 3, "random_state": 0}
+        figures["parametric_msne_fashion_mnist"] = {"n": args.msne_n, **parametric_vs_free(
+            Y, labels[: args.msne_n], be, mlp, {"n_mu": 8, "max_inner": 3, "z_max_iter": 10})}
     write_result("mac", figures, args.suffix, merge=True)
 
 

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from common import write_result
+from common import heldout_accuracy, write_result
 import gpuembed as ge
 
 K = 10
@@ -66,12 +66,6 @@ METHODS = {
 }
 
 
-def heldout_accuracy(Y_train, y_train, Y_new, y_new):
-    from sklearn.neighbors import KNeighborsClassifier
-
-    return float(KNeighborsClassifier(K).fit(Y_train, y_train).score(Y_new, y_new))
-
-
 def run(name, X, y, n, m):
     try:
         fit, transform, warm_fit = METHODS[name]()
@@ -89,7 +83,7 @@ def run(name, X, y, n, m):
     Z = transform(model, X[n:n + m])
     row = {"method": name, "fit_seconds": fit_seconds,
            "transform_seconds": time.perf_counter() - start,
-           "heldout_knn_accuracy": heldout_accuracy(Y, y[:n], Z, y[n:n + m]),
+           "heldout_knn_accuracy": heldout_accuracy(Y, y[:n], Z, y[n:n + m], K),
            "train_knn_accuracy": ge.metrics.knn_accuracy(Y, y[:n], k=K)}
     print(row, flush=True)
     return row

@@ -80,6 +80,14 @@ def best_time(fn, repeat=1, sync=None):
     return best, result
 
 
+def heldout_accuracy(Y_train, y_train, Y_new, y_new, k=10):
+    """Held-out points classified by the majority of their k nearest training
+    points in the layout: the fraction right."""
+    from sklearn.neighbors import KNeighborsClassifier
+
+    return float(KNeighborsClassifier(k).fit(Y_train, y_train).score(Y_new, y_new))
+
+
 def loglog_slope(rows, key="seconds"):
     """The fitted slope of log rows[key] against log rows["n"], None below two rows."""
     if len(rows) < 2:
