@@ -246,11 +246,12 @@ def test_bad_input():
 
 
 @pytest.mark.parametrize("augmented", [False, True])
-def test_float32_stays_float32(backend, augmented):
+@pytest.mark.parametrize("estimator", [ge.TSNE, ge.MultiscaleSNE])
+def test_float32_stays_float32(backend, augmented, estimator):
     """A float32 embedding (the GPU's default) gives a float32 MAC path: NumPy
     scalars of the mu schedule once promoted every Z step to float64."""
     X, _ = ge.datasets.swiss_roll(200, random_state=0)
-    pe = ge.ParametricEmbedding(ge.TSNE(backend=backend, dtype=np.float32, max_iter=10),
+    pe = ge.ParametricEmbedding(estimator(backend=backend, dtype=np.float32, max_iter=10),
                                 "linear", n_mu=2, augmented=augmented).fit(X)
     assert pe.embedding_.dtype == pe.transform(X[:3]).dtype == np.float32
     assert np.isfinite(pe.objective_)
