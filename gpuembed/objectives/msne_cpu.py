@@ -92,6 +92,18 @@ def _scale_kernels(E, h, squarings, c, d, shift):
 
 
 @njit(inline="always", fastmath=FLAGS)
+def _normalize_scales(S, Z, i, s):
+    """Row i's kernels S[h] (h < H, Z (H, N)) divided by their sums Z[h, i], and s
+    their sum over the scales."""
+    s[:] = 0.0
+    for h in range(Z.shape[0]):
+        sh, inv = S[h], 1.0 / Z[h, i]
+        for j in range(s.size):
+            sh[j] *= inv
+            s[j] += sh[j]
+
+
+@njit(inline="always", fastmath=FLAGS)
 def _lane_sum(a, b):
     """sum_j a_j (b is None) or sum_j a_j b_j, in LANES partial sums (see FLAGS);
     scalars, which LLVM keeps in registers (an array of them took twice as long)."""
@@ -170,12 +182,8 @@ def edge_terms(indptr, indices, XT, sigma, half_p, squarings, m, Z, js, kappa, r
         s_h = np.empty((H, hi - lo))
         for h in range(H - 1, -1, -1):
             _scale_kernels(s_h, h, squarings, half_p[h], d, m[h, i])
-        s = np.zeros(hi - lo)
-        for h in range(H):
-            inv, v = 1.0 / Z[h, i], s_h[h]
-            for e in range(hi - lo):
-                v[e] *= inv
-                s[e] += v[e]
+        s = np.empty(hi - lo)
+        _normalize_scales(s_h, Z, i, s)
         r = np.empty(hi - lo)
         acc = 0.0
         total = 0.0
@@ -324,12 +332,7 @@ def out_of_sample_rows(X, Y, idx, sigma, half_p, squarings, nearest, Z, SX, js, 
             d[j] = acc
         for h in range(H - 1, -1, -1):
             _scale_kernels(buf, h, squarings, half_p[h], d, half_p[h] * nearest[i])
-        s[:] = 0.0
-        for h in range(H):
-            sh, inv = buf[h], 1.0 / Z[h, i]
-            for j in range(k):
-                sh[j] *= inv
-                s[j] += sh[j]
+        _normalize_scales(buf, Z, i, s)
         cost = total = 0.0
         for j in range(k):
             term, r[j], se = _edge_cost(sigma[i, j], s[j] / H, js, kappa, off)
