@@ -8,6 +8,12 @@ perplexity search (``sklearn.manifold._utils._binary_search_perplexity``, tol
 all on the same precomputed neighbours (the anchors on one thread; ours on all
 cores, and its fastest row again on one thread).  On a GPU the same table is
 measured there, plus 1,000,000 rows x 90 neighbours (Fashion-MNIST's rows tiled).
+
+``--raster`` measures the orders on the pixels of an image instead (dissertation
+section 2.3.4, fig. 2.15's Lena): scikit-learn's ``china.jpg`` at every second
+pixel (214 x 320), each pixel the features (row, column, red, green, blue) in
+pixels and grey levels, where the raster order (``raster_order``) is given
+beside the library's orders; written to entropic_raster.json.
 """
 from __future__ import annotations
 
@@ -32,10 +38,11 @@ def entropy_error(P):
 
 
 def ours(be, sqdist, indices, method, order, parallel=True, sync=lambda: None, repeat=3,
-         gpu_kernel=True):
+         gpu_kernel=True, name=None):
     """Root finding only (the neighbours are given), as the anchors are timed;
     best of ``repeat`` runs (one for the slow sequential orders); on the GPU by
-    kernels/entropic.cu or (``gpu_kernel=False``) the array code on CuPy."""
+    kernels/entropic.cu or (``gpu_kernel=False``) the array code on CuPy.
+    ``name``: the order's name in the result, for a given sequence."""
     xp = be.xp
     sq = be.asarray(sqdist, dtype=np.float64)
     shifted = sq - sq.min(axis=1, keepdims=True)
@@ -50,7 +57,7 @@ def ours(be, sqdist, indices, method, order, parallel=True, sync=lambda: None, r
         sync()
         seconds = min(seconds, time.perf_counter() - start)
     err = float(be.to_host(xp.abs(entropy - np.log(K)).max()))
-    return {"method": method, "order": order, "mode": "parallel" if parallel else "sequential",
+    return {"method": method, "order": name or order, "mode": "parallel" if parallel else "sequential",
             "code": "kernel" if gpu_kernel or not be.is_gpu else "array code",
             "seconds": seconds, "evaluations_per_point": float(be.to_host(n_iter.mean())),
             "max_entropy_error": err}
@@ -138,15 +145,45 @@ def run_gpu(sqdist, indices):
             "gpu_array_code": array_code, "gpu_1M_rows": big}
 
 
+def raster(step=2):
+    """The orders on an image's pixels (module doc), the raster order among them."""
+    from sklearn.datasets import load_sample_image
+
+    image = load_sample_image("china.jpg")[::step, ::step].astype(np.float64)
+    height, width = image.shape[:2]
+    rows, cols = np.indices((height, width))
+    X = np.column_stack([rows.ravel(), cols.ravel(), image.reshape(-1, 3)])
+    sqdist, indices = ge.knn(X, 90, backend="cpu")
+    cpu = ge.get_backend("cpu")
+    given = {"raster": orders.raster_order(height, width)}
+    table = []
+    for name in ("raster",) + orders.ORDERS:
+        for method in rootfinding.METHODS:
+            table.append(ours(cpu, sqdist, indices, method, given.get(name, name), name=name))
+            print(table[-1], flush=True)
+    for name in ("raster", "mst"):
+        for method in ("newton", "euler"):
+            table.append(ours(cpu, sqdist, indices, method, given.get(name, name),
+                              parallel=False, name=name))
+            print(table[-1], flush=True)
+    return {"image": "china.jpg", "shape": [height, width], "n": X.shape[0],
+            "features": "row, column (pixels), red, green, blue (0-255)",
+            "k": 90, "perplexity": K, "tol": 1e-10, "cpu": table}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=None, help="use the first n points")
     parser.add_argument("--no-sequential", action="store_true")
+    parser.add_argument("--raster", action="store_true",
+                        help="only the orders on an image's pixels (entropic_raster.json)")
     parser.add_argument("--gpu-only", action="store_true",
                         help="only the GPU part, written to entropic_gpu.json")
     args = parser.parse_args(argv)
     suffix = "" if args.n is None else f"_n{args.n}"
-    if args.gpu_only:
+    if args.raster:
+        write_result("entropic", raster(), "_raster")
+    elif args.gpu_only:
         write_result("entropic", run_gpu(*fashion_mnist_knn(90, args.n)[2:]), suffix + "_gpu")
     else:
         write_result("entropic", run(n=args.n, sequential=not args.no_sequential), suffix)

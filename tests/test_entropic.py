@@ -209,6 +209,72 @@ def test_schedules_copy_only_the_neighbour_columns_they_read(clusters):
         assert copied == shapes, order
 
 
+def test_raster_order_zigzags_through_adjacent_pixels():
+    np.testing.assert_array_equal(orders.raster_order(3, 4),
+                                  [0, 1, 2, 3, 7, 6, 5, 4, 8, 9, 10, 11])
+    rows, cols = np.divmod(orders.raster_order(7, 5), 5)
+    assert (np.abs(np.diff(rows)) + np.abs(np.diff(cols)) == 1).all()
+    assert ge.affinities.raster_order(1, 1).tolist() == [0]
+    with pytest.raises(ValueError, match="height"):
+        orders.raster_order(0, 4)
+
+
+def pixel_features(height=30, width=40):
+    """(row, column, grey) of a smooth synthetic image, whose pixels vary slowly
+    along the raster order."""
+    rows, cols = np.indices((height, width))
+    grey = 20 * np.sin(rows / 5.0) * np.cos(cols / 7.0)
+    return np.column_stack([rows.ravel(), cols.ravel(), grey.ravel()])
+
+
+def test_given_sequence_order_solves_like_the_named_orders():
+    """A user's sequence (dissertation 2.3.4's raster order of an image's pixels) gives
+    the same beta as bisection, with as few evaluations as the MST order and fewer
+    than mid-bracket starts, in parallel waves and one point at a time; a reversed
+    sequence and a list give the same solution."""
+    X = pixel_features()
+    raster = ge.affinities.raster_order(30, 40)
+    ref = ge.entropic_affinities(X, 15.0, method="bisection", order="bounds", backend="cpu")
+    A = ge.entropic_affinities(X, 15.0, method="euler", order=raster, backend="cpu")
+    np.testing.assert_allclose(A.beta, ref.beta, rtol=1e-8)
+    mst, bounds = (ge.entropic_affinities(X, 15.0, method="euler", order=o, backend="cpu")
+                   for o in ("mst", "bounds"))
+    assert A.n_iter.mean() < bounds.n_iter.mean() - 0.5
+    assert A.n_iter.mean() < mst.n_iter.mean() + 0.2
+    np.testing.assert_allclose(
+        ge.entropic_affinities(X, 15.0, method="euler", order=list(raster[::-1]),
+                               backend="cpu").beta, ref.beta, rtol=1e-8)
+    sqdist, idx = A.neighbors
+    shifted = sqdist - sqdist.min(axis=1, keepdims=True)
+    K = np.full(len(X), 15.0)
+    lo, hi = rootfinding.log_beta_bounds(np, shifted, K)
+    sequential = solve_rows(ge.get_backend("cpu"), shifted, K, lo, hi, "euler", raster, 1e-10,
+                            (sqdist, idx), parallel=False)
+    np.testing.assert_allclose(np.exp(sequential[0]), ref.beta, rtol=1e-8)
+    assert sequential[2].mean() < bounds.n_iter.mean() - 0.5
+    for parallel in (True, False):
+        solved = np.zeros(len(X), dtype=bool)
+        for rows, sources in orders.schedule(raster, sqdist, idx, K, parallel):
+            assert solved[[] if sources is None else sources[sources >= 0]].all()
+            assert not solved[rows].any()
+            solved[rows] = True
+        assert solved.all()
+
+
+@pytest.mark.parametrize("order,match", [
+    (np.arange(49), "shape"),
+    (np.arange(50.0), "dtype float64"),
+    (np.r_[np.arange(49), 3], "repeats"),
+    (np.r_[np.arange(49), 50], "outside"),
+    (np.arange(50).reshape(5, 10), "shape"),
+    ("raster", "sequence of all point indices"),
+])
+def test_bad_given_sequence(order, match):
+    X = np.random.default_rng(0).random((50, 3))
+    with pytest.raises(ValueError, match=f"order.*{match}"):
+        ge.entropic_affinities(X, 5.0, order=order, backend="cpu")
+
+
 def test_minimum_spanning_path_visits_all_once_greedily():
     X = np.array([[0.0], [1.0], [3.0], [6.0], [10.0], [100.0]])
     sqdist, idx = ge.knn(X, 2)
@@ -422,6 +488,18 @@ def test_gpu_equals_cpu(clusters, order):
     np.testing.assert_allclose(be.to_host(gpu.beta), cpu.beta, rtol=1e-8)
     np.testing.assert_allclose(be.to_host(gpu.entropy), LOG(15.0), atol=1e-10)
     np.testing.assert_allclose(be.to_host(gpu.P).toarray(), cpu.P.toarray(), rtol=1e-7, atol=1e-15)
+
+
+@pytest.mark.gpu
+def test_gpu_given_sequence_equals_cpu():
+    """A raster order given as a device array: its waves are built on the device."""
+    X = pixel_features()
+    be = ge.get_backend("gpu")
+    raster = ge.affinities.raster_order(30, 40)
+    cpu = ge.entropic_affinities(X, 15.0, order=raster, backend="cpu")
+    gpu = ge.entropic_affinities(be.asarray(X), 15.0, order=be.asarray(raster), backend=be)
+    np.testing.assert_allclose(be.to_host(gpu.beta), cpu.beta, rtol=1e-8)
+    np.testing.assert_allclose(be.to_host(gpu.n_iter).mean(), cpu.n_iter.mean(), atol=0.05)
 
 
 @pytest.mark.gpu

@@ -59,8 +59,9 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
         beyond 3K neighbours the Gaussian weights are negligible for the entropy.
     neighbors : precomputed ``(sqdist, indices)``, each (N, k), self excluded.
     method : "newton" | "halley" | "euler" | "bisection" (Algorithm 1).
-    order : "dk" | "mst" | "msp" | "bounds" | "none" warm-start order, solved in
-        parallel waves (see orders.py).
+    order : "dk" | "mst" | "msp" | "bounds" | "none" warm-start order, or a
+        sequence of all N point indices (e.g. ``raster_order(h, w)`` for the
+        pixels of an image), solved in parallel waves (see orders.py).
     tol : tolerance on |H - log K| in nats (default 1e-10; computed in float64).
     symmetrize : return the joint (P + P^T) / (2N) instead of the conditional.
 
@@ -72,12 +73,14 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
     be = get_backend(backend)
     xp = be.xp
     check_choice(method, "method", rootfinding.METHODS)
-    check_choice(order, "order", _orders.ORDERS)
+    if isinstance(order, str):           # before the k-NN; a sequence is checked after it
+        _orders.check_order(order, None)
     tol = check_float(tol, "tol", 0.0, low_open=True)
     perplexity = _perplexity_values(be.to_host(perplexity))   # may live on the device
     sqdist, indices = _neighbors(X, neighbors, perplexity, n_neighbors, be)
     n, k = sqdist.shape
     K = _perplexities(perplexity, n, k)
+    order = _orders.check_order(order, n, be.to_host)
 
     sqdist = sqdist.astype(xp.float64)
     beta, entropy, n_iter, W = _calibrate(be, sqdist, indices, K, method, order, tol)
@@ -179,7 +182,7 @@ def _start(xp, sources, scale_free, log_scale, lo, hi, order):
     averaged over the sources; rows without a source start mid-bracket, and
     order "none" starts every row at beta = 1 (the anchors' choice).
     """
-    if order == "none":
+    if isinstance(order, str) and order == "none":
         return xp.zeros(lo.shape)
     if sources is None:
         return 0.5 * (lo + hi)

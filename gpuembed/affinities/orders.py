@@ -9,14 +9,18 @@ the solution of points solved before it:
   kappa-NN graph, each point started from its parent;
 - "msp": the greedy minimum spanning path of Algorithm 2;
 - "bounds": every point starts at the middle of its Theorem 1.1 bracket;
-- "none": every point starts at beta = 1, as scikit-learn and openTSNE do.
+- "none": every point starts at beta = 1, as scikit-learn and openTSNE do;
+- a sequence of the N points given by the user (any permutation of their
+  indices), e.g. :func:`raster_order` for the pixels of an image: section 2.3.4's
+  raster order, local at no cost, which needed as few evaluations as "mst" and
+  "msp" on the pixels of an image (benchmarks/bench_entropic.py --raster).
 
 A sequential order does not parallelize as is.  A *schedule* is a list of
 waves ``(rows, sources)``: all rows of a wave are solved together, each started
 from the mean log beta of its (already solved) ``sources`` (-1: no source, use
 the bracket midpoint; ``sources`` None: none for the whole wave).  ``parallel=True`` builds few large waves:
 
-- sequences (dk, msp): a coarse subsample of the sequence first, then the
+- sequences (dk, msp, a given sequence): a coarse subsample of the sequence first, then the
   midpoints between solved positions, halving the spacing each wave, each point
   started from the mean of its two solved sequence neighbours (log2 N waves);
 - trees (mst): one wave per tree level, each point started from its parent.
@@ -29,6 +33,7 @@ import numpy as np
 import scipy.sparse
 import scipy.sparse.csgraph
 
+from .._checks import check_int
 from . import rootfinding
 
 ORDERS = ("dk", "mst", "msp", "bounds", "none")
@@ -36,14 +41,51 @@ KAPPA = 10          # neighbours kept in the graph for mst/msp (paper: kappa = 1
 FIRST_WAVE = 64     # points in the first wave of a parallel sequence schedule
 
 
+def check_order(order, n, to_host=np.asarray):
+    """``order`` checked against N points: one of ORDERS, or a sequence (list,
+    NumPy or CuPy array) of all N point indices, each once, returned as int64 on
+    the host (``n`` None: a name only)."""
+    expected = f"one of {ORDERS} or a sequence of all point indices, each once"
+    if isinstance(order, str):
+        if order not in ORDERS:
+            raise ValueError(f"order must be {expected}, got {order!r}")
+        return order
+    sequence = np.asarray(to_host(order))
+    if sequence.shape != (n,) or not np.issubdtype(sequence.dtype, np.integer):
+        raise ValueError(f"order must be {expected} ({n} here), got an array of shape "
+                         f"{sequence.shape} and dtype {sequence.dtype}")
+    sequence = sequence.astype(np.int64)
+    if not ((sequence >= 0) & (sequence < n)).all():
+        raise ValueError(f"order must be {expected}: the given sequence has indices "
+                         f"outside [0, {n})")
+    if (np.bincount(sequence, minlength=n) != 1).any():
+        raise ValueError(f"order must be {expected}: the given sequence repeats some "
+                         f"points and misses others")
+    return sequence
+
+
+def raster_order(height, width):
+    """The raster order of an image's pixels, numbered row by row (as
+    ``np.indices((height, width))`` flattens them): left to right along the first
+    row, right to left along the second, and so on (dissertation section 2.3.4),
+    so consecutive pixels are always adjacent."""
+    height, width = check_int(height, "height", 1), check_int(width, "width", 1)
+    grid = np.arange(height * width).reshape(height, width)
+    grid[1::2] = grid[1::2, ::-1]
+    return grid.ravel()
+
+
 def schedule(order, sqdist, indices, perplexity, parallel=True, xp=np, to_host=np.asarray):
-    """Waves ``[(rows, sources), ...]`` for ``order`` (see module doc).
+    """Waves ``[(rows, sources), ...]`` for ``order`` (see module doc; a sequence
+    as :func:`check_order` returns it).
 
     The neighbours may live on the GPU (``xp``: its module): "dk" sorts its one
     column there and builds its waves there; "mst" and "msp" copy (``to_host``)
     KAPPA columns to build their graph on the host; all columns would be 1.4 GB
     for 1e6 rows x 90.  "bounds" and "none" read nothing."""
     n = sqdist.shape[0]
+    if not isinstance(order, str):
+        return _sequence_waves(xp, xp.asarray(order)) if parallel else _sequential(order, None)
     if order in ("bounds", "none"):
         return [(xp.arange(n), None)]
     if order == "dk":
