@@ -1,6 +1,9 @@
 """Laplacian eigenmaps, spectral clustering and Locally Linear Landmarks (dissertation ch. 4)."""
+import itertools
+
 import numpy as np
 import pytest
+import sklearn.base
 
 import gpuembed as ge
 from gpuembed.metrics import procrustes_error
@@ -173,6 +176,124 @@ def test_nan_and_transform_errors():
                 model.fit(data)
     with pytest.raises(ValueError, match="random_state"):
         ge.SpectralClustering(2, n_neighbors=10, random_state=-3).fit(X)
+
+
+@pytest.mark.parametrize("estimator,grid", [
+    (ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=120, random_state=0, backend="cpu"),
+     {"sigma": [0.5, 2.0], "n_neighbors": [5, 15]}),
+    (ge.LaplacianEigenmaps(2, n_neighbors=10, random_state=0, backend="cpu"),
+     {"perplexity": [3.0, 8.0], "n_neighbors": (12, 30)}),
+    (ge.SpectralClustering(4, n_neighbors=10, n_landmarks=80, random_state=0, backend="cpu"),
+     {"sigma": np.array([1.0, 3.0]), "n_neighbors": [8, 20]}),
+])
+def test_fit_grid_equals_separate_fits_and_shares_the_search_and_z(estimator, grid,
+                                                                     monkeypatch):
+    """Section 4.5: the sweep searches the k-NN once (for the largest n_neighbors) and
+    builds one Z, yet every point equals the estimator fitted alone with its params."""
+    import gpuembed.spectral.laplacian as laplacian
+
+    X, _ = ge.datasets.gaussian_clusters(500, 4, 6, random_state=0)
+    calls = {"knn": [], "reconstruction_weights": 0}
+    knn, weights = laplacian.knn, laplacian.reconstruction_weights
+    monkeypatch.setattr(laplacian, "knn", lambda X, k, **kw: calls["knn"].append(k) or
+                        knn(X, k, **kw))
+    monkeypatch.setattr(laplacian, "reconstruction_weights", lambda *a, **kw: (
+        calls.__setitem__("reconstruction_weights", calls["reconstruction_weights"] + 1)
+        or weights(*a, **kw)))
+    results = ge.spectral.fit_grid(estimator, X, grid)
+    assert calls == {"knn": [max(grid["n_neighbors"])],
+                     "reconstruction_weights": int(estimator.n_landmarks is not None)}
+    keys = sorted(grid)              # every combination, as scikit-learn's ParameterGrid
+    assert [params for params, _ in results] == [
+        dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+    monkeypatch.undo()
+    for params, fitted in results:
+        alone = sklearn.base.clone(estimator).set_params(**params).fit(X)
+        np.testing.assert_array_equal(fitted.embedding_, alone.embedding_)
+        if isinstance(estimator, ge.SpectralClustering):
+            np.testing.assert_array_equal(fitted.labels_, alone.labels_)
+        else:
+            np.testing.assert_array_equal(fitted.transform(X[:5]), alone.transform(X[:5]))
+        assert fitted.get_params() == {**estimator.get_params(), **params}
+
+
+def test_fit_grid_with_lll_follows_the_exact_model_selection_curve():
+    """Model selection with LLL (figs 4.7 and 4.14): over a range of Gaussian widths
+    the clustering error of LLL spectral clustering follows the exact one's, both
+    failing at the narrowest width (measured 0.20 and 0.20) and near 0 above it
+    (0.001-0.006), which is where a sweep would choose."""
+    X, y = ge.datasets.gaussian_clusters(2000, 5, 10, random_state=3)
+    X = X + np.random.default_rng(0).normal(scale=3.0, size=X.shape)
+    grid = {"sigma": [1.0, 2.0, 4.0, 8.0, 16.0]}
+    errors = {}
+    for L in (None, 200):
+        est = ge.SpectralClustering(5, n_neighbors=15, n_landmarks=L, random_state=0,
+                                    backend="cpu")
+        errors[L] = np.array([clustering_error(y, fitted.labels_)
+                              for _, fitted in ge.spectral.fit_grid(est, X, grid)])
+    print("clustering error per sigma, exact:", errors[None], "LLL:", errors[200])
+    for e in errors.values():
+        assert e[0] > 0.1 and (e[1:] < 0.01).all()
+    assert np.abs(errors[None] - errors[200]).max() < 0.01
+
+
+def test_narrow_width_falls_back_to_shift_invert_or_says_why(monkeypatch):
+    """A narrow Gaussian leaves M's eigenvalues crowded within rounding of 1: the plain
+    Lanczos gave up after 20,000 restarts (17 s) with ArpackNoConvergence.  After
+    LANCZOS_MAXITER restarts the CPU now solves by shift-invert, and where even that
+    cannot separate them (the graph numerically disconnected) says so (fewer
+    restarts here, for time)."""
+    from gpuembed.spectral import affinity_graph, embedding, spectral_embedding
+
+    monkeypatch.setattr(embedding, "LANCZOS_MAXITER", 100)
+
+    X, _ = ge.datasets.gaussian_clusters(2000, 5, 10, random_state=3)
+    X1 = X + np.random.default_rng(0).normal(scale=1.0, size=X.shape)
+    W = affinity_graph(X1, 15, sigma=0.5, backend="cpu")
+    fallback = spectral_embedding(W, 5, drop_first=False, backend="cpu")
+    direct = spectral_embedding(W, 5, drop_first=False, shift_invert=True, backend="cpu")
+    assert procrustes_error(direct, fallback) < 1e-6
+    X2 = X + np.random.default_rng(0).normal(scale=2.0, size=X.shape)
+    with pytest.raises(ValueError, match="numerically disconnected.*wider sigma"):
+        ge.SpectralClustering(5, n_neighbors=15, sigma=0.5, backend="cpu").fit(X2)
+
+
+def clustering_error(y, labels):
+    """1 - accuracy of predicting each cluster's majority class (section 4.8.4)."""
+    majority = {c: np.bincount(y[labels == c]).argmax() for c in np.unique(labels)}
+    return float(np.mean(np.array([majority[c] for c in labels]) != y))
+
+
+@pytest.mark.parametrize("estimator,grid,error,match", [
+    ("not an estimator", {"sigma": [1.0]}, TypeError, "estimator"),
+    (ge.TSNE(), {"sigma": [1.0]}, TypeError, "estimator"),
+    (None, {"n_landmarks": [50, 100]}, ValueError, "grid key"),
+    (None, {"sigma": []}, ValueError, "sigma"),
+    (None, {"sigma": 1.0}, ValueError, "sigma"),
+    (None, {}, ValueError, "grid"),
+    (None, {"n_neighbors": [5, 0]}, ValueError, "n_neighbors"),
+    (None, {"sigma": [1.0, -2.0]}, ValueError, "sigma"),
+    (None, {"perplexity": [3.0]}, ValueError, "not both"),
+    (None, {"sigma": "1.0"}, ValueError, "sigma"),
+])
+def test_fit_grid_bad_arguments(estimator, grid, error, match):
+    X = np.random.default_rng(0).standard_normal((100, 3))
+    estimator = estimator or ge.LaplacianEigenmaps(2, n_neighbors=10, sigma=1.0)
+    with pytest.raises(error, match=match):
+        ge.spectral.fit_grid(estimator, X, grid)
+
+
+def test_affinity_graph_takes_a_wider_search():
+    from gpuembed.spectral import affinity_graph
+
+    X = np.random.default_rng(0).standard_normal((200, 4))
+    wide = ge.knn(X, 30, backend="cpu")
+    for kw in ({"sigma": 1.5}, {"perplexity": 4.0}):
+        np.testing.assert_array_equal(
+            affinity_graph(X, 12, neighbors=wide, backend="cpu", **kw).toarray(),
+            affinity_graph(X, 12, backend="cpu", **kw).toarray())
+    with pytest.raises(ValueError, match="neighbors must hold at least n_neighbors = 31"):
+        affinity_graph(X, 31, sigma=1.0, neighbors=wide, backend="cpu")
 
 
 def unit_columns(A):

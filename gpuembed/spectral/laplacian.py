@@ -12,6 +12,8 @@ visualization of disconnected data shows as separate tight groups.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import scipy.sparse
 
@@ -26,11 +28,16 @@ from .kmeans import kmeans
 from .lll import (LANDMARK_METHODS, choose_landmarks, default_kz, reconstruction_weights,
                   reduced_problem, trailing_generalized)
 
+GRID_PARAMETERS = ("n_neighbors", "sigma", "perplexity")   # what fit_grid may vary
 
-def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, backend="auto"):
+
+def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=None,
+                   backend="auto"):
     """Symmetric sparse affinities on the k-NN graph, as a host scipy CSR (float64).
     The neighbour search (and the entropic calibration) runs on ``backend`` in X's
-    dtype (integers: the backend's default float)."""
+    dtype (integers: the backend's default float).  ``neighbors``: X's k-NN
+    ``(sqdist, indices)`` for some k >= n_neighbors, of which the first
+    n_neighbors columns are used (a sweep over n_neighbors searches once)."""
     be = get_backend(backend)
     X = check_data(X, be, sparse=True)
     n = X.shape[0]
@@ -38,30 +45,47 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, backend="auto
     if sigma is not None and perplexity is not None:
         raise ValueError("give sigma (Gaussian width) or perplexity (entropic affinities), "
                          "not both")
+    if neighbors is None:
+        neighbors = knn(X, k, backend=be)
+    elif neighbors[0].shape[0] != n or neighbors[0].shape[1] < k:
+        raise ValueError(f"neighbors must hold at least n_neighbors = {k} columns for each "
+                         f"of the {n} points, got shape {neighbors[0].shape}")
+    sqdist, idx = (a[:, :k] for a in neighbors)
     if sigma is None:
         K = k / 3.0 if perplexity is None else check_float(perplexity, "perplexity", 1.0,
                                                             low_open=True)
-        W = be.to_host(entropic_affinities(X, max(K, 1.01), n_neighbors=k, symmetrize=False,
-                                           backend=be).P).astype(np.float64, copy=False)
+        W = be.to_host(entropic_affinities(None, max(K, 1.01), neighbors=(sqdist, idx),
+                                           symmetrize=False, backend=be).P
+                       ).astype(np.float64, copy=False)
     else:
         sigma = check_float(sigma, "sigma", 0.0, low_open=True)
-        sqdist, idx = (be.to_host(a) for a in knn(X, k, backend=be))
+        sqdist, idx = be.to_host(sqdist), be.to_host(idx)
         values = np.exp(-sqdist.astype(np.float64, copy=False) / (2 * sigma ** 2))
         W = scipy.sparse.csr_matrix((values.ravel(), (np.repeat(np.arange(n), k), idx.ravel())),
                                     shape=(n, n))
     return ((W + W.T) / 2).tocsr()
 
 
-def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state=None,
-                 drop_first=True, backend="auto"):
-    """Algorithm 3 for eq. 4.9 on affinities W: returns the embedding (N, d), the
-    landmark indices, Z (N, L), the landmarks' embedding (L, d) and kz used.  The
-    landmarks' k-NN runs on ``backend``, the rest on the host."""
+def landmark_basis(X, d, n_landmarks, kz=None, landmarks="random", random_state=None,
+                   backend="auto"):
+    """Algorithm 3's affinity-free part: (landmark indices, Z (N, L), kz).  Z
+    depends on the data and the landmarks alone (section 4.5), so one basis
+    serves every affinity graph of a parameter sweep (:func:`fit_grid`)."""
     n = X.shape[0]
     L = check_int(n_landmarks, "n_landmarks", d + 2, n)
     kz = default_kz(d) if kz is None else check_int(kz, "kz", 1, L)
     idx = choose_landmarks(X, L, landmarks, random_state)
-    Z = reconstruction_weights(X, X[idx], kz, backend=backend)
+    return idx, reconstruction_weights(X, X[idx], kz, backend=backend), kz
+
+
+def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state=None,
+                 drop_first=True, backend="auto", basis=None):
+    """Algorithm 3 for eq. 4.9 on affinities W: returns the embedding (N, d), the
+    landmark indices, Z (N, L), the landmarks' embedding (L, d) and kz used.  The
+    landmarks' k-NN runs on ``backend``, the rest on the host.  ``basis``: a
+    :func:`landmark_basis` of X computed before (its parameters then unused)."""
+    idx, Z, kz = basis or landmark_basis(X, d, n_landmarks, kz, landmarks, random_state,
+                                         backend)
     degree = np.asarray(W.sum(axis=1)).ravel()
     D = scipy.sparse.diags(degree)
     A_r, B_r = reduced_problem(Z, D - W, D)
@@ -88,10 +112,13 @@ class _SpectralBase(Params):
         be = get_backend(self.backend)
         return be, be.to_host(check_data(X, be, min_samples=3, sparse=True))
 
-    def _embed(self, be, X, d, drop_first=True):
+    def _embed(self, be, X, d, drop_first=True, shared=None):
         """Embedding (N, d) exactly or by LLL; records landmarks_, Z_, landmark_embedding_.
-        ``drop_first=False`` keeps the trivial solution (Ng-Jordan-Weiss clustering)."""
-        W = affinity_graph(X, self.n_neighbors, self.sigma, self.perplexity, backend=be)
+        ``drop_first=False`` keeps the trivial solution (Ng-Jordan-Weiss clustering).
+        ``shared``: (neighbors, basis) of :func:`fit_grid`'s sweep."""
+        neighbors, basis = shared or (None, None)
+        W = affinity_graph(X, self.n_neighbors, self.sigma, self.perplexity,
+                           neighbors=neighbors, backend=be)
         self._X = X
         self.n_features_in_ = X.shape[1]
         if self.n_landmarks is None:
@@ -100,8 +127,19 @@ class _SpectralBase(Params):
                 W, d, backend=be, drop_first=drop_first, random_state=self.random_state or 0,
                 shift_invert=points_suit_shift_invert(X)))
         Y, self.landmarks_, self.Z_, self.landmark_embedding_, self._kz = lll_spectral(
-            X, W, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, drop_first, be)
+            X, W, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, drop_first, be,
+            basis)
         return Y
+
+    def fit(self, X, y=None):
+        return self._fit(*self._data(X))
+
+    def _shared(self, be, X, d, k):
+        """What a sweep over the affinity parameters shares: X's k-NN and, with
+        landmarks, the landmark basis."""
+        basis = None if self.n_landmarks is None else landmark_basis(
+            X, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, be)
+        return knn(X, k, backend=be), basis
 
     def _map(self, X_new, embedding):
         """Out-of-sample: locally linear reconstruction from landmarks (LLL) or from
@@ -129,10 +167,11 @@ class LaplacianEigenmaps(_SpectralBase):
                          random_state=random_state, backend=backend)
         self.n_components = n_components
 
-    def fit(self, X, y=None):
-        be, X = self._data(X)
-        d = check_int(self.n_components, "n_components", 1, X.shape[0] - 2)
-        self.embedding_ = self._embed(be, X, d)
+    def _dimension(self, X):
+        return check_int(self.n_components, "n_components", 1, X.shape[0] - 2)
+
+    def _fit(self, be, X, shared=None):
+        self.embedding_ = self._embed(be, X, self._dimension(X), shared=shared)
         return self
 
     def fit_transform(self, X, y=None):
@@ -157,13 +196,15 @@ class SpectralClustering(_SpectralBase):
         self.n_clusters = n_clusters
         self.n_init = n_init
 
-    def fit(self, X, y=None):
-        be, X = self._data(X)
-        K = check_int(self.n_clusters, "n_clusters", 1, X.shape[0] - 2)
+    def _dimension(self, X):
+        return check_int(self.n_clusters, "n_clusters", 1, X.shape[0] - 2)
+
+    def _fit(self, be, X, shared=None):
+        K = self._dimension(X)
         n_init = check_int(self.n_init, "n_init", 1)
         # K eigenvectors including the trivial one: with K separated clusters they
         # span all K component indicators.
-        self.embedding_ = self._embed(be, X, K, drop_first=False)
+        self.embedding_ = self._embed(be, X, K, drop_first=False, shared=shared)
         rows = _unit_rows(self.embedding_)
         if self.landmarks_ is None:
             labels, centers, _ = kmeans(rows, K, n_init=n_init, random_state=self.random_state)
@@ -176,6 +217,39 @@ class SpectralClustering(_SpectralBase):
 
     def fit_predict(self, X, y=None):
         return self.fit(X).labels_
+
+
+def fit_grid(estimator, X, grid):
+    """Fit ``estimator`` (LaplacianEigenmaps or SpectralClustering) at every point of
+    ``grid``, a dict of lists over its affinity parameters "n_neighbors", "sigma" and
+    "perplexity" (all combinations, as scikit-learn's ParameterGrid), for model
+    selection (dissertation section 4.5).
+
+    The points share one k-NN search (for the largest n_neighbors) and, with
+    ``n_landmarks``, one choice of landmarks and one Z, which depend on the data
+    alone, so each point costs its affinity graph, its (reduced) eigenproblem and,
+    for clustering, k-means.  Returns ``[(params, fitted), ...]``, each ``fitted``
+    a copy of ``estimator`` with ``params`` set, equal to fitting that copy alone.
+    """
+    if not isinstance(estimator, _SpectralBase):
+        raise TypeError(f"estimator must be a LaplacianEigenmaps or SpectralClustering, "
+                        f"got {type(estimator).__name__}")
+    if not isinstance(grid, dict) or not grid:
+        raise ValueError("grid must be a non-empty dict of parameter lists")
+    values = {}
+    for key, given in grid.items():
+        check_choice(key, "grid key", GRID_PARAMETERS)
+        values[key] = [] if isinstance(given, str) or not hasattr(given, "__iter__") else list(given)
+        if not values[key]:
+            raise ValueError(f"grid[{key!r}] must be a non-empty list of values, got {given!r}")
+    be, X = estimator._data(X)
+    keys = sorted(values)
+    points = [dict(zip(keys, combination))
+              for combination in itertools.product(*(values[key] for key in keys))]
+    fitted = [type(estimator)(**{**estimator.get_params(), **params}) for params in points]
+    k = max(check_int(f.n_neighbors, "n_neighbors", 2, X.shape[0] - 1) for f in fitted)
+    shared = estimator._shared(be, X, estimator._dimension(X), k)
+    return [(params, f._fit(be, X, shared)) for params, f in zip(points, fitted)]
 
 
 def _unit_rows(X):
