@@ -190,7 +190,7 @@ def test_fit_grid_equals_separate_fits_and_shares_the_search_and_z(estimator, gr
                                                                      monkeypatch):
     """Section 4.5: the sweep searches the k-NN once (for the largest n_neighbors) and
     builds one Z, yet every point equals the estimator fitted alone with its params."""
-    import gpuembed.spectral.laplacian as laplacian
+    from gpuembed.spectral import laplacian
 
     X, _ = ge.datasets.gaussian_clusters(500, 4, 6, random_state=0)
     calls = {"knn": [], "reconstruction_weights": 0}
