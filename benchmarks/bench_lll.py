@@ -7,6 +7,13 @@ spectral clustering's k-means step (10 clusters) with the landmark warm start
 against 20 full restarts (time and final objective).  One run, one machine.
 
 Writes results/lll[_n<N>][<suffix>].json and results/lll[_n<N>][<suffix>]_d<d>.png.
+
+``--model-selection`` instead sweeps spectral clustering (10 clusters) of the
+first ``--n`` images (default 10,000) over a grid of Gaussian widths and
+neighbour counts (section 4.5, fig. 4.14), exactly and with LLL: the clustering
+error against the classes at each point, the seconds of ``spectral.fit_grid``
+(one k-NN search, one Z) and of the same fits made one by one; written to
+results/lll_model_selection.json.
 With ``--backend gpu`` the k-NN searches (graph, landmarks, baselines), the exact
 eigensolver and Nystrom's dense sums run on the GPU; the reduced L x L problems
 and k-means stay on the host.
@@ -127,6 +134,46 @@ def plot(sweep, n, name):
     plt.close(fig)
 
 
+def model_selection(n=10_000, n_landmarks=1000, backend="cpu"):
+    """Section 4.5's sweep (module doc): exact and LLL spectral clustering over
+    sigma (multiples of gaussian_width) x n_neighbors."""
+    import time
+
+    X, y = ge.datasets.fashion_mnist()
+    X, y = X[:n].astype(np.float64), y[:n]
+    width = gaussian_width(X)
+    grid = {"sigma": [width * f for f in (0.25, 0.5, 1.0, 2.0, 4.0)],
+            "n_neighbors": [5, 20, 80]}
+    ge.spectral.fit_grid(ge.SpectralClustering(10, n_neighbors=5, n_landmarks=100,
+                                               random_state=0, backend=backend),
+                         X[:2000], {"sigma": [width]})                    # warm-up
+    runs = {}
+    for label, L in (("exact", None), ("LLL", n_landmarks)):
+        est = ge.SpectralClustering(10, n_neighbors=5, n_landmarks=L, random_state=0,
+                                    backend=backend)
+        start = time.perf_counter()
+        fitted = ge.spectral.fit_grid(est, X, grid)
+        shared = time.perf_counter() - start
+        start = time.perf_counter()
+        for params, _ in fitted:
+            type(est)(**{**est.get_params(), **params}).fit(X)
+        separate = time.perf_counter() - start
+        points = [{"sigma": p["sigma"], "sigma_over_width": p["sigma"] / width,
+                   "n_neighbors": p["n_neighbors"],
+                   "clustering_error": ge.metrics.clustering_error(y, f.labels_)}
+                  for p, f in fitted]
+        best = min(points, key=lambda p: p["clustering_error"])
+        runs[label] = {"n_landmarks": L, "fit_grid_seconds": shared,
+                       "separate_fits_seconds": separate, "points": points, "best": best}
+        print(label, {k: v for k, v in runs[label].items() if k != "points"}, flush=True)
+        for p in points:
+            print("  ", p, flush=True)
+    return {"n": n, "clusters": 10, "gaussian_width": width, "grid_points": len(points),
+            "runs": runs,
+            "lll_speedup_over_exact_sweep": (runs["exact"]["fit_grid_seconds"]
+                                             / runs["LLL"]["fit_grid_seconds"])}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=None)
@@ -135,7 +182,13 @@ def main(argv=None):
     parser.add_argument("--landmarks", type=int, nargs="+", default=[250, 500, 1000, 2000, 4000])
     parser.add_argument("--backend", default="cpu")
     parser.add_argument("--suffix", default="")
+    parser.add_argument("--model-selection", action="store_true",
+                        help="only the sweep of section 4.5 (lll_model_selection.json)")
     args = parser.parse_args(argv)
+    if args.model_selection:
+        write_result("lll", model_selection(args.n or 10_000, backend=args.backend),
+                     suffix="_model_selection")
+        return
     suffix = ("" if args.n is None else f"_n{args.n}") + args.suffix
     write_result("lll", run(args.n, args.d, args.landmarks, backend=args.backend,
                             name="lll" + suffix), suffix=suffix)

@@ -28,7 +28,8 @@ from .metrics_cpu import max_rank_counts, ties_by_index
 from .neighbors import TREE_MAX_DIM, knn
 from .nbody.exact import squared_distances
 
-__all__ = ["knn_accuracy", "rnx", "auc_rnx", "log_k_auc", "coranking", "procrustes_error"]
+__all__ = ["knn_accuracy", "clustering_error", "rnx", "auc_rnx", "log_k_auc", "coranking",
+           "procrustes_error"]
 
 BLOCK_BYTES = 64 * 2**20
 
@@ -56,6 +57,23 @@ def knn_accuracy(X_low, labels, k=10, *, backend="cpu"):
     votes = np.zeros((n, classes.size), dtype=np.int64)
     np.add.at(votes, (np.repeat(np.arange(n), k), codes[idx.ravel()]), 1)
     return float((votes.argmax(axis=1) == codes).mean())
+
+
+def clustering_error(labels, clusters):
+    """The dissertation's clustering error (section 4.8.4): the fraction of points
+    whose class differs from their cluster's majority class (1 - purity), so 0 for
+    clusters that each hold one class; ties go to the smallest class.  Both are
+    (N,) arrays of any labels (host or device)."""
+    to_host = get_backend("cpu").to_host              # device arrays come back too
+    labels, clusters = (np.asarray(to_host(a)) for a in (labels, clusters))
+    if labels.ndim != 1 or clusters.shape != labels.shape:
+        raise ValueError(f"labels and clusters must be two (N,) arrays, got shapes "
+                         f"{labels.shape} and {clusters.shape}")
+    _, classes = np.unique(labels, return_inverse=True)
+    _, groups = np.unique(clusters, return_inverse=True)
+    counts = np.zeros((groups.max() + 1, classes.max() + 1), dtype=np.int64)
+    np.add.at(counts, (groups, classes), 1)
+    return float(1.0 - counts.max(axis=1).sum() / labels.size) if labels.size else 0.0
 
 
 def _pair(X_high, X_low, be):

@@ -229,7 +229,7 @@ def test_fit_grid_with_lll_follows_the_exact_model_selection_curve():
     for L in (None, 200):
         est = ge.SpectralClustering(5, n_neighbors=15, n_landmarks=L, random_state=0,
                                     backend="cpu")
-        errors[L] = np.array([clustering_error(y, fitted.labels_)
+        errors[L] = np.array([ge.metrics.clustering_error(y, fitted.labels_)
                               for _, fitted in ge.spectral.fit_grid(est, X, grid)])
     print("clustering error per sigma, exact:", errors[None], "LLL:", errors[200])
     for e in errors.values():
@@ -256,12 +256,6 @@ def test_narrow_width_falls_back_to_shift_invert_or_says_why(monkeypatch):
     X2 = X + np.random.default_rng(0).normal(scale=2.0, size=X.shape)
     with pytest.raises(ValueError, match="numerically disconnected.*wider sigma"):
         ge.SpectralClustering(5, n_neighbors=15, sigma=0.5, backend="cpu").fit(X2)
-
-
-def clustering_error(y, labels):
-    """1 - accuracy of predicting each cluster's majority class (section 4.8.4)."""
-    majority = {c: np.bincount(y[labels == c]).argmax() for c in np.unique(labels)}
-    return float(np.mean(np.array([majority[c] for c in labels]) != y))
 
 
 @pytest.mark.parametrize("estimator,grid,error,match", [

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+import gpuembed as ge
 from gpuembed.metrics import knn_accuracy
 
 
@@ -21,6 +22,23 @@ def test_knn_accuracy_matches_brute_force(rng, backend):
     # Device arrays in, as a GPU optimizer's layout would come.
     got = knn_accuracy(backend.asarray(Y), backend.asarray(labels), k=7, backend=backend)
     assert got == pytest.approx(brute_knn_accuracy(Y, labels, 7))
+
+
+def test_clustering_error_against_a_loop(rng, backend):
+    """1 - purity: each cluster's majority class counts as right (section 4.8.4)."""
+    labels = rng.choice(["a", "b", "c"], 500)
+    clusters = rng.integers(0, 7, 500) * 3 - 5
+    expected = 0
+    for c in np.unique(clusters):
+        members = labels[clusters == c]
+        expected += (members != max(sorted(set(members)), key=list(members).count)).sum()
+    assert ge.metrics.clustering_error(labels, backend.asarray(clusters)) == pytest.approx(
+        expected / 500, abs=1e-15)
+    assert ge.metrics.clustering_error(clusters, clusters) == 0.0
+    assert ge.metrics.clustering_error([0, 0, 1, 1], [5, 5, 5, 5]) == 0.5
+    assert ge.metrics.clustering_error([0, 1, 2, 3], [0, 1, 2, 3]) == 0.0
+    with pytest.raises(ValueError, match="labels and clusters"):
+        ge.metrics.clustering_error(labels, clusters[:-1])
 
 
 @pytest.mark.parametrize("dim", [1, 2, 3, 4])
