@@ -190,14 +190,14 @@ def test_fit_grid_equals_separate_fits_and_shares_the_search_and_z(estimator, gr
                                                                      monkeypatch):
     """Section 4.5: the sweep searches the k-NN once (for the largest n_neighbors) and
     builds one Z, yet every point equals the estimator fitted alone with its params."""
-    from gpuembed.spectral import laplacian
+    from gpuembed.spectral import laplacian, lll
 
     X, _ = ge.datasets.gaussian_clusters(500, 4, 6, random_state=0)
     calls = {"knn": [], "reconstruction_weights": 0}
-    knn, weights = laplacian.knn, laplacian.reconstruction_weights
+    knn, weights = laplacian.knn, lll.reconstruction_weights
     monkeypatch.setattr(laplacian, "knn", lambda X, k, **kw: calls["knn"].append(k) or
                         knn(X, k, **kw))
-    monkeypatch.setattr(laplacian, "reconstruction_weights", lambda *a, **kw: (
+    monkeypatch.setattr(lll, "reconstruction_weights", lambda *a, **kw: (
         calls.__setitem__("reconstruction_weights", calls["reconstruction_weights"] + 1)
         or weights(*a, **kw)))
     results = ge.spectral.fit_grid(estimator, X, grid)
@@ -235,6 +235,29 @@ def test_fit_grid_with_lll_follows_the_exact_model_selection_curve():
     for e in errors.values():
         assert e[0] > 0.1 and (e[1:] < 0.01).all()
     assert np.abs(errors[None] - errors[200]).max() < 0.01
+
+
+def test_one_basis_serves_every_method(digits):
+    """Section 4.5's algorithm selection: a landmark basis made once gives PCA, LDA,
+    kernel PCA and LE(Z) exactly what each gets building its own from the same
+    landmarks and kz."""
+    from gpuembed.spectral import (kernel_pca_lll, landmark_basis, lda_lll,
+                                   le_landmarks_only, pca_lll)
+
+    X, y = digits
+    kw = dict(n_landmarks=200, random_state=0, backend="cpu")
+    basis = landmark_basis(X, 2, kz=3, **kw)
+    for fn in (lambda **b: pca_lll(X, 2, **b),
+               lambda **b: lda_lll(X, y, 2, **b),
+               lambda **b: kernel_pca_lll(X, 2, sigma=30.0, **b),
+               lambda **b: le_landmarks_only(X, 2, n_neighbors=10, sigma=20.0, **b)):
+        np.testing.assert_array_equal(fn(basis=basis, backend="cpu"), fn(kz=3, **kw))
+    with pytest.raises(ValueError, match="basis was made for 1797 points, but Y has 100"):
+        pca_lll(X[:100], 2, basis=basis)
+    with pytest.raises(ValueError, match="n_landmarks is required unless a basis"):
+        pca_lll(X, 2)
+    with pytest.raises(ValueError, match="n_components"):
+        pca_lll(X, 200, basis=basis)
 
 
 def test_narrow_width_falls_back_to_shift_invert_or_says_why(monkeypatch):

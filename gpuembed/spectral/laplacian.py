@@ -25,7 +25,7 @@ from ..backend import get_backend
 from ..neighbors import knn
 from .embedding import points_suit_shift_invert, spectral_embedding
 from .kmeans import kmeans
-from .lll import (LANDMARK_METHODS, choose_landmarks, default_kz, reconstruction_weights,
+from .lll import (LANDMARK_METHODS, default_kz, landmark_basis, reconstruction_weights,
                   reduced_problem, trailing_generalized)
 
 GRID_PARAMETERS = ("n_neighbors", "sigma", "perplexity")   # what fit_grid may vary
@@ -64,18 +64,6 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=Non
         W = scipy.sparse.csr_matrix((values.ravel(), (np.repeat(np.arange(n), k), idx.ravel())),
                                     shape=(n, n))
     return ((W + W.T) / 2).tocsr()
-
-
-def landmark_basis(X, d, n_landmarks, kz=None, landmarks="random", random_state=None,
-                   backend="auto"):
-    """Algorithm 3's affinity-free part: (landmark indices, Z (N, L), kz).  Z
-    depends on the data and the landmarks alone (section 4.5), so one basis
-    serves every affinity graph of a parameter sweep (:func:`fit_grid`)."""
-    n = X.shape[0]
-    L = check_int(n_landmarks, "n_landmarks", d + 2, n)
-    kz = default_kz(d) if kz is None else check_int(kz, "kz", 1, L)
-    idx = choose_landmarks(X, L, landmarks, random_state)
-    return idx, reconstruction_weights(X, X[idx], kz, backend=backend), kz
 
 
 def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state=None,

@@ -1,6 +1,8 @@
 """LLL for linear and kernel spectral problems (dissertation 4.6.2-4.6.4): PCA, LDA and
 kernel PCA restricted to X = Z X_L, with reduced L x L matrices that never form an
-N x N product.  Also the landmark baselines of section 4.8: LE(Z) and Nystrom."""
+N x N product.  Also the landmark baselines of section 4.8: LE(Z) and Nystrom.
+Each LLL function takes ``n_landmarks`` (and kz, landmarks, random_state) to build
+its Z, or a ``basis`` made once by ``landmark_basis`` and shared (section 4.5)."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,12 +15,24 @@ from .laplacian import affinity_graph
 from .lll import choose_landmarks, default_kz, dense_generalized_eigh, reconstruction_weights
 
 
-def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend, laplacian=False):
+def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend, basis,
+                    laplacian=False):
     """(Y on the host, landmark indices, Z); Z's k-NN search runs on ``backend``.
     Default kz: d + 1 (the dissertation's K_Z = K + 1 for the linear methods), or
-    LLL's for Laplacian eigenmaps (``laplacian``: :func:`default_kz`)."""
+    LLL's for Laplacian eigenmaps (``laplacian``: :func:`default_kz`).  ``basis``:
+    a :func:`~gpuembed.spectral.lll.landmark_basis` of Y made before, whose
+    landmarks and Z are used instead (section 4.5's algorithm selection: one Z
+    for every method compared)."""
     Y = np.asarray(check_data(Y, get_backend("cpu"), name="Y", min_samples=3))
     n = Y.shape[0]
+    if basis is not None:
+        idx, Z, _ = basis
+        if Z.shape[0] != n:
+            raise ValueError(f"basis was made for {Z.shape[0]} points, but Y has {n}")
+        check_int(d, "n_components", 1, Z.shape[1] - 1)
+        return Y, idx, Z
+    if n_landmarks is None:
+        raise ValueError("n_landmarks is required unless a basis is given")
     L = check_int(n_landmarks, "n_landmarks", d + 1, n)
     if kz is None:
         kz = default_kz(d) if laplacian else d + 1
@@ -34,12 +48,13 @@ def _leading_generalized(A, B, d):
     return vals[::-1], vecs[:, ::-1]
 
 
-def pca_lll(Y, n_components, *, n_landmarks, kz=None, landmarks="random", random_state=None,
-            backend="auto"):
+def pca_lll(Y, n_components, *, n_landmarks=None, kz=None, landmarks="random",
+            random_state=None, backend="auto", basis=None):
     """PCA by LLL: A~ = (Z^T Yc)(Z^T Yc)^T, B~ = Z^T Z, maximized (cost O(N kz D + L^2 D)).
     Returns the (N, d) projection, scaled like the unit-norm eigenvectors of Yc Yc^T."""
     d = check_int(n_components, "n_components", 1)
-    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend)
+    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
+                              basis)
     # A~ has rank at most D: further "components" would be a null space's basis.
     check_int(d, "n_components", 1, Y.shape[1])
     M = Z.T @ (Y - Y.mean(axis=0))                      # (L, D)
@@ -47,14 +62,15 @@ def pca_lll(Y, n_components, *, n_landmarks, kz=None, landmarks="random", random
     return Z @ U
 
 
-def lda_lll(Y, labels, n_components, *, n_landmarks, kz=None, landmarks="random",
-            random_state=None, backend="auto"):
+def lda_lll(Y, labels, n_components, *, n_landmarks=None, kz=None, landmarks="random",
+            random_state=None, backend="auto", basis=None):
     """LDA by LLL through the kernel form (eqs 4.16-4.17): with M = Z^T Yc,
     A~ = M S_b M^T and B~ = M S_t M^T, S_b and S_t the between-class and total
     scatter (D x D), maximized over the range of M.  Returns the (N, d) projection
     Yc m of the data on the discriminant directions m = Yc^T Z p~."""
     d = check_int(n_components, "n_components", 1)
-    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend)
+    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
+                              basis)
     labels = np.asarray(labels)
     if labels.shape[0] != Y.shape[0]:
         raise ValueError(f"labels must have one entry per row of Y, got {labels.shape[0]}")
@@ -78,14 +94,15 @@ def lda_lll(Y, labels, n_components, *, n_landmarks, kz=None, landmarks="random"
     return Yc @ (M.T @ (V @ U))
 
 
-def kernel_pca_lll(Y, n_components, *, sigma, n_landmarks, kz=None, landmarks="random",
-                   random_state=None, block=2048, backend="auto"):
+def kernel_pca_lll(Y, n_components, *, sigma, n_landmarks=None, kz=None, landmarks="random",
+                   random_state=None, block=2048, backend="auto", basis=None):
     """Gaussian kernel PCA by LLL: A~ = Z^T Kc Z with Kc the centred kernel matrix,
     B~ = Z^T Z; K Z is accumulated in row blocks on ``backend``, so no N x N matrix
     is stored."""
     d = check_int(n_components, "n_components", 1)
     sigma = check_float(sigma, "sigma", 0.0, low_open=True)
-    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend)
+    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
+                              basis)
     be = get_backend(backend)
     xp = be.xp
     n = Y.shape[0]
@@ -105,13 +122,13 @@ def kernel_pca_lll(Y, n_components, *, sigma, n_landmarks, kz=None, landmarks="r
     return Z @ U
 
 
-def le_landmarks_only(Y, n_components, *, n_neighbors, n_landmarks, kz=None, sigma=None,
-                      landmarks="random", random_state=None, backend="auto"):
+def le_landmarks_only(Y, n_components, *, n_neighbors, n_landmarks=None, kz=None, sigma=None,
+                      landmarks="random", random_state=None, backend="auto", basis=None):
     """Baseline "LE(Z)": Laplacian eigenmaps of the landmarks alone (their own k-NN
     graph), then every point projected with Z."""
     d = check_int(n_components, "n_components", 1)
     Y, idx, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
-                                laplacian=True)
+                                basis, laplacian=True)
     be = get_backend(backend)
     W = affinity_graph(Y[idx], min(n_neighbors, len(idx) - 1), sigma, backend=be)
     return Z @ be.to_host(spectral_embedding(W, d, backend=be,

@@ -120,6 +120,18 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto"):
     return scipy.sparse.csr_matrix((W.ravel(), (rows, idx.ravel())), shape=(n, L))
 
 
+def landmark_basis(X, d, n_landmarks, kz=None, landmarks="random", random_state=None,
+                   backend="auto"):
+    """Algorithm 3's affinity-free part: (landmark indices, Z (N, L), kz).  Z
+    depends on the data and the landmarks alone (section 4.5), so one basis
+    serves every affinity graph of a parameter sweep (:func:`fit_grid`)."""
+    n = X.shape[0]
+    L = check_int(n_landmarks, "n_landmarks", d + 2, n)
+    kz = default_kz(d) if kz is None else check_int(kz, "kz", 1, L)
+    idx = choose_landmarks(X, L, landmarks, random_state)
+    return idx, reconstruction_weights(X, X[idx], kz, backend=backend), kz
+
+
 def reduced_problem(Z, A, B):
     """Z^T A Z and Z^T B Z (eq. 4.5) without forming any dense N x N product; sparse
     when A and B are."""
