@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import subprocess
 import sys
@@ -40,15 +41,15 @@ def _perplexity(args, n):
 
 
 def _embed_le(X, n_components, backend, args):
-    """Laplacian eigenmaps of the entropic affinities."""
-    from .affinities import entropic_affinities
-    from .spectral import spectral_embedding
-    from .spectral.embedding import points_suit_shift_invert
+    """Laplacian eigenmaps of the entropic affinities (3 x perplexity neighbours),
+    exactly or, with --n-landmarks, by Locally Linear Landmarks."""
+    from .spectral import LaplacianEigenmaps
 
-    be = get_backend(backend)
-    P = entropic_affinities(X, _perplexity(args, X.shape[0]), backend=be).P
-    return be.to_host(spectral_embedding(P, n_components, backend=be,
-                                         shift_invert=points_suit_shift_invert(X)))
+    perplexity = _perplexity(args, X.shape[0])
+    model = LaplacianEigenmaps(n_components, n_neighbors=math.ceil(3 * perplexity),
+                               perplexity=perplexity, n_landmarks=args.n_landmarks,
+                               random_state=args.random_state, backend=backend)
+    return model.fit_transform(X)
 
 
 def _estimator(cls):
@@ -72,6 +73,12 @@ def _embed_msne(X, n_components, backend, args):
 # Embedding methods the CLI offers: name -> function(X, n_components, backend, args).
 METHODS = {"tsne": _estimator(TSNE), "ee": _estimator(EE), "ssne": _estimator(SSNE),
            "sne": _estimator(SNE), "le": _embed_le, "msne": _embed_msne}
+
+
+def _run_method(X, n_components, backend, args):
+    if args.n_landmarks is not None and args.method != "le":
+        raise ValueError("--n-landmarks applies to --method le (Locally Linear Landmarks) only")
+    return METHODS[args.method](X, n_components, backend, args)
 
 
 def _load_demo(name):
@@ -144,7 +151,7 @@ def cmd_demo(args):
     print(f"dataset {name}: {X.shape[0]} points x {X.shape[1]} dims, backend {be.name} "
           f"({be.device_name})")
     start = time.perf_counter()
-    Y = METHODS[args.method](X, 2, be, args)
+    Y = _run_method(X, 2, be, args)
     seconds = time.perf_counter() - start
     acc = knn_accuracy(Y, labels, k=10)
     print(f"{args.method}: {seconds:.2f} s, 10-NN accuracy {acc:.3f}")
@@ -196,7 +203,7 @@ def cmd_embed(args):
             raise ValueError(f"no such directory for {out}")
     be = get_backend(args.backend)
     start = time.perf_counter()
-    Y = METHODS[args.method](X, args.n_components, be, args)
+    Y = _run_method(X, args.n_components, be, args)
     print(f"{args.method}: {X.shape[0]} points in {time.perf_counter() - start:.2f} s")
     np.save(args.output, Y)
     print(f"wrote {args.output}")
@@ -227,6 +234,8 @@ def _method_options(parser):
     parser.add_argument("--tol", type=float,
                         help="stop when the relative objective decrease is below this "
                              "(default 1e-4; msne: 1e-7)")
+    parser.add_argument("--n-landmarks", type=int,
+                        help="le: solve by Locally Linear Landmarks with this many landmarks")
     parser.add_argument("--random-state", type=int, default=None,
                         help="seed of the random parts (init random, landmarks)")
     parser.add_argument("--nbody", choices=("auto", "exact", "fgt", "bh"), default="auto",

@@ -40,6 +40,22 @@ def test_embed_file(tmp_path):
         assert out.returncode == 0, out.stderr
         assert np.load(tmp_path / "y_out.npy").shape == (120, 2)
         assert "10-NN accuracy" in out.stdout
+    # Laplacian eigenmaps by LLL, the same as the estimator with the CLI's affinities.
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
+                  "--backend", "cpu", "--method", "le", "--perplexity", "10",
+                  "--n-landmarks", "40", "--random-state", "3")
+    assert out.returncode == 0, out.stderr
+    import gpuembed as ge
+
+    np.testing.assert_array_equal(np.load(tmp_path / "y_out.npy"), ge.LaplacianEigenmaps(
+        2, n_neighbors=30, perplexity=10.0, n_landmarks=40, random_state=3,
+        backend="cpu").fit_transform(X))
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
+                  "--backend", "cpu", "--method", "tsne", "--n-landmarks", "40")
+    assert out.returncode == 1 and "--n-landmarks applies to --method le" in out.stderr
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
+                  "--backend", "cpu", "--method", "le", "--n-landmarks", "500")
+    assert out.returncode == 1 and "n_landmarks" in out.stderr and "Traceback" not in out.stderr
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
                   "--backend", "cpu", "--method", "ee", "--nbody", "fgt", "--perplexity", "10")
     assert out.returncode == 0, out.stderr
