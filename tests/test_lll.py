@@ -404,6 +404,20 @@ def test_gpu_equals_cpu():
 
 
 @pytest.mark.gpu
+def test_fit_grid_gpu_equals_separate_gpu_fits():
+    """The shared k-NN search stays on the device and is sliced there (the entropic
+    path calibrates on it), the landmark basis searches there too."""
+    X, _ = ge.datasets.gaussian_clusters(400, 4, 6, random_state=0)
+    for est, grid in ((ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=80, random_state=0,
+                                             backend="gpu"), {"sigma": [1.0, 3.0]}),
+                      (ge.SpectralClustering(4, n_neighbors=10, random_state=0, backend="gpu"),
+                       {"perplexity": [3.0], "n_neighbors": [12, 24]})):
+        for params, fitted in ge.spectral.fit_grid(est, X, grid):
+            alone = sklearn.base.clone(est).set_params(**params).fit(X)
+            np.testing.assert_allclose(fitted.embedding_, alone.embedding_, rtol=0, atol=1e-12)
+
+
+@pytest.mark.gpu
 def test_landmark_functions_gpu_equal_cpu(digits):
     """The affinity graph (Gaussian and entropic), the linear LLL methods and the
     landmark baselines with their k-NN searches and dense sums on the GPU (float64
