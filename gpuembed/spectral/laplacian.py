@@ -50,7 +50,8 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=Non
     elif neighbors[0].shape[0] != n or neighbors[0].shape[1] < k:
         raise ValueError(f"neighbors must hold at least n_neighbors = {k} columns for each "
                          f"of the {n} points, got shape {neighbors[0].shape}")
-    sqdist, idx = (a[:, :k] for a in neighbors)
+    # Contiguous, as a search for k alone would give them (kernels take raw pointers).
+    sqdist, idx = (be.xp.ascontiguousarray(a[:, :k]) for a in neighbors)
     if sigma is None:
         K = k / 3.0 if perplexity is None else check_float(perplexity, "perplexity", 1.0,
                                                             low_open=True)
