@@ -293,9 +293,13 @@ def test_narrow_width_falls_back_to_shift_invert_or_says_why(monkeypatch):
     (None, {"perplexity": [3.0]}, ValueError, "not both"),
     (None, {"sigma": "1.0"}, ValueError, "sigma"),
 ])
-def test_fit_grid_bad_arguments(estimator, grid, error, match):
+def test_fit_grid_bad_arguments(estimator, grid, error, match, monkeypatch):
+    """Every grid point's parameters are checked before the shared search."""
+    from gpuembed.spectral import laplacian
+
     X = np.random.default_rng(0).standard_normal((100, 3))
     estimator = estimator or ge.LaplacianEigenmaps(2, n_neighbors=10, sigma=1.0)
+    monkeypatch.setattr(laplacian, "knn", None)
     with pytest.raises(error, match=match):
         ge.spectral.fit_grid(estimator, X, grid)
 

@@ -41,10 +41,7 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=Non
     be = get_backend(backend)
     X = check_data(X, be, sparse=True)
     n = X.shape[0]
-    k = check_int(n_neighbors, "n_neighbors", 2, n - 1)
-    if sigma is not None and perplexity is not None:
-        raise ValueError("give sigma (Gaussian width) or perplexity (entropic affinities), "
-                         "not both")
+    k, sigma, K = _graph_parameters(n, n_neighbors, sigma, perplexity)
     if neighbors is None:
         neighbors = knn(X, k, backend=be)
     elif neighbors[0].shape[0] != n or neighbors[0].shape[1] < k:
@@ -53,18 +50,29 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=Non
     # Contiguous, as a search for k alone would give them (kernels take raw pointers).
     sqdist, idx = (be.xp.ascontiguousarray(a[:, :k]) for a in neighbors)
     if sigma is None:
-        K = k / 3.0 if perplexity is None else check_float(perplexity, "perplexity", 1.0,
-                                                            low_open=True)
         W = be.to_host(entropic_affinities(None, max(K, 1.01), neighbors=(sqdist, idx),
                                            symmetrize=False, backend=be).P
                        ).astype(np.float64, copy=False)
     else:
-        sigma = check_float(sigma, "sigma", 0.0, low_open=True)
         sqdist, idx = be.to_host(sqdist), be.to_host(idx)
         values = np.exp(-sqdist.astype(np.float64, copy=False) / (2 * sigma ** 2))
         W = scipy.sparse.csr_matrix((values.ravel(), (np.repeat(np.arange(n), k), idx.ravel())),
                                     shape=(n, n))
     return ((W + W.T) / 2).tocsr()
+
+
+def _graph_parameters(n, n_neighbors, sigma, perplexity):
+    """(k, sigma, K) checked, before any search: K the entropic perplexity (default
+    k / 3) where sigma is None."""
+    k = check_int(n_neighbors, "n_neighbors", 2, n - 1)
+    if sigma is not None and perplexity is not None:
+        raise ValueError("give sigma (Gaussian width) or perplexity (entropic affinities), "
+                         "not both")
+    if sigma is not None:
+        return k, check_float(sigma, "sigma", 0.0, low_open=True), None
+    K = k / 3.0 if perplexity is None else check_float(perplexity, "perplexity", 1.0,
+                                                        low_open=True)
+    return k, None, K
 
 
 def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state=None,
@@ -236,7 +244,9 @@ def fit_grid(estimator, X, grid):
     points = [dict(zip(keys, combination))
               for combination in itertools.product(*(values[key] for key in keys))]
     fitted = [type(estimator)(**{**estimator.get_params(), **params}) for params in points]
-    k = max(check_int(f.n_neighbors, "n_neighbors", 2, X.shape[0] - 1) for f in fitted)
+    # Every point's parameters before the shared search, not at its turn.
+    k = max(_graph_parameters(X.shape[0], f.n_neighbors, f.sigma, f.perplexity)[0]
+            for f in fitted)
     shared = estimator._shared(be, X, estimator._dimension(X), k)
     return [(params, f._fit(be, X, shared)) for params, f in zip(points, fitted)]
 
