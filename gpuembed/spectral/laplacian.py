@@ -236,7 +236,8 @@ def fit_grid(estimator, X, grid):
     values = {}
     for key, given in grid.items():
         check_choice(key, "grid key", GRID_PARAMETERS)
-        values[key] = [] if isinstance(given, str) or not hasattr(given, "__iter__") else list(given)
+        listed = not isinstance(given, str) and hasattr(given, "__iter__")
+        values[key] = list(given) if listed else []
         if not values[key]:
             raise ValueError(f"grid[{key!r}] must be a non-empty list of values, got {given!r}")
     be, X = estimator._data(X)
