@@ -57,7 +57,8 @@ def ours(be, sqdist, indices, method, order, parallel=True, sync=lambda: None, r
         sync()
         seconds = min(seconds, time.perf_counter() - start)
     err = float(be.to_host(xp.abs(entropy - np.log(K)).max()))
-    return {"method": method, "order": name or order, "mode": "parallel" if parallel else "sequential",
+    return {"method": method, "order": name or order,
+            "mode": "parallel" if parallel else "sequential",
             "code": "kernel" if gpu_kernel or not be.is_gpu else "array code",
             "seconds": seconds, "evaluations_per_point": float(be.to_host(n_iter.mean())),
             "max_entropy_error": err}

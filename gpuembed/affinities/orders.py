@@ -20,9 +20,10 @@ waves ``(rows, sources)``: all rows of a wave are solved together, each started
 from the mean log beta of its (already solved) ``sources`` (-1: no source, use
 the bracket midpoint; ``sources`` None: none for the whole wave).  ``parallel=True`` builds few large waves:
 
-- sequences (dk, msp, a given sequence): a coarse subsample of the sequence first, then the
-  midpoints between solved positions, halving the spacing each wave, each point
-  started from the mean of its two solved sequence neighbours (log2 N waves);
+- sequences (dk, msp, a given sequence): a coarse subsample of the sequence
+  first, then the midpoints between solved positions, halving the spacing each
+  wave, each point started from the mean of its two solved sequence neighbours
+  (log2 N waves);
 - trees (mst): one wave per tree level, each point started from its parent.
 
 ``parallel=False`` gives the paper's sequential orders (one point per wave).
