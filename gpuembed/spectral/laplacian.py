@@ -226,7 +226,9 @@ def fit_grid(estimator, X, grid):
     ``n_landmarks``, one choice of landmarks and one Z, which depend on the data
     alone, so each point costs its affinity graph, its (reduced) eigenproblem and,
     for clustering, k-means.  Returns ``[(params, fitted), ...]``, each ``fitted``
-    a copy of ``estimator`` with ``params`` set, equal to fitting that copy alone.
+    a copy of ``estimator`` with ``params`` set, equal to fitting that copy alone
+    (with a fixed ``random_state``; with None all points share one draw of the
+    landmarks).
     """
     if not isinstance(estimator, _SpectralBase):
         raise TypeError(f"estimator must be a LaplacianEigenmaps or SpectralClustering, "
