@@ -8,19 +8,21 @@ against 20 full restarts (time and final objective).  One run, one machine.
 
 Writes results/lll[_n<N>][<suffix>].json and results/lll[_n<N>][<suffix>]_d<d>.png.
 
+With ``--backend gpu`` the k-NN searches (graph, landmarks, baselines), the exact
+eigensolver and Nystrom's dense sums run on the GPU; the reduced L x L problems
+and k-means stay on the host.
+
 ``--model-selection`` instead sweeps spectral clustering (10 clusters) of the
 first ``--n`` images (default 10,000) over a grid of Gaussian widths and
 neighbour counts (section 4.5, fig. 4.14), exactly and with LLL: the clustering
 error against the classes at each point, the seconds of ``spectral.fit_grid``
 (one k-NN search, one Z) and of the same fits made one by one; written to
 results/lll_model_selection.json.
-With ``--backend gpu`` the k-NN searches (graph, landmarks, baselines), the exact
-eigensolver and Nystrom's dense sums run on the GPU; the reduced L x L problems
-and k-means stay on the host.
 """
 from __future__ import annotations
 
 import argparse
+import time
 
 import numpy as np
 
@@ -137,8 +139,6 @@ def plot(sweep, n, name):
 def model_selection(n=10_000, n_landmarks=1000, backend="cpu"):
     """Section 4.5's sweep (module doc): exact and LLL spectral clustering over
     sigma (multiples of gaussian_width) x n_neighbors."""
-    import time
-
     X, y = ge.datasets.fashion_mnist()
     X, y = X[:n].astype(np.float64), y[:n]
     width = gaussian_width(X)

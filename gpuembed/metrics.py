@@ -66,14 +66,14 @@ def clustering_error(labels, clusters):
     (N,) arrays of any labels (host or device)."""
     to_host = get_backend("cpu").to_host              # device arrays come back too
     labels, clusters = (np.asarray(to_host(a)) for a in (labels, clusters))
-    if labels.ndim != 1 or clusters.shape != labels.shape:
-        raise ValueError(f"labels and clusters must be two (N,) arrays, got shapes "
+    if labels.ndim != 1 or clusters.shape != labels.shape or labels.size == 0:
+        raise ValueError(f"labels and clusters must be two (N,) arrays, N >= 1, got shapes "
                          f"{labels.shape} and {clusters.shape}")
     _, classes = np.unique(labels, return_inverse=True)
     _, groups = np.unique(clusters, return_inverse=True)
     counts = np.zeros((groups.max() + 1, classes.max() + 1), dtype=np.int64)
     np.add.at(counts, (groups, classes), 1)
-    return float(1.0 - counts.max(axis=1).sum() / labels.size) if labels.size else 0.0
+    return float(1.0 - counts.max(axis=1).sum() / labels.size)
 
 
 def _pair(X_high, X_low, be):

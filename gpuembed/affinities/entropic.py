@@ -80,7 +80,8 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
     sqdist, indices = _neighbors(X, neighbors, perplexity, n_neighbors, be)
     n, k = sqdist.shape
     K = _perplexities(perplexity, n, k)
-    order = _orders.check_order(order, n, be.to_host)
+    if not isinstance(order, str):       # a name was checked above, before the k-NN
+        order = _orders.check_order(order, n, be.to_host)
 
     sqdist = sqdist.astype(xp.float64)
     beta, entropy, n_iter, W = _calibrate(be, sqdist, indices, K, method, order, tol)
