@@ -44,7 +44,18 @@ class ParametricEmbedding(Params):
         Z steps use "sd").  MultiscaleSNE's E is its final stage's: every scale,
         at the LD precisions it ended with.
     mapping : "linear" | "rbf" | "mlp" | an object with fit(Y, Z) and predict(Y)
-        (``fit`` may take ``warm_start``).
+        (``fit`` may take ``warm_start``, and ``sample_weight`` as scikit-learn's
+        regressors do).  The path's F steps pass sample_weight = mu / mu_1 (a
+        float), so a regularized regression (RBF ridge, MLP weight decay, a
+        scikit-learn Ridge) solves min (mu/2)|Z - F(Y)|^2 + R(F) with a fixed R,
+        R at the strength the direct fit gives it relative to mu_1, and the path
+        ends at a minimizer of P(F) + R(F).  Unweighted, the regularization grew
+        with mu and drew F towards zero: an RBF with ridge 1e-6 for EE on 1,500
+        digits took P(F) from 16.61 (direct fit) to 16.32 and then up to 17.13;
+        weighted it falls along the whole path to 15.60 in half the time, and
+        with ridge 0 (the default) to 15.61; 1,000 L-BFGS iterations on the
+        chain-rule gradient reach 15.33.  t-SNE: 2.35 -> 2.14 -> 2.30 before,
+        2.34 -> 1.90 with ridge 0, the chain rule's L-BFGS 1.91.
     mu : increasing positive penalties, or None for the default geometric schedule
         mu_k = mu_start c 2^k, k < n_mu, with c = the mean attractive curvature
         4 mean(D+) (the scale of E's Hessian) and mu_start = 0.01, n_mu = 16.
@@ -140,13 +151,17 @@ class ParametricEmbedding(Params):
             # be redone per mu (35 s for t-SNE on Fashion-MNIST 20k, against 0.1 s
             # for warm-started CG with solves of the same cost).
             direction_params = {**direction_params, "solver": "cg"}
-        warm = "warm_start" in inspect.signature(mapping.fit).parameters
+        fit_params = inspect.signature(mapping.fit).parameters
 
-        def f_step(first, target):
-            if warm:
-                mapping.fit(Y_dev, target, warm_start=not first)
-            else:
-                mapping.fit(Y_dev, target)
+        def f_step(first, target, mu=None):
+            options = {}
+            if "warm_start" in fit_params:
+                options["warm_start"] = not first
+            if mu is not None and "sample_weight" in fit_params:
+                # min (mu/2)|Z - F(Y)|^2 + R(F): the mapping's regularization R at its
+                # direct-fit strength relative to mu_1, not growing with mu.
+                options["sample_weight"] = float(mu / schedule[0])
+            mapping.fit(Y_dev, target, **options)
             FY = be.asarray(mapping.predict(Y_dev), dtype=Z.dtype)
             if FY.shape != Z.shape:
                 raise ValueError(f"mapping.predict returned shape {FY.shape}, expected {Z.shape}")
@@ -185,7 +200,7 @@ class ParametricEmbedding(Params):
                                     step_size=free.step_size,
                                     monitor=Monitor())
                 Z = z_result.X
-                FY = f_step(False, Z + U)
+                FY = f_step(False, Z + U, mu)
                 if self.augmented:
                     U = U + Z - FY
                 P_new = record(FY, mu)

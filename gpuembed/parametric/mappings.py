@@ -73,10 +73,17 @@ class RBFMapping(_CachedDesign):
     ``n_centers`` centres (default min(200, N)) by k-means (on at most
     ``max_kmeans_points`` points), sigma by default
     the root mean squared distance of the points to their nearest centre times
-    ``width``; W by ridge regression (ridge ``ridge`` x N on the features).
+    ``width``; W by least squares, the minimum-norm solution (wide Gaussians
+    make the features nearly collinear), or by ridge regression with ``ridge``
+    > 0 (ridge x N on the features' weights).
+
+    ``fit`` takes a ``sample_weight`` (a float: every sample the same weight),
+    as scikit-learn's regressors do; it scales the squared error, so the ridge
+    acts at ``ridge N / sample_weight``.  MAC passes mu / mu_1, which keeps a
+    ridge a fixed term of the objective along the path (see mac.py).
     """
 
-    def __init__(self, n_centers=None, sigma=None, width=3.0, ridge=1e-6, max_kmeans_points=20000,
+    def __init__(self, n_centers=None, sigma=None, width=3.0, ridge=0.0, max_kmeans_points=20000,
                  random_state=None):
         self.n_centers = n_centers
         self.sigma = sigma
@@ -86,8 +93,10 @@ class RBFMapping(_CachedDesign):
         self.random_state = random_state
 
     def _features(self, Y):
+        # In float64 for every input: the Gram of wide Gaussians is ill-conditioned
+        # (condition number about 1e9 on digits and on Fashion-MNIST, beyond float32).
         xp = array_module(Y)
-        D = squared_distances(xp, Y, self.centers_.astype(Y.dtype))
+        D = squared_distances(xp, Y.astype(xp.float64, copy=False), self.centers_)
         return _with_bias(xp, xp.exp(D * (-0.5 / self.sigma_**2)))
 
     def _build(self, Y):
@@ -96,26 +105,48 @@ class RBFMapping(_CachedDesign):
         xp = array_module(Y)
         n = Y.shape[0]
         k = min(200, n) if self.n_centers is None else check_int(self.n_centers, "n_centers", 1, n)
-        check_float(self.ridge, "ridge", 0.0)
         rng = np.random.default_rng(self.random_state)
         host = Y.get() if xp is not np else Y
         sample = host[rng.choice(n, min(n, self.max_kmeans_points), replace=False)]
         _, centers, inertia = kmeans(sample, k, n_init=1, random_state=self.random_state)
-        self.centers_ = xp.asarray(centers)
+        self.centers_ = xp.asarray(centers, dtype=xp.float64)
         self.sigma_ = (float(self.sigma) if self.sigma is not None
-                       else self.width * max(np.sqrt(inertia / len(sample)), 1e-12))
+                       else self.width * max(float(np.sqrt(inertia / len(sample))), 1e-12))
         Phi = self._features(Y)
-        A = Phi.T @ Phi
-        A[xp.arange(k), xp.arange(k)] += self.ridge * n        # the bias is not penalized
-        return Phi, xp.linalg.inv(A)
+        return Phi, Phi.T @ Phi, {}     # the dict keeps the inverse for the last ridge strength
 
-    def fit(self, Y, Z, warm_start=False):
-        Phi, inverse = self._design(Y, warm_start, self._build)
-        self.coef_ = inverse @ (Phi.T @ Z)
+    def fit(self, Y, Z, warm_start=False, sample_weight=None):
+        weight = uniform_sample_weight(sample_weight)
+        ridge = check_float(self.ridge, "ridge", 0.0)
+        Phi, gram, inverses = self._design(Y, warm_start, self._build)
+        strength = ridge * Y.shape[0] / weight
+        if strength not in inverses:
+            inverses.clear()
+            inverses[strength] = _regularized_pinv(gram, strength)
+        self.coef_ = inverses[strength] @ (Phi.T @ Z)
         return self
 
     def predict(self, Y):
-        return self._features(Y) @ self.coef_
+        return (self._features(Y) @ self.coef_).astype(Y.dtype, copy=False)
+
+
+def _regularized_pinv(gram, strength):
+    """(gram + strength I')^+, I' the identity without the bias's entry; singular
+    values below the Gram's precision are cut (the least-squares solution of
+    least norm for strength 0)."""
+    xp = array_module(gram)
+    A = gram.copy()
+    k = len(A) - 1
+    A[xp.arange(k), xp.arange(k)] += strength                  # the bias is not penalized
+    return xp.linalg.pinv(A, rcond=len(A) * np.finfo(A.dtype).eps)
+
+
+def uniform_sample_weight(sample_weight):
+    """The float weight of every sample (1.0 for None); the mappings take no
+    per-sample weights."""
+    if sample_weight is None:
+        return 1.0
+    return check_float(sample_weight, "sample_weight", 0.0, low_open=True)
 
 
 ADAM_BLOCK, ADAM_MAX_BLOCKS = 256, 1024
@@ -159,6 +190,9 @@ class MLPMapping:
     256-256, 3 epochs per F step) P(F) fell to 1.935 and then rose to 2.33 with
     |Z - F(Y)|^2 jumping from 6.6e3 to 9.9e4, while with power_t = 0.5 both fall
     along the whole path, to P(F) 1.877 and |Z - F(Y)|^2 32.
+
+    ``fit``'s ``sample_weight`` (a float) scales the squared error as in
+    RBFMapping: the weight decay acts at ``weight_decay / sample_weight``.
     """
 
     def __init__(self, hidden=(100,), epochs=5, initial_epochs=50, batch_size=100,
@@ -198,8 +232,10 @@ class MLPMapping:
             activations.append(U)
         return activations
 
-    def fit(self, Y, Z, warm_start=False):
+    def fit(self, Y, Z, warm_start=False, sample_weight=None):
         xp = array_module(Y)
+        weight_decay = check_float(self.weight_decay, "weight_decay", 0.0)
+        weight_decay /= uniform_sample_weight(sample_weight)
         epochs = self.epochs
         if not (warm_start and hasattr(self, "weights_")):
             self._init(xp, Y, Z)
@@ -227,7 +263,7 @@ class MLPMapping:
                 step += 1
                 for layer, layer_grads, layer_moments in zip(self.weights_, grads, moments):
                     for p, g, (m, v) in zip(layer, layer_grads, layer_moments):
-                        adam_step(p, g, m, v, lr, step, weight_decay=self.weight_decay)
+                        adam_step(p, g, m, v, lr, step, weight_decay=weight_decay)
         self._adam = (moments, step)
         return self
 
