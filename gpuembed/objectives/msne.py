@@ -137,8 +137,8 @@ class MultiscaleObjective(Objective):
         sigma_ij mean_h(p_h) / 2, symmetrized.  Elsewhere the weight,
         sigma_ij sum_h (p_h / 2) s_hij / sum_h s_hij, moves with the layout either
         way (a near pair's finest scale dominates, a far pair's coarsest), so this
-        is a scale, not a bound: MAC's mu schedule (parametric/mac.py) takes it,
-        for JS too, whose curvature in s equals KL's where s = sigma."""
+        is a scale, not a bound (for JS too, whose curvature in s equals KL's
+        where s = sigma)."""
         W = self.pairs.weights(self.pairs.p * (0.5 * float(self.p.mean())))
         return 0.5 * (W + W.T)
 
