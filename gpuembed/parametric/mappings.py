@@ -3,6 +3,9 @@
     fit(Y, Z, warm_start=False) -> self      least-squares fit of Z (N, L) on Y (N, D)
     predict(Y) -> (N, L)
 
+The regularized ones (RBF ridge, MLP weight decay) also take ``sample_weight``,
+a float that multiplies the squared error and not the regularizer.
+
 Written against the array module of their input (NumPy or CuPy), so they run
 where the data is.  MAC calls ``fit`` once per F step with the same Y and
 ``warm_start=True``: each mapping keeps what does not depend on Z (the linear
