@@ -164,6 +164,7 @@ def test_chain_rule_gradient_matches_finite_differences(rng):
     Z0 = rng.normal(size=(120, 2))
     for name in ("ee", "tsne"):
         for mapping in (LinearMapping().fit(X, Z0),
+                        RBFMapping(n_centers=20, random_state=0).fit(X, Z0),
                         MLPMapping(hidden=(5,), initial_epochs=1, random_state=0).fit(X, Z0)):
             problem = _ParametricObjective(make_objective(name, P, CPU, np.float64), X, mapping)
             theta = problem.flat()
@@ -451,7 +452,8 @@ def test_mac_with_multiscale_sne_gpu_matches_cpu():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("make", [lambda: MLPMapping(hidden=(8,), initial_epochs=2, random_state=0),
-                                  lambda: LinearMapping()])
+                                  lambda: LinearMapping(),
+                                  lambda: RBFMapping(n_centers=20, random_state=0)])
 def test_chain_rule_gpu_matches_cpu(make):
     """The chain-rule baseline's parameters, gradients and steps on device arrays
     (on a connected manifold: separated clusters drift apart under forces near

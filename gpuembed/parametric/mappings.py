@@ -132,6 +132,13 @@ class RBFMapping(_CachedDesign):
     def predict(self, Y):
         return (self._features(Y) @ self.coef_).astype(Y.dtype, copy=False)
 
+    def parameters(self):
+        return [self.coef_]
+
+    def backward(self, Y, G):
+        """Gradients of sum_n G_n . F(y_n) wrt parameters(): the features' Phi^T G."""
+        return [self._features(Y).T @ G]
+
 
 def _regularized_pinv(gram, strength):
     """(gram + strength I')^+, I' the identity without the bias's entry; singular
