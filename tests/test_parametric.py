@@ -270,6 +270,10 @@ def test_path_curvature_is_the_hessian_along_the_first_direction(rng):
     exact = V.ravel() @ H @ V.ravel() / (V * V).sum()
     assert path_curvature(objective, Z, Z - V, fraction=1e-5) == pytest.approx(exact, rel=1e-4)
     assert path_curvature(objective, Z, Z - V) == pytest.approx(exact, rel=0.1)  # 4%: 1% steps
+    # The steps are a fraction of the layout, not of v: a v at rounding level
+    # (a direct fit that reproduces Z) gave 1.39 for MSNE's 1e-4.
+    assert path_curvature(objective, Z, Z - 1e-12 * V) == pytest.approx(
+        path_curvature(objective, Z, Z - V), rel=1e-3)
     attractive = 4.0 * np.asarray(objective.attractive_weights(Z).sum(axis=1)).mean()
     assert path_curvature(objective, Z, Z) == pytest.approx(attractive, rel=1e-12)
 

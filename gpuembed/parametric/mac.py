@@ -66,7 +66,7 @@ class ParametricEmbedding(Params):
         0.5-0.7), and t-SNE's path then left the free embedding too fast for a
         worse optimum: P(F) 2.548 against 2.112 now for a linear map on 1,500
         digits (the chain rule's L-BFGS 2.094 after 1,000 iterations), 2.506
-        against 2.152 on Fashion-MNIST 3k (PCA 50), 1.904 against 1.746 with
+        against 2.146 on Fashion-MNIST 3k (PCA 50), 1.904 against 1.723 with
         the RBF map, at 1.6-1.8x the time; EE and s-SNE end within 0.05%,
         multi-scale SNE within 0.1%.
     max_inner : (Z, F) steps per mu at most; each mu ends when P(F) decreases by
@@ -251,14 +251,18 @@ class ParametricEmbedding(Params):
 def path_curvature(objective, Z, FY, fraction=0.01):
     """The curvature v^T H v / v^T v of E along the path's first direction, from
     the free embedding Z towards the direct fit, v = Z - F(Y), by a central
-    gradient difference over +-``fraction`` of v; E's attractive curvature
-    4 mean(D+) at Z where that is not positive (F(Y) = Z, or E not convex along v)."""
+    gradient difference over steps +-t v of ``fraction`` of the layout's spread
+    (not of v: a direct fit that nearly reproduces Z leaves a v at rounding
+    level); E's attractive curvature 4 mean(D+) at Z where that is not positive
+    (F(Y) = Z, or E not convex along v)."""
     V = Z - FY
     vv = float((V * V).sum())
-    if vv > 0:
-        G_plus = objective.value_and_grad(Z + fraction * V)[1]
-        G_minus = objective.value_and_grad(Z - fraction * V)[1]
-        curvature = float((V * (G_plus - G_minus)).sum()) / (2.0 * fraction * vv)
+    spread = float(((Z - Z.mean(axis=0)) ** 2).sum())
+    if vv > 0 and spread > 0:
+        t = fraction * np.sqrt(spread / vv)
+        G_plus = objective.value_and_grad(Z + t * V)[1]
+        G_minus = objective.value_and_grad(Z - t * V)[1]
+        curvature = float((V * (G_plus - G_minus)).sum()) / (2.0 * t * vv)
         if np.isfinite(curvature) and curvature > 0:
             return curvature
     return 4.0 * float(objective.be.xp.asarray(objective.attractive_weights(Z).sum(axis=1)).mean())
