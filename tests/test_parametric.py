@@ -318,7 +318,7 @@ def test_mac_with_multiscale_sne():
     assert pe.free_objective_ == pytest.approx(free.objective.value(free.Z), rel=1e-12)
     assert pe.objective_ == pytest.approx(free.objective.value(pe.embedding_), rel=1e-10)
     direct = pe.history_[0]["objective"]
-    assert pe.free_objective_ <= pe.objective_ < direct - 0.05 * direct   # measured 446 -> 399
+    assert pe.free_objective_ <= pe.objective_ < direct - 0.05 * direct   # measured 446 -> 400
     assert pe.history_[-1]["constraint"] < 1e-5 * pe.history_[0]["constraint"]   # 4.7e-7
     assert ge.metrics.knn_accuracy(pe.embedding_, labels) == 1.0
     # The mu schedule is scaled by E's curvature from the free embedding towards
