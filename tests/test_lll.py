@@ -346,10 +346,13 @@ def test_pca_lda_kernel_pca_with_lll(digits):
     kpca = unit_columns(KernelPCA(2, kernel="rbf", gamma=1 / (2 * 30.0 ** 2)).fit_transform(X))
     exact = kernel_pca_lll(X, 2, sigma=30.0, n_landmarks=n, kz=1)
     assert procrustes_error(kpca, unit_columns(exact)) < 1e-10
+    # Checked before the landmarks and Z (n_landmarks = N + 1 would fail there).
     with pytest.raises(ValueError, match="n_components"):
-        lda_lll(X, y, 10, n_landmarks=100)
+        lda_lll(X, y, 10, n_landmarks=n + 1)
+    with pytest.raises(ValueError, match="labels"):
+        lda_lll(X, y[:-1], 2, n_landmarks=n + 1)
     with pytest.raises(ValueError, match="n_components"):     # returned null-space columns
-        pca_lll(X[:, :3], 4, n_landmarks=100)
+        pca_lll(X[:, :3], 4, n_landmarks=n + 1)
 
 
 def test_default_kz_is_not_tied_to_the_output_dimension(digits):

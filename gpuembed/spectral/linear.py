@@ -16,14 +16,17 @@ from .lll import choose_landmarks, default_kz, dense_generalized_eigh, reconstru
 
 
 def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend, basis,
-                    laplacian=False):
+                    laplacian=False, validate=None):
     """(Y on the host, landmark indices, Z); Z's k-NN search runs on ``backend``.
     Default kz: d + 1 (the dissertation's K_Z = K + 1 for the linear methods), or
     LLL's for Laplacian eigenmaps (``laplacian``: :func:`default_kz`).  ``basis``:
     a :func:`~gpuembed.spectral.lll.landmark_basis` of Y made before, whose
     landmarks and Z are used instead (section 4.5's algorithm selection: one Z
-    for every method compared)."""
+    for every method compared).  ``validate(Y)``: the caller's checks that need
+    the data, run before the landmarks and Z."""
     Y = np.asarray(check_data(Y, get_backend("cpu"), name="Y", min_samples=3))
+    if validate is not None:
+        validate(Y)
     n = Y.shape[0]
     if basis is not None:
         idx, Z, _ = basis
@@ -53,10 +56,10 @@ def pca_lll(Y, n_components, *, n_landmarks=None, kz=None, landmarks="random",
     """PCA by LLL: A~ = (Z^T Yc)(Z^T Yc)^T, B~ = Z^T Z, maximized (cost O(N kz D + L^2 D)).
     Returns the (N, d) projection, scaled like the unit-norm eigenvectors of Yc Yc^T."""
     d = check_int(n_components, "n_components", 1)
-    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
-                              basis)
     # A~ has rank at most D: further "components" would be a null space's basis.
-    check_int(d, "n_components", 1, Y.shape[1])
+    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
+                              basis, validate=lambda Y: check_int(d, "n_components", 1,
+                                                                  Y.shape[1]))
     M = Z.T @ (Y - Y.mean(axis=0))                      # (L, D)
     _, U = _leading_generalized(M @ M.T, (Z.T @ Z).toarray(), d)
     return Z @ U
@@ -69,14 +72,16 @@ def lda_lll(Y, labels, n_components, *, n_landmarks=None, kz=None, landmarks="ra
     scatter (D x D), maximized over the range of M.  Returns the (N, d) projection
     Yc m of the data on the discriminant directions m = Yc^T Z p~."""
     d = check_int(n_components, "n_components", 1)
-    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
-                              basis)
     labels = np.asarray(labels)
-    if labels.shape[0] != Y.shape[0]:
-        raise ValueError(f"labels must have one entry per row of Y, got {labels.shape[0]}")
     classes, codes = np.unique(labels, return_inverse=True)
-    if d > len(classes) - 1:
-        raise ValueError(f"n_components must be at most n_classes - 1 = {len(classes) - 1}")
+
+    def validate(Y):
+        if labels.shape[0] != Y.shape[0]:
+            raise ValueError(f"labels must have one entry per row of Y, got {labels.shape[0]}")
+        if d > len(classes) - 1:
+            raise ValueError(f"n_components must be at most n_classes - 1 = {len(classes) - 1}")
+    Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
+                              basis, validate=validate)
     Yc = Y - Y.mean(axis=0)
     counts = np.bincount(codes)
     means = np.stack([Yc[codes == c].mean(axis=0) for c in range(len(classes))])
