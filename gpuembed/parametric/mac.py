@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 import time
 
 import numpy as np
@@ -259,7 +260,7 @@ def path_curvature(objective, Z, FY, fraction=0.01):
     vv = float((V * V).sum())
     spread = float(((Z - Z.mean(axis=0)) ** 2).sum())
     if vv > 0 and spread > 0:
-        t = fraction * np.sqrt(spread / vv)
+        t = fraction * math.sqrt(spread / vv)       # a Python float keeps float32 layouts float32
         G_plus = objective.value_and_grad(Z + t * V)[1]
         G_minus = objective.value_and_grad(Z - t * V)[1]
         curvature = float((V * (G_plus - G_minus)).sum()) / (2.0 * t * vv)
