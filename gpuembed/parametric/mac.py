@@ -81,7 +81,7 @@ class ParametricEmbedding(Params):
         Z step barely moves away from F(Y)) and stops short: linear EE on
         rotating_objects (PCA to 15) ends at P(F) 17.58 with the penalty and 17.534
         with the multipliers (mu_start = 1; the chain rule: 17.529); Fashion-MNIST
-        5k (PCA to 50): 22.27 against 21.77 (mu_start = 0.1).  Off by default, as
+        5k (PCA to 50): 22.29 against 21.76 (mu_start = 0.1).  Off by default, as
         in the paper; with inexact F steps (a few MLP epochs) the multipliers also
         accumulate the F step's error.
     mapping_params : keyword arguments of a named mapping.
