@@ -79,7 +79,8 @@ def test_rbf_least_squares_ridge_and_sample_weight(rng):
     np.testing.assert_allclose(m.predict(Y), lstsq, atol=1e-8 * np.abs(Z).max())
     m32 = RBFMapping(n_centers=40, random_state=0).fit(Y.astype(np.float32), Z.astype(np.float32))
     assert m32.predict(Y[:3].astype(np.float32)).dtype == np.float32
-    np.testing.assert_allclose(m32.predict(Y.astype(np.float32)), lstsq, atol=1e-5 * np.abs(Z).max())
+    np.testing.assert_allclose(m32.predict(Y.astype(np.float32)), lstsq,
+                               atol=1e-5 * np.abs(Z).max())
     ridge, weight = 1e-3, 4.0
     m = RBFMapping(n_centers=40, ridge=ridge, random_state=0)
     for w in (weight, 2 * weight):          # a warm start with another weight re-solves
@@ -87,7 +88,8 @@ def test_rbf_least_squares_ridge_and_sample_weight(rng):
         penalty = np.full(41, ridge * len(Y) / w)
         penalty[-1] = 0.0
         expected = np.linalg.solve(Phi.T @ Phi + np.diag(penalty), Phi.T @ Z)
-        np.testing.assert_allclose(m.coef_, expected, rtol=1e-7, atol=1e-9 * np.abs(expected).max())
+        np.testing.assert_allclose(m.coef_, expected, rtol=1e-7,
+                                   atol=1e-9 * np.abs(expected).max())
     for bad, error in ((np.ones(len(Y)), TypeError), (0.0, ValueError), (-1.0, ValueError)):
         with pytest.raises(error, match="sample_weight"):
             m.fit(Y, Z, sample_weight=bad)

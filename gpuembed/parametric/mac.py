@@ -12,8 +12,9 @@ a quadratic penalty and alternates
 while mu grows along a schedule, by default with augmented-Lagrangian
 multipliers that let Z and F(Y) meet at a finite mu.  The path starts at
 mu -> 0+: the free embedding and its direct fit (history_[0]); as mu grows Z
-and F(Y) come to agree at a minimizer of P.  Neither step needs the chain-rule gradient of P, so any
-mapping with fit/predict works, differentiable or not.
+and F(Y) come to agree at a minimizer of P.  Neither step needs the
+chain-rule gradient of P, so any mapping with fit/predict works,
+differentiable or not.
 """
 from __future__ import annotations
 
@@ -53,11 +54,11 @@ class ParametricEmbedding(Params):
         R at the strength the direct fit gives it relative to mu_1, and the path
         ends at a minimizer of P(F) + R(F).  Unweighted, the regularization grew
         with mu and drew F towards zero: an RBF with ridge 1e-6 for EE on 1,500
-        digits (quadratic penalty) took P(F) from 16.61 (direct fit) to 16.32 and then up to 17.13;
-        weighted it falls along the whole path to 15.60 in half the time, and
-        with ridge 0 (the default) to 15.61; 1,000 L-BFGS iterations on the
-        chain-rule gradient reach 15.33.  t-SNE: 2.35 -> 2.14 -> 2.30 before,
-        2.34 -> 1.90 with ridge 0, the chain rule's L-BFGS 1.91.
+        digits (quadratic penalty) took P(F) from 16.61 (direct fit) to 16.32
+        and then up to 17.13; weighted it falls along the whole path to 15.60
+        in half the time, and with ridge 0 (the default) to 15.61; 1,000 L-BFGS
+        iterations on the chain-rule gradient reach 15.33.  t-SNE: 2.35 -> 2.14
+        -> 2.30 before, 2.34 -> 1.90 with ridge 0, the chain rule's L-BFGS 1.91.
     mu : increasing positive penalties, or None for the default geometric schedule
         mu_k = mu_start c 2^k, k < n_mu, mu_start = 0.01, n_mu = 16, with c = E's
         curvature along the path's first direction, from the free embedding
@@ -66,11 +67,12 @@ class ParametricEmbedding(Params):
         scale before, overstates t-SNE's (its curvature along that direction is
         0.03-0.09 of it on digits and Fashion-MNIST, EE's 1.4-1.8, s-SNE's
         0.5-0.7), and t-SNE's path then left the free embedding too fast for a
-        worse optimum (quadratic penalty): P(F) 2.548 against 2.112 now for a linear map on 1,500
-        digits (the chain rule's L-BFGS 2.094 after 1,000 iterations), 2.506
-        against 2.146 on Fashion-MNIST 3k (PCA 50), 1.904 against 1.723 with
-        the RBF map, at 1.6-1.8x the time; EE and s-SNE end within 0.05%,
-        multi-scale SNE 0.2% higher (400.3 against 399.4, 300 points in 4 clusters).
+        worse optimum (quadratic penalty): P(F) 2.548 against 2.112 now for a
+        linear map on 1,500 digits (the chain rule's L-BFGS 2.094 after 1,000
+        iterations), 2.506 against 2.146 on Fashion-MNIST 3k (PCA 50), 1.904
+        against 1.723 with the RBF map, at 1.6-1.8x the time; EE and s-SNE end
+        within 0.05%, multi-scale SNE 0.2% higher (400.3 against 399.4, 300
+        points in 4 clusters).
     max_inner : (Z, F) steps per mu at most; each mu ends when P(F) decreases by
         less than ``tol`` (relative) between consecutive steps.
     z_max_iter, z_tol : iterations and relative-decrease tolerance of each Z step.
