@@ -230,13 +230,13 @@ def test_mac_weights_the_f_steps_by_mu_over_mu_1():
 def test_mac_with_rbf_decreases_p_along_the_path(ridge):
     """With an unweighted ridge the F steps' regularization grew with mu and drew
     F to zero: P(F) fell from 12.20 to 11.87 and rose to 12.21, above the direct
-    fit; weighted it falls to 11.62 along the whole path."""
+    fit; weighted it falls to 11.53 along the whole path (11.62 with the penalty)."""
     X, _ = ge.datasets.digits()
     pe = ge.ParametricEmbedding(ge.EE(backend="cpu", random_state=0), "rbf",
                                 mapping_params={"ridge": ridge, "n_centers": 100},
                                 random_state=0).fit(X[:500])
     P = np.array([h["objective"] for h in pe.history_])
-    assert P[-1] < 0.97 * P[0]                                    # measured 0.952
+    assert P[-1] < 0.97 * P[0]                                    # measured 0.950
     assert P[-1] <= P.min() * (1 + 1e-4)
     assert pe.objective_ == P[-1]
 
@@ -298,7 +298,7 @@ def test_tsne_mac_leaves_the_free_embedding_slowly_enough():
     old = 0.01 * (4.0 / len(X)) * 2.0 ** np.arange(16)         # 4 mean(D+) at X = 0
     runs = [ge.ParametricEmbedding(ge.TSNE(backend="cpu", random_state=0), "linear",
                                    **kw).fit(X) for kw in ({}, {"mu": old})]
-    assert runs[0].objective_ < runs[1].objective_ - 0.3          # measured 2.112, 2.548
+    assert runs[0].objective_ < runs[1].objective_ - 0.3          # measured 2.097, 2.497
 
 
 def test_mac_gives_back_a_free_embedding_the_mapping_can_represent(rng):
