@@ -290,7 +290,7 @@ def test_path_curvature_is_the_hessian_along_the_first_direction(rng):
 
 
 def test_tsne_mac_leaves_the_free_embedding_slowly_enough():
-    """Scaled by the attractive curvature at X = 0 (25x t-SNE's curvature along
+    """Scaled by the attractive curvature at X = 0 (27x t-SNE's curvature along
     the path here), the schedule's first mu already pulled Z far from the free
     embedding, towards a worse optimum."""
     X, _ = ge.datasets.digits()
@@ -322,8 +322,8 @@ def test_mac_with_multiscale_sne():
     assert pe.free_objective_ == pytest.approx(free.objective.value(free.Z), rel=1e-12)
     assert pe.objective_ == pytest.approx(free.objective.value(pe.embedding_), rel=1e-10)
     direct = pe.history_[0]["objective"]
-    assert pe.free_objective_ <= pe.objective_ < direct - 0.05 * direct   # measured 446 -> 400
-    assert pe.history_[-1]["constraint"] < 1e-5 * pe.history_[0]["constraint"]   # 4.7e-7
+    assert pe.free_objective_ <= pe.objective_ < direct - 0.05 * direct   # measured 446 -> 399
+    assert pe.history_[-1]["constraint"] < 1e-5 * pe.history_[0]["constraint"]   # 6.6e-8
     assert ge.metrics.knn_accuracy(pe.embedding_, labels) == 1.0
     # The mu schedule is scaled by E's curvature from the free embedding towards
     # the direct fit.
