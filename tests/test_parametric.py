@@ -97,6 +97,12 @@ def test_rbf_least_squares_ridge_and_sample_weight(rng):
         RBFMapping(ridge=-1.0).fit(Y, Z)
 
 
+def test_rbf_predicts_floats_for_integer_input(rng):
+    Y, Z = rng.integers(0, 10, size=(100, 3)), rng.normal(size=(100, 2))
+    m = RBFMapping(n_centers=10, random_state=0).fit(Y, Z)
+    np.testing.assert_allclose(m.predict(Y), m.predict(Y.astype(np.float64)), rtol=1e-12)
+
+
 def test_mlp_sample_weight_scales_the_weight_decay(rng):
     Y, Z = rng.normal(size=(50, 3)), rng.normal(size=(50, 2))
     fits = [MLPMapping(hidden=(4,), initial_epochs=3, weight_decay=decay,

@@ -130,7 +130,9 @@ class RBFMapping(_CachedDesign):
         return self
 
     def predict(self, Y):
-        return (self._features(Y) @ self.coef_).astype(Y.dtype, copy=False)
+        # Float32 input stays float32; other input (integers) gets the features' float64.
+        dtype = Y.dtype if Y.dtype == np.float32 else np.float64
+        return (self._features(Y) @ self.coef_).astype(dtype, copy=False)
 
     def parameters(self):
         return [self.coef_]
