@@ -90,9 +90,7 @@ class Backend:
     def scatter_add(self, target, indices, values):
         """``target[indices] += values`` with repeated indices accumulated."""
         if self.xp is not np:
-            import cupyx
-
-            cupyx.scatter_add(target, indices, values)
+            self.xp.add.at(target, indices, values)     # (cupyx.scatter_add is deprecated)
             return target
         # bincount is ~10x faster than np.add.at for 1-D integer indices.
         n = target.shape[0]

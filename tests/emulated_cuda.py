@@ -58,9 +58,6 @@ class EmulatedBackend(Backend):
         ctype = _CTYPES[np.dtype(dtype)]
         return _kernel(filename, name, ctype, tuple(sorted((defines or {}).items())))
 
-    def scatter_add(self, target, indices, values):
-        return emulated_cupy.scatter_add(target, indices, values)
-
 
 def install():
     """Make :class:`EmulatedBackend` what ``get_backend("gpu")`` (and "auto")

@@ -492,16 +492,3 @@ cupy.cuda = types.SimpleNamespace(
     Device=lambda device=None: types.SimpleNamespace(id=0, synchronize=lambda: None))
 sparse = SparseNamespace("cupyx.scipy.sparse")
 sparse_linalg = Namespace("cupyx.scipy.sparse.linalg")
-
-
-def scatter_add(target, indices, values):
-    """cupyx.scatter_add: ``target`` and ``values`` on the device, indices either."""
-    where = "cupyx.scatter_add"
-    if not isinstance(target, DeviceArray):
-        raise _unsupported(target, where)
-    if isinstance(values, (list, tuple)) or isinstance(values, np.ndarray) and values.ndim:
-        raise _unsupported(values, where)
-    count("calls")
-    np.add.at(target._a, _index(indices), values._a if isinstance(values, DeviceArray)
-              else values)
-    return target
