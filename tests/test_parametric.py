@@ -97,10 +97,15 @@ def test_rbf_least_squares_ridge_and_sample_weight(rng):
         RBFMapping(ridge=-1.0).fit(Y, Z)
 
 
-def test_rbf_predicts_floats_for_integer_input(rng):
+@pytest.mark.parametrize("make", [lambda: RBFMapping(n_centers=10, random_state=0),
+                                  lambda: MLPMapping(hidden=(8,), initial_epochs=5,
+                                                     random_state=0)])
+def test_mappings_treat_integer_input_as_float64(rng, make):
     Y, Z = rng.integers(0, 10, size=(100, 3)), rng.normal(size=(100, 2))
-    m = RBFMapping(n_centers=10, random_state=0).fit(Y, Z)
-    np.testing.assert_allclose(m.predict(Y), m.predict(Y.astype(np.float64)), rtol=1e-12)
+    on_integers, on_floats = make().fit(Y, Z), make().fit(Y.astype(np.float64), Z)
+    assert on_integers.predict(Y).dtype == np.float64
+    np.testing.assert_allclose(on_integers.predict(Y), on_floats.predict(Y.astype(np.float64)),
+                               rtol=1e-12, atol=1e-12)
 
 
 def test_mlp_sample_weight_scales_the_weight_decay(rng):

@@ -29,6 +29,12 @@ def array_module(a):
     return np
 
 
+def float_dtype(Y):
+    """The floating dtype a mapping computes in for input Y: float32 stays
+    float32, anything else (float64, integers) is float64."""
+    return np.float32 if Y.dtype == np.float32 else np.float64
+
+
 def _with_bias(xp, Y):
     return xp.concatenate([Y, xp.ones((Y.shape[0], 1), dtype=Y.dtype)], axis=1)
 
@@ -131,8 +137,7 @@ class RBFMapping(_CachedDesign):
 
     def predict(self, Y):
         # Float32 input stays float32; other input (integers) gets the features' float64.
-        dtype = Y.dtype if Y.dtype == np.float32 else np.float64
-        return (self._features(Y) @ self.coef_).astype(dtype, copy=False)
+        return (self._features(Y) @ self.coef_).astype(float_dtype(Y), copy=False)
 
     def parameters(self):
         return [self.coef_]
@@ -226,11 +231,12 @@ class MLPMapping:
         self.y_mean_, self.y_std_ = Y.mean(axis=0), Y.std(axis=0) + 1e-12
         self.z_mean_, self.z_std_ = Z.mean(axis=0), Z.std(axis=0) + 1e-12
         sizes = (Y.shape[1],) + self.hidden + (Z.shape[1],)
+        dtype = float_dtype(Y)      # integer weights of integer input would not train
         self.weights_ = []
         for a, b in zip(sizes[:-1], sizes[1:]):
             scale = np.sqrt(6.0 / (a + b))
-            self.weights_.append([xp.asarray(rng.uniform(-scale, scale, (a, b)), dtype=Y.dtype),
-                                  xp.zeros(b, dtype=Y.dtype)])
+            self.weights_.append([xp.asarray(rng.uniform(-scale, scale, (a, b)), dtype=dtype),
+                                  xp.zeros(b, dtype=dtype)])
         self._adam = ([[(xp.zeros_like(p), xp.zeros_like(p)) for p in layer]
                        for layer in self.weights_], 0)
         self.n_warm_starts_ = 0
