@@ -6,7 +6,9 @@ data side by side (seconds and 10-NN accuracy).  Exact N-body engine, on the CPU
 Layouts are kept every SNAPSHOT_EVERY iterations and scored after the run, so
 the accuracy curves cost no optimizer time.
 
-Writes results/embedding.json and results/embedding_<dataset>_<objective>.png.
+Writes results/embedding.json (after each fit, so a cut run keeps the fits it
+finished) and results/embedding_<dataset>_<objective>.png.  ``--datasets``
+narrows the datasets (the GPU session runs Fashion-MNIST alone).
 
 ``--subsets K`` runs only the t-SNE accuracy comparison over K disjoint
 Fashion-MNIST subsets of ``--n`` points: sd against the classic optimizer on each
@@ -50,11 +52,16 @@ VARIANTS = {"sd+exaggeration": ("sd", {"early_exaggeration": 2.0, "exaggeration_
             "sd (no refresh)": ("sd", {"sd_refresh": None})}
 
 
-def datasets(n_fmnist):
-    X, y = ge.datasets.rotating_objects()
-    yield "rotating_objects", X, y, 20.0
-    X, y = ge.datasets.fashion_mnist()
-    yield f"fashion_mnist_{n_fmnist}", X[:n_fmnist], y[:n_fmnist], 30.0
+DATASETS = ("rotating_objects", "fashion_mnist")
+
+
+def datasets(n_fmnist, names=DATASETS):
+    if "rotating_objects" in names:
+        X, y = ge.datasets.rotating_objects()
+        yield "rotating_objects", X, y, 20.0
+    if "fashion_mnist" in names:
+        X, y = ge.datasets.fashion_mnist()
+        yield f"fashion_mnist_{n_fmnist}", X[:n_fmnist], y[:n_fmnist], 30.0
 
 
 def warm_up(be):
@@ -73,11 +80,17 @@ def warm_up(be):
                     nbody="exact", **extra, **sparse).fit(X)
 
 
-def run(n_fmnist=5000, max_iter=1000, backend="cpu", suffix=""):
+def run(n_fmnist=5000, max_iter=1000, backend="cpu", suffix="", names=DATASETS,
+        save=lambda figures: None):
+    """Every optimizer on each dataset; ``save(figures so far)`` after each fit."""
     be = ge.get_backend(backend)
     warm_up(be)
     runs = []
-    for name, X, y, perplexity in datasets(n_fmnist):
+
+    def figures():
+        return {"n_fashion_mnist": n_fmnist, "max_iter": max_iter, "runs": runs,
+                "targets": targets(runs)}
+    for name, X, y, perplexity in datasets(n_fmnist, names):
         A = ge.entropic_affinities(X, perplexity, backend=be)
         for objective, cls in (("ee", ge.EE), ("tsne", ge.TSNE)):
             for label in OPTIMIZERS[objective]:
@@ -101,11 +114,11 @@ def run(n_fmnist=5000, max_iter=1000, backend="cpu", suffix=""):
                 r = runs[-1]
                 print(f"{name} {objective} {label}: {seconds:.1f} s, E = "
                       f"{r['final_objective']:.6g}, 10-NN {r['knn_accuracy']:.3f}", flush=True)
+                save(figures())
         runs.append(opentsne(name, X, y, perplexity))
         runs[-1].pop("embedding", None)
     summarize(runs, suffix)
-    return {"n_fashion_mnist": n_fmnist, "max_iter": max_iter, "runs": runs,
-            "targets": targets(runs)}
+    return figures()
 
 
 def snapshotter(be):
@@ -336,24 +349,29 @@ def first_time_below(curve, goal):
 def targets(runs):
     """The issue's targets: sd reaching gd's 1000-iteration objective in < 1/10 of gd's
     time; t-SNE sd matching the classic optimizer's final accuracy in less time (at
-    the first snapshot that does; and when sd reaches the classic's final objective)."""
+    the first snapshot that does; and when sd reaches the classic's final objective).
+    Only for the runs done: those of a cut run, or of one partly written."""
     out = []
     for dataset in sorted({r["dataset"] for r in runs}):
         for objective in ("ee", "tsne"):
             by = {r["optimizer"]: r for r in runs
                   if r["dataset"] == dataset and r["objective"] == objective and "curve" in r}
+            if "gd" not in by or "sd" not in by:
+                continue
             gd, sd = by["gd"], by["sd"]
             goal = gd["final_objective"]
             hit = first_time_below(sd["curve"], goal)
             entry = {"dataset": dataset, "objective": objective, "gd_seconds": gd["seconds"],
                      "sd_seconds_to_gd_final_objective": hit,
                      "ratio": None if hit is None else gd["seconds"] / hit}
-            if objective == "tsne":
+            if objective == "tsne" and "tsne" in by:
                 classic = by["tsne"]
                 acc = classic["knn_accuracy"]
                 entry.update(classic_seconds=classic["seconds"], classic_accuracy=acc,
                              classic_objective=classic["final_objective"])
                 for label in ("sd", "sd+exaggeration", "sd (no refresh)"):
+                    if label not in by:
+                        continue
                     run = by[label]
                     # The exaggerated stage's values are not t-SNE's KL.
                     plain = run["curve"][run["exaggerated_iterations"]:]
@@ -369,7 +387,6 @@ def targets(runs):
                         "seconds_to_classic_objective": first_time_below(
                             plain, classic["final_objective"])}
             out.append(entry)
-            print(entry)
     return out
 
 
@@ -410,6 +427,8 @@ def main(argv=None):
     parser.add_argument("--max-iter", type=int, default=1000)
     parser.add_argument("--backend", default="cpu")
     parser.add_argument("--suffix", default="")
+    parser.add_argument("--datasets", default=",".join(DATASETS),
+                        help=f"comma-separated, of {', '.join(DATASETS)}")
     parser.add_argument("--large", type=int, help="only the t-SNE-at-scale part, N points")
     parser.add_argument("--text", type=int, help="only the sparse-documents part, N documents")
     parser.add_argument("--subsets", type=int,
@@ -433,8 +452,17 @@ def main(argv=None):
         write_result("embedding", {"tsne_large": large(args.large, args.backend)},
                      args.suffix or f"_n{args.large}", merge=True)
         return
-    write_result("embedding", run(args.n, args.max_iter, args.backend, args.suffix),
-                 args.suffix, merge=True)
+    names = args.datasets.split(",")
+    unknown = set(names) - set(DATASETS)
+    if unknown:
+        parser.error(f"--datasets: unknown {sorted(unknown)}; choose from {DATASETS}")
+
+    def save(figures):
+        write_result("embedding", figures, args.suffix, merge=True)
+    figures = run(args.n, args.max_iter, args.backend, args.suffix, names, save)
+    for entry in figures["targets"]:
+        print(entry)
+    save(figures)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh bench    # k-NN, entropic affinities, N-body engines up to 1e6
 #   bash benchmarks/gpu_session.sh large    # EE of 1e6 points with the FGT (the 50 ms / 60 s targets)
 #   bash benchmarks/gpu_session.sh embedding  # the optimizers on Fashion-MNIST 70k, exact engine
+#                                             # (rotating_objects: the CPU's embedding.json)
 #   bash benchmarks/gpu_session.sh spectral   # LLL / LE(Z) / Nystrom vs exact LE, segmentation
 #   bash benchmarks/gpu_session.sh mac        # parametric embeddings: MAC vs chain rule
 #   bash benchmarks/gpu_session.sh msne       # multi-scale SNE vs t-SNE, R_NX AUC
@@ -14,14 +15,19 @@
 #   python3 benchmarks/emulated_gpu.py bench_nbody.py --backend gpu --parts large --large-n 4000
 # (every part ran that way before its first GPU call; see the README).
 #
-# Several parts may share one call: bash benchmarks/gpu_session.sh tests bench
-# (those two leave 8 files in $OUT, as many as come back from one call).
+# Several parts may share one call, e.g. bash benchmarks/gpu_session.sh tests mac,
+# if their files in $OUT stay within the 8 that come back from one call: every
+# call leaves gpu.txt and cupy_cache.tgz, each part its log and its JSON (bench:
+# four and a plot; spectral: three; embedding: one and two plots; others one).
 # Wall times on the H100 at b36ba14 (30 minutes of device time held all but
 # the first two parts' JSON short): tests 150 s, bench 90 s, spectral 77 s,
 # mac 138 s; embedding over 300 s (Fashion-MNIST 70k alone, EE sd/gd and
-# seven t-SNE optimizers: 185 s), large over 285 s (its FGT since replaced),
-# msne over 190 s.  A part's JSON is written at its end: give embedding,
-# large and msne a call each, or narrow them.
+# seven t-SNE optimizers: 185 s, before SD's CG kernels), large over 285 s (its
+# FGT and SD's CG since replaced; now without the FP run), msne over 190 s.  On
+# the H200 at 9790d63: tests 276 s, bench 89 s, spectral 58 s, mac 90 s, msne
+# 112 s.  The scripts write their JSON as they go (after each fit or run) and
+# GPUEMBED_RESULTS_COPY puts a copy in $OUT at once, so a call cut by its limit
+# still brings back what it finished.
 #
 # Fashion-MNIST travels with the working tree: before the first call, here,
 #   mkdir -p .fmnist && cp /usr/share/datasets/fashion-mnist/*.gz .fmnist/
@@ -39,6 +45,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy_cache
 [ -d .fmnist ] && export GPUEMBED_FASHION_MNIST=$PWD/.fmnist
 [ -f .cupycache/cupy_cache.tgz ] && tar xzf .cupycache/cupy_cache.tgz -C /tmp
 out=${OUT:-/tmp}
+export GPUEMBED_RESULTS_COPY=$out
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 
 [ $# -gt 0 ] || set -- usage
@@ -54,46 +61,36 @@ bench)
      python3 bench_entropic.py --gpu-only &&
      python3 bench_nbody.py --backend gpu --parts scaling,accuracy,crossover \
          --max-n 1000000 --exact-max-n 200000 --suffix _gpu) 2>&1 | tee "$out/gpu_bench.log"
-    cp benchmarks/results/knn_gpu.json benchmarks/results/knn_sparse_gpu.json \
-       benchmarks/results/entropic_gpu.json \
-       benchmarks/results/nbody_gpu.json benchmarks/results/nbody_scaling_gpu.png "$out/"
+    cp benchmarks/results/nbody_scaling_gpu.png "$out/"
     ;;
 large)
     (cd benchmarks &&
      python3 bench_nbody.py --backend gpu --parts large --suffix _gpu) 2>&1 \
         | tee "$out/gpu_large.log"
-    cp benchmarks/results/nbody_gpu.json "$out/"
     ;;
 embedding)
     (cd benchmarks &&
-     python3 bench_embedding.py --backend gpu --n 70000 --suffix _gpu) 2>&1 \
-        | tee "$out/gpu_embedding.log"
-    cp benchmarks/results/embedding_gpu.json benchmarks/results/embedding_*70000*_gpu.png "$out/"
+     python3 bench_embedding.py --backend gpu --n 70000 --datasets fashion_mnist \
+         --suffix _gpu) 2>&1 | tee "$out/gpu_embedding.log"
+    cp benchmarks/results/embedding_*70000*_gpu.png "$out/"
     ;;
 spectral)
     (cd benchmarks &&
      python3 bench_lll.py --backend gpu --suffix _gpu &&
      python3 bench_segmentation.py --backend gpu --step 2 --suffix _gpu) 2>&1 \
         | tee "$out/gpu_spectral.log"
-    cp benchmarks/results/lll_gpu*.json benchmarks/results/segmentation_gpu.json "$out/"
     ;;
 mac)
     (cd benchmarks &&
      python3 bench_mac.py --backend gpu --parts cost,linear,linear-fmnist,mlp \
          --exact-max-n 50000 --suffix _gpu) 2>&1 | tee "$out/gpu_mac.log"
-    cp benchmarks/results/mac_gpu.json "$out/"
     ;;
 msne)
-    # The scaling and metrics JSON are copied out before the datasets start, in case
-    # they are cut.
     (cd benchmarks &&
      python3 bench_msne.py --backend gpu --scaling --exact-max-n 70000 --suffix _gpu &&
-     cp results/msne_scaling_gpu.json "$out/" &&
      python3 bench_msne.py --backend gpu --metrics --suffix _gpu &&
-     cp results/msne_metrics_gpu.json "$out/" &&
      python3 bench_msne.py --backend gpu --n 2000,5000,10000,20000 --suffix _gpu) 2>&1 \
         | tee "$out/gpu_msne.log"
-    cp benchmarks/results/msne_gpu.json "$out/"
     ;;
 *)
     echo "usage: $0 tests|bench|large|embedding|spectral|mac|msne [more parts]" >&2
