@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu_session.sh large    # EE of 1e6 points with the FGT (the 50 ms / 60 s targets)
 #   bash benchmarks/gpu_session.sh embedding  # the optimizers on Fashion-MNIST 70k, exact engine
 #                                             # (rotating_objects: the CPU's embedding.json)
+#   bash benchmarks/gpu_session.sh tsne       # the user's view: default t-SNE of Fashion-MNIST
+#                                             # 70k from the data (k-NN and affinities included)
 #   bash benchmarks/gpu_session.sh spectral   # LLL / LE(Z) / Nystrom vs exact LE, segmentation
 #   bash benchmarks/gpu_session.sh mac        # parametric embeddings: MAC vs chain rule
 #   bash benchmarks/gpu_session.sh msne       # multi-scale SNE vs t-SNE, R_NX AUC
@@ -74,6 +76,11 @@ embedding)
          --suffix _gpu) 2>&1 | tee "$out/gpu_embedding.log"
     cp benchmarks/results/embedding_*70000*_gpu.png "$out/"
     ;;
+tsne)
+    (cd benchmarks &&
+     python3 bench_embedding.py --backend gpu --large 70000 --suffix _gpu_n70000) 2>&1 \
+        | tee "$out/gpu_tsne.log"
+    ;;
 spectral)
     (cd benchmarks &&
      python3 bench_lll.py --backend gpu --suffix _gpu &&
@@ -93,7 +100,7 @@ msne)
         | tee "$out/gpu_msne.log"
     ;;
 *)
-    echo "usage: $0 tests|bench|large|embedding|spectral|mac|msne [more parts]" >&2
+    echo "usage: $0 tests|bench|large|embedding|tsne|spectral|mac|msne [more parts]" >&2
     exit 2
     ;;
 esac
