@@ -134,6 +134,44 @@ def test_sd_refresh_rebuilds_b_from_the_layout(small):
     np.testing.assert_allclose(never.B.toarray(), 4 * (np.diag(P.sum(1)) - P), atol=1e-12)
 
 
+def test_connected_sparsify_doubles_kappa_until_the_graph_holds_together():
+    """Two groups of 20 points, each a clique, linked only by each row's smallest
+    weights: the 5 largest per row split them, and kappa doubles until they are
+    linked: at 20 (19 within the group, then a link to the other)."""
+    from gpuembed.optim.directions import connected_sparsify, sparsify
+    rng = np.random.default_rng(0)
+    n = 40
+    group = np.arange(n) // 20
+    W = np.where(group[:, None] == group[None], 1.0 + rng.random((n, n)), 0.01)
+    W = np.triu(W, 1)
+    W = scipy.sparse.csr_matrix(W + W.T)
+    kept, kappa, (n_comp, labels) = connected_sparsify(W, 5, grow=True)
+    assert (kappa, n_comp) == (20, 1)
+    assert (kept != sparsify(W, 20)).nnz == 0
+    kept, kappa, (n_comp, labels) = connected_sparsify(W, 5, grow=False)
+    assert (kappa, n_comp) == (5, 2)
+    np.testing.assert_array_equal(labels, group)
+    assert (kept != sparsify(W, 5)).nnz == 0
+
+
+def test_sd_default_kappa_keeps_the_loops_linked(loops, monkeypatch):
+    """rotating_objects' loops: the 15 largest affinities per point split the
+    graph in two, and EE's SD stalled on the weakly linked pieces (E 12.494
+    after 300 iterations); the default doubles kappa to 30 and reaches the full
+    L+'s objective (11.941; full 11.944)."""
+    from gpuembed.optim import directions
+    X, _ = loops
+    A = ge.entropic_affinities(X, 20, backend="cpu")
+    monkeypatch.setattr(directions.Spectral, "FULL_LAPLACIAN_MAX_N", 500)
+    obj = objectives.make_objective("ee", A.P, ge.get_backend("cpu"), np.float64)
+    assert directions.Spectral(obj, np.zeros((720, 2))).kappa == 30
+    fit = lambda **kw: ge.EE(affinities=A, optimizer="sd", max_iter=300, tol=0, backend="cpu",
+                             random_state=0, **kw).fit(X).objective_
+    auto, fifteen = fit(), fit(kappa=15)
+    print(f"E after 300 iterations: default {auto}, kappa 15 {fifteen}")
+    assert auto < 12.1 < 12.3 < fifteen
+
+
 def test_tsne_sd_solves_a_sparsified_laplacian_by_cg(loops):
     """t-SNE's SD with a sparsified L+ (kappa = 15 on rotating_objects' loops)
     solves by CG: the exact solves of the factor followed the sparse graph's
@@ -272,7 +310,7 @@ def test_sparsify_keeps_each_rows_largest_weights(rng):
         top = cols[np.argsort(-dense[i, cols], kind="stable")[:kappa]]
         S[i, top] = dense[i, top]
     expected = np.maximum(S, S.T)
-    got = sparsify(ge.get_backend("cpu"), W, kappa)
+    got = sparsify(W, kappa)
     np.testing.assert_array_equal(got.toarray(), expected)
     assert np.diff(W.indptr).min() < kappa < np.diff(W.indptr).max()
 

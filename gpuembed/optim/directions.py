@@ -51,15 +51,31 @@ def laplacian(be, W):
     return (be.sparse.diags(degree) - W).tocsr()
 
 
-def sparsify(be, W, kappa):
-    """Keep each row's kappa largest weights, then symmetrize by the maximum."""
-    W = scipy.sparse.csr_matrix(be.to_host(W))
+def sparsify(W, kappa):
+    """Keep each row's kappa largest weights of the host CSR W, then symmetrize
+    by the maximum."""
     if kappa is None or kappa >= np.diff(W.indptr).max():
-        return be.sparse.csr_matrix(W)
+        return W
     keep = largest_per_row(W.indptr, W.data, kappa)
     row_of = np.repeat(np.arange(W.shape[0]), np.diff(W.indptr))
     S = scipy.sparse.csr_matrix((W.data[keep], (row_of[keep], W.indices[keep])), shape=W.shape)
-    return be.sparse.csr_matrix(S.maximum(S.T))
+    return S.maximum(S.T)
+
+
+def connected_sparsify(W, kappa, grow):
+    """(kept weights, kappa, (number of components, labels)) of the host CSR W
+    sparsified by :func:`sparsify`; with ``grow`` kappa doubles until the kept
+    graph has no more connected components than W's own."""
+    components = lambda G: scipy.sparse.csgraph.connected_components(G, directed=False)
+    kept = sparsify(W, kappa)
+    split = components(kept)
+    if grow and split[0] > 1:
+        whole = components(W)[0]
+        while split[0] > whole:
+            kappa *= 2
+            kept = sparsify(W, kappa)
+            split = components(kept)
+    return kept, kappa, split
 
 
 # SD's and SD-'s linear CG: relative residual and step limit (seed 002's SD-;
@@ -202,7 +218,14 @@ class Spectral(Direction):
     mu = 1e-10 min diag.
 
     ``kappa=None``: the full L+ up to FULL_LAPLACIAN_MAX_N points, AUTO_KAPPA
-    beyond.  The full L+ of perplexity-30 affinities fills the factor: t-SNE on
+    beyond, doubled (at the first build of B) until the kept graph is as
+    connected as the whole one.  A graph that the sparsification splits has relative
+    motions of its pieces without curvature, and weakly linked pieces around
+    them: data of many small groups, such as COIL's turntable loops, lost the
+    links between groups at 15 (on 40 rotating objects, 2,880 points, the kept
+    graph had 3 components where the whole has 1; 1 from 30 on) and SD
+    stalled (below).  Fashion-MNIST and the swiss roll keep one component at
+    10 already.  The full L+ of perplexity-30 affinities fills the factor: t-SNE on
     Fashion-MNIST 20k factorized in 26.7 s (4.3 s at kappa = 15) and solved in
     48 ms (18 ms); on Fashion-MNIST 5k (Barnes-Hut) 500 iterations at kappa = 15
     took 10.5 s to KL 1.258 against 16 s to 1.260 with the full L+.  On small
@@ -230,28 +253,31 @@ class Spectral(Direction):
     link weakly, whose curvature lies in the dropped ones) all the way, and
     once B is refreshed at a spread layout the line search cut the steps to
     0.01 and below until the stopping test ended the fit: on 100 rotating
-    objects (7,200 points, 32 x 32) KL 1.913 and 10-NN accuracy 0.658 after
-    159 iterations, against the classic optimizer's 1.493 and 0.934.  CG's
+    objects (7,200 points, 32 x 32) at kappa = 15 KL 1.913 and 10-NN accuracy
+    0.658 after 159 iterations, against the classic optimizer's 1.493 and 0.934.  CG's
     truncated solve resolves the stiff modes first and stops at 1.462 and
     0.886 (6.4 s against 8.7 s); 40 such objects: 1.269 and 0.872 against the
     factor's 1.365 and 0.775; 10 objects (720 points) at kappa = 15, 300
     iterations: 0.837 and 0.900 against 1.108 and 0.714 (but at kappa = 10
     1.148 and 0.644 against 0.932 and 0.900: no solver makes a too sparse L+
-    safe, see EE below).  On Fashion-MNIST the two are level: the default fit
+    safe, see EE below).  With the default kappa, 30 on these sets, SD by CG
+    ends at KL 1.333 and accuracy 0.915 on 100 objects (12.1 s) and at 1.004
+    and 0.908 on 40 (10.9 s; classic 1.034 and 0.921 in 9.1 s).  On
+    Fashion-MNIST the two solvers are level: the default fit
     of 5k and 10k reached the factor's KL 1.28 and 1.54 in 0.6 s against 0.7
     s and 1.7 s against 1.9 s; with exact sums at 5k, CG reached gradient
     descent's 1,000-iteration KL sooner (0.57 s against 0.69 s) and 1.25
     sooner (5.6 s against 5.9 s), the classic optimizer's 1.266 later (3.7 s
     against 2.35 s), and stood lower after 400 iterations (1.237 against
-    1.244); at 20k: 71 s to KL 1.814 with the factor, 47 s to 1.824 with CG.  With the full L+ (rotating_objects,
-    720 points) the factor wins: KL 0.849 against 0.931 after 200 iterations.
+    1.244); at 20k: 71 s to KL 1.814 with the factor, 47 s to 1.824 with CG.
+    With the full L+ (rotating_objects, 720 points) the factor wins: KL 0.849
+    against 0.931 after 200 iterations.
     EE's fixed weights need no refresh, but its sparsified L+ has the same
-    near-null modes whatever the solver: on 40 rotating objects (2,880 points)
-    its SD stalled at steps below 1e-3, E 29.05 after 1,000 iterations,
-    against 21.27 in 307 iterations at kappa = 30 (on Fashion-MNIST 20k kappa
-    = 30 took 2.1x as long to the same E, so 15 stays the default: set
-    ``kappa`` to the perplexity or more for data of many small, weakly linked
-    groups).
+    near-null modes whatever the solver: on 40 rotating objects its SD
+    stalled at steps below 1e-3, E 29.05 after 1,000 iterations at kappa =
+    15, against 21.27 in 307 iterations at 30, the default's choice there (on
+    Fashion-MNIST 20k 30 would take 2.1x as long to the same E; the default
+    stays at 15 there).
 
     ``refresh=R`` (method_params ``sd_refresh``): every R iterations B is rebuilt
     (and refactorized) from the attractive weights at the current layout.  For
@@ -286,9 +312,10 @@ class Spectral(Direction):
                  cg_maxiter=CG_MAXITER, refresh="auto"):
         super().__init__(objective, X)
         check_choice(solver, "sd_solver", self.SOLVERS)
+        self.grow_kappa = kappa is None and X.shape[0] > self.FULL_LAPLACIAN_MAX_N
         if kappa is not None:
             kappa = check_int(kappa, "kappa", 1)
-        elif X.shape[0] > self.FULL_LAPLACIAN_MAX_N:
+        elif self.grow_kappa:
             kappa = self.AUTO_KAPPA
         self.kappa = kappa
         self.refresh = check_refresh(refresh)
@@ -305,11 +332,19 @@ class Spectral(Direction):
         # With refreshes, from the start layout's weights too (MAC builds one
         # direction per mu at a spread layout; a new fit starts near X = 0).
         self._build(objective.attractive_weights(X if self.refresh else None), X)
+        # kappa is chosen from the first weights only: a refresh at a spread t-SNE
+        # layout weakens the links between separated clusters by design, and
+        # growing kappa to keep them (40 rotating objects: 15 -> 30 -> 60; 100:
+        # 30 -> 120) took 12.7 s to KL 0.998 and 15.6 s to 1.359, against 10.9 s
+        # to 1.004 and 12.1 s to 1.333 with kappa kept at 30.
+        self.grow_kappa = False
 
     def _build(self, W, X):
         """B, its diagonal and solver from the attractive weights W."""
         be = self.be
-        W = sparsify(be, W, self.kappa)
+        W, self.kappa, (n_comp, labels) = connected_sparsify(
+            scipy.sparse.csr_matrix(be.to_host(W)), self.kappa, self.grow_kappa)
+        W = be.sparse.csr_matrix(W)
         # Assembled in float64 whatever X's dtype: mu = 1e-10 min diag vanishes
         # against the diagonal in float32, and the factor of a Laplacian without
         # it is singular (CHOLMOD: "not positive definite").
@@ -320,8 +355,6 @@ class Spectral(Direction):
         self.diag = L4.diagonal()
         # Each connected component of the graph can translate without attractive
         # curvature; those modes get the FP (mean degree) curvature instead of mu.
-        n_comp, labels = scipy.sparse.csgraph.connected_components(
-            scipy.sparse.csr_matrix(be.to_host(W)), directed=False)
         self.labels = be.asarray(labels)
         self.counts = be.asarray(np.bincount(labels, minlength=n_comp).astype(np.float64))
         self.component_curvature = floor_zero_curvature(
