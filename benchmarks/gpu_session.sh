@@ -27,9 +27,9 @@
 # seven t-SNE optimizers: 185 s, before SD's CG kernels), large over 285 s (its
 # FGT and SD's CG since replaced; now without the FP run), msne over 190 s.  On
 # the H200 at 9790d63: tests 276 s, bench 89 s, spectral 58 s, mac 90 s, msne
-# 112 s.  The scripts write their JSON as they go (after each fit or run) and
-# GPUEMBED_RESULTS_COPY puts a copy in $OUT at once, so a call cut by its limit
-# still brings back what it finished.
+# 112 s.  GPUEMBED_RESULTS_COPY puts a copy of each JSON in $OUT as it is
+# written, and bench_embedding and bench_nbody write theirs after each fit or
+# run, so a call cut by its limit still brings back what they finished.
 #
 # Fashion-MNIST travels with the working tree: before the first call, here,
 #   mkdir -p .fmnist && cp /usr/share/datasets/fashion-mnist/*.gz .fmnist/
