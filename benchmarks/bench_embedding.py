@@ -272,8 +272,7 @@ def coil(n_objects, backend="cpu"):
             ("EE", "sd (default)", {}),
             ("EE", "sd, kappa 15 (before)", {"kappa": 15}))
     for name, _, extra in fits:             # compile on 500 points
-        getattr(ge, name)(max_iter=3, backend=be, kappa=5, **{
-            k: v for k, v in extra.items() if k != "kappa"}).fit(X[:500])
+        getattr(ge, name)(max_iter=3, backend=be, **{**extra, "kappa": 5}).fit(X[:500])
     exact = {name: ge.objectives.make_objective(name.lower(), A.P, be, np.float64,
                                                 nbody="exact") for name in ("TSNE", "EE")}
     runs = []

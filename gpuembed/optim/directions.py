@@ -312,10 +312,10 @@ class Spectral(Direction):
                  cg_maxiter=CG_MAXITER, refresh="auto"):
         super().__init__(objective, X)
         check_choice(solver, "sd_solver", self.SOLVERS)
-        self.grow_kappa = kappa is None and X.shape[0] > self.FULL_LAPLACIAN_MAX_N
+        grow_kappa = kappa is None and X.shape[0] > self.FULL_LAPLACIAN_MAX_N
         if kappa is not None:
             kappa = check_int(kappa, "kappa", 1)
-        elif self.grow_kappa:
+        elif grow_kappa:
             kappa = self.AUTO_KAPPA
         self.kappa = kappa
         self.refresh = check_refresh(refresh)
@@ -331,19 +331,19 @@ class Spectral(Direction):
         self.previous = None
         # With refreshes, from the start layout's weights too (MAC builds one
         # direction per mu at a spread layout; a new fit starts near X = 0).
-        self._build(objective.attractive_weights(X if self.refresh else None), X)
-        # kappa is chosen from the first weights only: a refresh at a spread t-SNE
+        # kappa is chosen from these first weights only: a refresh at a spread t-SNE
         # layout weakens the links between separated clusters by design, and
         # growing kappa to keep them (40 rotating objects: 15 -> 30 -> 60; 100:
         # 30 -> 120) took 12.7 s to KL 0.998 and 15.6 s to 1.359, against 10.9 s
         # to 1.004 and 12.1 s to 1.333 with kappa kept at 30.
-        self.grow_kappa = False
+        self._build(objective.attractive_weights(X if self.refresh else None), X, grow_kappa)
 
-    def _build(self, W, X):
-        """B, its diagonal and solver from the attractive weights W."""
+    def _build(self, W, X, grow_kappa=False):
+        """B, its diagonal and solver from the attractive weights W (``grow_kappa``:
+        see :func:`connected_sparsify`)."""
         be = self.be
         W, self.kappa, (n_comp, labels) = connected_sparsify(
-            scipy.sparse.csr_matrix(be.to_host(W)), self.kappa, self.grow_kappa)
+            scipy.sparse.csr_matrix(be.to_host(W)), self.kappa, grow_kappa)
         W = be.sparse.csr_matrix(W)
         # Assembled in float64 whatever X's dtype: mu = 1e-10 min diag vanishes
         # against the diagonal in float32, and the factor of a Laplacian without
