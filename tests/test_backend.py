@@ -10,7 +10,7 @@ from gpuembed.backend import kernel_path, kernel_source
 from conftest import HAS_GPU
 
 KERNEL_FILES = ["adam.cu", "barneshut.cu", "cg.cu", "entropic.cu", "fgt.cu", "knn_select.cu",
-                "msne.cu", "nbody_exact.cu"]
+                "mlp.cu", "msne.cu", "nbody_exact.cu"]
 
 
 def test_cpu_backend_attributes():

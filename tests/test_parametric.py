@@ -8,6 +8,7 @@ from gpuembed.objectives import make_objective
 from gpuembed.parametric import LinearMapping, MLPMapping, RBFMapping, chain_rule, make_mapping
 from gpuembed.parametric.chainrule import _ParametricObjective
 from gpuembed.parametric.mac import path_curvature
+from gpuembed.parametric.mappings import _MinibatchBuffers
 
 CPU = get_backend("cpu")
 
@@ -153,14 +154,31 @@ def test_mlp_hidden_layers(rng):
             MLPMapping(hidden=bad)
 
 
+def test_mlp_copies_and_pickles_train_their_own_parameters(rng):
+    """The layers are views of one parameter vector: a deep copy or an unpickled
+    mapping must train and read its own vector (kept views would come apart)."""
+    import copy
+    import pickle
+    Y, Z = rng.normal(size=(60, 3)), rng.normal(size=(60, 2))
+    m = MLPMapping(hidden=(6,), initial_epochs=2, epochs=2, random_state=0).fit(Y, Z)
+    before = m.predict(Y)
+    copies = [copy.deepcopy(m), pickle.loads(pickle.dumps(m))]
+    for c in [m] + copies:
+        c.fit(Y, Z, warm_start=True)
+    for c in copies:
+        np.testing.assert_array_equal(c.predict(Y), m.predict(Y))
+    assert not np.allclose(m.predict(Y), before)
+
+
 def test_mlp_backpropagation_matches_finite_differences(rng):
     Y, Z = rng.normal(size=(40, 3)), rng.normal(size=(40, 2))
     m = MLPMapping(hidden=(8, 5), initial_epochs=0, random_state=0).fit(Y, Z)
     U, T = (Y - m.y_mean_) / m.y_std_, (Z - m.z_mean_) / m.z_std_
-    grads = m._gradients(np, U, T)
+    grads = m._layers(np.empty_like(m._theta))
+    m._minibatch_gradient(np, m.weights_, U, T, grads)
 
     def loss():
-        return ((m._forward(np, U)[-1] - T) ** 2).mean()
+        return ((m._forward(np, U, m.weights_)[-1] - T) ** 2).mean()
     h = 1e-6
     for layer, layer_grads in zip(m.weights_, grads):
         for p, g in zip(layer, layer_grads):
@@ -171,6 +189,14 @@ def test_mlp_backpropagation_matches_finite_differences(rng):
             down = loss()
             p += h * V
             assert (g * V).sum() == pytest.approx((up - down) / (2 * h), rel=1e-6)
+    # fit's path through buffers allocated once, on a short (last) minibatch
+    buffers = _MinibatchBuffers(np, m._sizes, 40, m._theta)
+    buffered = m._layers(buffers.gradient)
+    m._minibatch_gradient(np, m.weights_, U[:25], T[:25], buffered, buffers)
+    m._minibatch_gradient(np, m.weights_, U[:25], T[:25], grads)
+    for layer, layer_buffered in zip(grads, buffered):
+        for g, g_buffered in zip(layer, layer_buffered):
+            np.testing.assert_array_equal(g_buffered, g)
 
 
 def test_chain_rule_gradient_matches_finite_differences(rng):
@@ -416,9 +442,10 @@ def test_adam_step_kernel_matches_numpy(rng, dtype, rel, weight_decay):
     """kernels/adam.cu against adam_step's NumPy branch over 5 steps (the bias
     corrections change each step) on more elements than the launch's threads
     (the grid-stride loop), gradients of both signs and moments from zero."""
-    from gpuembed.parametric.mappings import ADAM_BLOCK, ADAM_MAX_BLOCKS, adam_step
+    from gpuembed.parametric.mappings import (ELEMENTWISE_BLOCK, ELEMENTWISE_MAX_BLOCKS,
+                                              adam_step)
     gpu = get_backend("gpu")
-    n = ADAM_BLOCK * ADAM_MAX_BLOCKS + 37
+    n = ELEMENTWISE_BLOCK * ELEMENTWISE_MAX_BLOCKS + 37
     host = [rng.normal(size=n).astype(dtype), np.zeros(n, dtype), np.zeros(n, dtype)]
     device = [gpu.asarray(a) for a in host]
     start = host[0].copy()
@@ -432,6 +459,51 @@ def test_adam_step_kernel_matches_numpy(rng, dtype, rel, weight_decay):
         np.testing.assert_allclose(gpu.to_host(got), want, rtol=rel, atol=rel * np.abs(want).max())
     moved = np.abs(host[0] - start)
     assert (moved > 0).all() and np.median(moved) > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,rel", [(np.float64, 1e-13), (np.float32, 1e-6)])
+def test_mlp_elementwise_kernels_match_numpy(rng, dtype, rel):
+    """kernels/mlp.cu against the NumPy branches of bias_activation (with and
+    without tanh), tanh_backward and scaled_residual, on more elements than the
+    launch's threads (the grid-stride loop) and a column count that does not
+    divide them (the bias index)."""
+    from gpuembed.parametric.mappings import (ELEMENTWISE_BLOCK, ELEMENTWISE_MAX_BLOCKS,
+                                              bias_activation, scaled_residual, tanh_backward)
+    gpu = get_backend("gpu")
+    shape = (ELEMENTWISE_BLOCK * ELEMENTWISE_MAX_BLOCKS // 7 + 5, 7)
+    H, A, Z = (rng.normal(size=shape).astype(dtype) for _ in range(3))
+    b = rng.normal(size=shape[1]).astype(dtype)
+    steps = [lambda H, A, Z, b: bias_activation(H, b, True),
+             lambda H, A, Z, b: bias_activation(H, b, False),
+             lambda H, A, Z, b: tanh_backward(H, A),
+             lambda H, A, Z, b: scaled_residual(H, Z, 0.37)]
+    for step in steps:
+        want = H.copy()
+        step(want, A, Z, b)
+        got = gpu.asarray(H)
+        step(got, *map(gpu.asarray, (A, Z, b)))
+        assert got.dtype == dtype
+        np.testing.assert_allclose(gpu.to_host(got), want, rtol=rel, atol=rel)
+        assert not np.allclose(want, H)
+
+
+@pytest.mark.gpu
+def test_mlp_mapping_gpu_matches_cpu(rng):
+    """Two hidden layers, warm starts and weight decay: the fit, predict and
+    backward of the flat parameter vector on device arrays equal the CPU's."""
+    Y, Z = rng.normal(size=(250, 6)), rng.normal(size=(250, 2))
+    gpu = get_backend("gpu")
+    maps = []
+    for Yb, Zb in ((Y, Z), (gpu.asarray(Y), gpu.asarray(Z))):
+        m = MLPMapping(hidden=(12, 9), initial_epochs=3, epochs=2, weight_decay=0.01,
+                       random_state=0).fit(Yb, Zb)
+        m.fit(Yb, 1.5 * Zb, warm_start=True)
+        maps.append((m, m.predict(Yb), m.backward(Yb, Zb)))
+    (_, want, want_grads), (_, got, got_grads) = maps
+    np.testing.assert_allclose(gpu.to_host(got), want, rtol=1e-10, atol=1e-10)
+    for g_want, g_got in zip(want_grads, got_grads):
+        np.testing.assert_allclose(gpu.to_host(g_got), g_want, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.gpu

@@ -166,30 +166,108 @@ def uniform_sample_weight(sample_weight):
     return check_float(sample_weight, "sample_weight", 0.0, low_open=True)
 
 
-ADAM_BLOCK, ADAM_MAX_BLOCKS = 256, 1024
+# Grid of the elementwise kernels (kernels/adam.cu, kernels/mlp.cu): grid-stride
+# loops over at most this many blocks.
+ELEMENTWISE_BLOCK, ELEMENTWISE_MAX_BLOCKS = 256, 1024
 
 
-def adam_step(p, g, m, v, lr, step, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+def _launch(name, filename, first, args):
+    """One grid-stride kernel of ``filename`` over the elements of ``first``."""
+    be = get_backend("gpu")
+    blocks = min(-(-first.size // ELEMENTWISE_BLOCK), ELEMENTWISE_MAX_BLOCKS)
+    be.kernel(filename, name, first.dtype)((blocks,), (ELEMENTWISE_BLOCK,), (first, *args))
+
+
+def adam_step(p, g, m, v, lr, step, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+              scratch=None):
     """One Adam step, in place on the parameters ``p`` and the moments ``m``, ``v``,
     from the gradient ``g`` (``step`` = t >= 1 sets the bias corrections).  The
     NumPy code is the reference; on the GPU it is one launch of kernels/adam.cu
-    instead of 14 CuPy calls."""
+    instead of 14 CuPy calls.  On the CPU it writes its terms into ``scratch``
+    (two arrays shaped as p, allocated when None)."""
     bias1, bias2 = 1.0 - beta1**step, 1.0 - beta2**step
     if array_module(p) is np:
+        a, b = scratch or (np.empty_like(p), np.empty_like(p))
         if weight_decay:
-            g = g + weight_decay * p
+            g = np.add(g, weight_decay * p, out=b)
+        np.multiply(g, 1 - beta1, out=a)            # m <- beta1 m + (1 - beta1) g
         m *= beta1
-        m += (1 - beta1) * g
+        m += a
+        np.multiply(g, 1 - beta2, out=a)            # v <- beta2 v + (1 - beta2) g g
+        a *= g
         v *= beta2
-        v += (1 - beta2) * g * g
-        p -= lr * (m / bias1) / (np.sqrt(v / bias2) + eps)
+        v += a
+        np.divide(v, bias2, out=a)                  # p <- p - lr (m / bias1) / (...)
+        np.sqrt(a, out=a)
+        a += eps
+        np.divide(m, bias1, out=b)
+        b *= lr
+        b /= a
+        p -= b
         return
-    be = get_backend("gpu")
-    kernel = be.kernel("adam.cu", "adam_step", p.dtype)
-    g = be.xp.ascontiguousarray(g, dtype=p.dtype)
-    blocks = min(-(-p.size // ADAM_BLOCK), ADAM_MAX_BLOCKS)
-    kernel((blocks,), (ADAM_BLOCK,), (p, g, m, v, np.int64(p.size), *map(
+    g = get_backend("gpu").xp.ascontiguousarray(g, dtype=p.dtype)
+    _launch("adam_step", "adam.cu", p, (g, m, v, np.int64(p.size), *map(
         np.float64, (lr, beta1, beta2, bias1, bias2, eps, weight_decay))))
+
+
+def bias_activation(H, b, activate):
+    """H <- H + b (b per column), then tanh if ``activate``; in place.  One launch
+    of kernels/mlp.cu on the GPU."""
+    if array_module(H) is np:
+        H += b
+        if activate:
+            np.tanh(H, out=H)
+        return
+    b = get_backend("gpu").xp.asarray(b, dtype=H.dtype)
+    _launch("bias_activation", "mlp.cu", H, (b, np.int64(H.size), np.int64(H.shape[1]),
+                                              np.int32(activate)))
+
+
+def tanh_backward(D, A, scratch=None):
+    """D <- D (1 - A^2) in place: back through a tanh whose output is A (on the
+    CPU through ``scratch``, an array shaped as A, allocated when None)."""
+    if array_module(D) is np:
+        S = np.multiply(A, A, out=scratch)
+        np.subtract(1.0, S, out=S)
+        D *= S
+        return
+    _launch("tanh_backward", "mlp.cu", D, (A, np.int64(D.size)))
+
+
+def scaled_residual(O, Z, scale):
+    """O <- (O - Z) scale in place."""
+    if array_module(O) is np:
+        O -= Z
+        O *= scale
+        return
+    Z = get_backend("gpu").xp.ascontiguousarray(Z, dtype=O.dtype)
+    _launch("scaled_residual", "mlp.cu", O, (Z, np.int64(O.size), np.float64(scale)))
+
+
+class _MinibatchBuffers:
+    """Every array a minibatch step of MLPMapping.fit writes, allocated once per
+    fit: the layers' outputs, the hidden layers' back-propagated gradients, the
+    parameters' gradient and (on the CPU) the scratch of tanh_backward and
+    adam_step.  Allocated per minibatch, arrays of a few hundred KB went back to
+    the OS and came back as fresh pages (glibc's malloc): an epoch of a net
+    3-100-500-2 on 20,000 points took 0.19-0.52 s on a 2-core EPYC, as the
+    allocator happened to keep memory or not, and takes 0.18 s with the buffers.
+    A short last minibatch uses the first rows of each (batch, width) array."""
+
+    def __init__(self, xp, sizes, batch, theta):
+        self.outputs = [xp.empty((batch, w), dtype=theta.dtype) for w in sizes[1:]]
+        self.deltas = [xp.empty((batch, w), dtype=theta.dtype) for w in sizes[1:-1]]
+        self.gradient = xp.empty_like(theta)
+        host = xp is np
+        self._scratch = np.empty(batch * max(sizes[1:]), dtype=theta.dtype) if host else None
+        self.adam_scratch = (np.empty_like(theta), np.empty_like(theta)) if host else None
+
+    def scratch(self, shape):
+        """A contiguous host array of ``shape`` (at most the widest layer's); None
+        on the GPU, whose kernels need none."""
+        if self._scratch is None:
+            return None
+        return self._scratch[:shape[0] * shape[1]].reshape(shape)
 
 
 class MLPMapping:
@@ -210,6 +288,14 @@ class MLPMapping:
 
     ``fit``'s ``sample_weight`` (a float) scales the squared error as in
     RBFMapping: the weight decay acts at ``weight_decay / sample_weight``.
+
+    All weights and biases are views of one vector, and so are their gradients
+    and Adam's moments: a minibatch's update is one Adam step over the vector
+    (on the GPU one launch, not one per array), and each epoch permutes the
+    inputs once so that a minibatch is a slice.  A minibatch of a net with two
+    hidden layers is 21 GPU calls and launches, 38 with one Adam launch per array
+    and a gather per minibatch (benchmarks/gpu_call_counts.py).  Every array a
+    minibatch writes is allocated once per fit (_MinibatchBuffers).
     """
 
     def __init__(self, hidden=(100,), epochs=5, initial_epochs=50, batch_size=100,
@@ -225,28 +311,44 @@ class MLPMapping:
         self.weight_decay = weight_decay
         self.random_state = random_state
 
+    @property
+    def weights_(self):
+        """[(W, b) per layer]: views of the parameter vector (views are not kept, so
+        that a copied or unpickled mapping still trains the vector it reads)."""
+        return self._layers(self._theta)
+
+    def _layers(self, vector):
+        """[(W, b) per layer] as views of a parameter-sized vector."""
+        layers, start = [], 0
+        for a, b in zip(self._sizes[:-1], self._sizes[1:]):
+            W = vector[start:start + a * b].reshape(a, b)
+            layers.append((W, vector[start + a * b:start + a * b + b]))
+            start += a * b + b
+        return layers
+
     def _init(self, xp, Y, Z):
         rng = np.random.default_rng(self.random_state)
         self._rng = rng
         self.y_mean_, self.y_std_ = Y.mean(axis=0), Y.std(axis=0) + 1e-12
         self.z_mean_, self.z_std_ = Z.mean(axis=0), Z.std(axis=0) + 1e-12
-        sizes = (Y.shape[1],) + self.hidden + (Z.shape[1],)
+        self._sizes = (Y.shape[1],) + self.hidden + (Z.shape[1],)
         dtype = float_dtype(Y)      # integer weights of integer input would not train
-        self.weights_ = []
-        for a, b in zip(sizes[:-1], sizes[1:]):
-            scale = np.sqrt(6.0 / (a + b))
-            self.weights_.append([xp.asarray(rng.uniform(-scale, scale, (a, b)), dtype=dtype),
-                                  xp.zeros(b, dtype=dtype)])
-        self._adam = ([[(xp.zeros_like(p), xp.zeros_like(p)) for p in layer]
-                       for layer in self.weights_], 0)
+        n_params = sum(a * b + b for a, b in zip(self._sizes[:-1], self._sizes[1:]))
+        self._theta = xp.zeros(n_params, dtype=dtype)
+        for W, _ in self.weights_:
+            scale = np.sqrt(6.0 / sum(W.shape))
+            W[...] = xp.asarray(rng.uniform(-scale, scale, W.shape), dtype=dtype)
+        self._adam = (xp.zeros_like(self._theta), xp.zeros_like(self._theta), 0)
         self.n_warm_starts_ = 0
 
-    def _forward(self, xp, U):
+    @staticmethod
+    def _forward(xp, U, layers, outputs=None):
+        """Each layer's output for input rows U, into ``outputs`` where given."""
         activations = [U]
-        for i, (W, b) in enumerate(self.weights_):
-            U = U @ W + b
-            if i < len(self.weights_) - 1:
-                U = xp.tanh(U)
+        last = len(layers) - 1
+        for i, (W, b) in enumerate(layers):
+            U = U @ W if outputs is None else xp.matmul(U, W, out=outputs[i][:len(U)])
+            bias_activation(U, b, i < last)
             activations.append(U)
         return activations
 
@@ -268,41 +370,55 @@ class MLPMapping:
         U = (Y - self.y_mean_) / self.y_std_
         T = (Z - self.z_mean_) / self.z_std_
         n = Y.shape[0]
+        layers = self.weights_
+        buffers = _MinibatchBuffers(xp, self._sizes, min(batch, n), self._theta)
+        layer_gradients = self._layers(buffers.gradient)
         # Adam's state carries over warm starts: restarting it (bias-corrected first
         # steps of size ~lr whatever the gradient) shook a converged net at every
         # F step, and P(F) rose late on the MAC path (Fashion-MNIST 5k: best P 1.85
         # restarting, see benchmarks/results/mac.json for the carried state).
-        moments, step = self._adam
+        m, v, step = self._adam
         for _ in range(epochs):
             order = xp.asarray(self._rng.permutation(n))
+            U_epoch, T_epoch = U[order], T[order]
             for start in range(0, n, batch):
-                idx = order[start:start + batch]
-                grads = self._gradients(xp, U[idx], T[idx])
+                self._minibatch_gradient(xp, layers, U_epoch[start:start + batch],
+                                         T_epoch[start:start + batch], layer_gradients,
+                                         buffers)
                 step += 1
-                for layer, layer_grads, layer_moments in zip(self.weights_, grads, moments):
-                    for p, g, (m, v) in zip(layer, layer_grads, layer_moments):
-                        adam_step(p, g, m, v, lr, step, weight_decay=weight_decay)
-        self._adam = (moments, step)
+                adam_step(self._theta, buffers.gradient, m, v, lr, step,
+                          weight_decay=weight_decay, scratch=buffers.adam_scratch)
+        self._adam = (m, v, step)
         return self
 
-    def _gradients(self, xp, U, T):
-        """Gradients of the mean squared error over one minibatch."""
-        acts = self._forward(xp, U)
-        return self._backprop(xp, acts, (acts[-1] - T) * (2.0 / T.size))
+    def _minibatch_gradient(self, xp, layers, U, T, gradients, buffers=None):
+        """The mean squared error's gradient on one minibatch, into ``gradients``."""
+        acts = self._forward(xp, U, layers, buffers and buffers.outputs)
+        scaled_residual(acts[-1], T, 2.0 / T.size)
+        self._backprop(xp, layers, acts, acts[-1], gradients, buffers)
 
-    def _backprop(self, xp, acts, delta):
-        """Parameter gradients [(dW, db) per layer] from the output gradient ``delta``."""
-        grads = []
-        for i in range(len(self.weights_) - 1, -1, -1):
-            W, _ = self.weights_[i]
-            grads.append((acts[i].T @ delta, delta.sum(axis=0)))
+    @staticmethod
+    def _backprop(xp, layers, acts, delta, gradients, buffers=None):
+        """Parameter gradients into ``gradients`` ([(dW, db) per layer], views of one
+        vector) from the output gradient ``delta`` (overwritten); the hidden layers'
+        gradients into ``buffers`` where given."""
+        rows = len(delta)
+        for i in range(len(layers) - 1, -1, -1):
+            dW, db = gradients[i]
+            xp.matmul(acts[i].T, delta, out=dW)
+            delta.sum(axis=0, out=db)
             if i:
-                delta = (delta @ W.T) * (1.0 - acts[i] * acts[i])    # tanh' = 1 - tanh^2
-        return grads[::-1]
+                W = layers[i][0]
+                if buffers is None:
+                    delta, scratch = delta @ W.T, None
+                else:
+                    delta = xp.matmul(delta, W.T, out=buffers.deltas[i - 1][:rows])
+                    scratch = buffers.scratch(delta.shape)
+                tanh_backward(delta, acts[i], scratch)
 
     def predict(self, Y):
-        xp = array_module(Y)
-        out = self._forward(xp, (Y - self.y_mean_) / self.y_std_)[-1]
+        out = self._forward(array_module(Y), (Y - self.y_mean_) / self.y_std_,
+                            self.weights_)[-1]
         return out * self.z_std_ + self.z_mean_
 
     def parameters(self):
@@ -311,8 +427,11 @@ class MLPMapping:
     def backward(self, Y, G):
         """Gradients of sum_n G_n . F(y_n) wrt parameters() (backpropagation)."""
         xp = array_module(Y)
-        acts = self._forward(xp, (Y - self.y_mean_) / self.y_std_)
-        return [g for layer in self._backprop(xp, acts, G * self.z_std_) for g in layer]
+        layers = self.weights_
+        acts = self._forward(xp, (Y - self.y_mean_) / self.y_std_, layers)
+        gradients = self._layers(xp.empty_like(self._theta))
+        self._backprop(xp, layers, acts, G * self.z_std_, gradients)
+        return [g for layer in gradients for g in layer]
 
 
 MAPPINGS = {"linear": LinearMapping, "rbf": RBFMapping, "mlp": MLPMapping}
@@ -329,7 +448,7 @@ def make_mapping(mapping, params=None, random_state=None):
         if mapping != "linear":
             params.setdefault("random_state", random_state)
         return MAPPINGS[mapping](**params)
-    if not (callable(getattr(mapping, "fit", None)) and callable(getattr(mapping, "predict", None))):
+    if not all(callable(getattr(mapping, name, None)) for name in ("fit", "predict")):
         raise TypeError("mapping must be 'linear', 'rbf', 'mlp' or an object with fit(Y, Z) "
                         f"and predict(Y) methods, got {type(mapping).__name__}")
     if params:
