@@ -246,9 +246,9 @@ def main():
     if "rbf" in parts:
         X, _ = ge.datasets.fashion_mnist()
         Y = pca(X[: args.rbf_n].astype(np.float64), 50)
+        mac = {"random_state": 0}
         data = curves(Y, ge.TSNE(backend=be, random_state=0), "rbf",
-                      {"MAC": {"random_state": 0},
-                       "MAC (penalty)": {"random_state": 0, "augmented": False}},
+                      {"MAC": mac, "MAC (penalty)": {**mac, "augmented": False}},
                       ("bh",), args.chain_iter * 10, "lbfgs")
         figures["tsne_rbf_fashion_mnist"] = {"n": args.rbf_n, **data}
         plot(data, RESULTS / f"mac_rbf{args.suffix}.png",
@@ -257,10 +257,9 @@ def main():
         X, _ = ge.datasets.fashion_mnist()
         Y = pca(X[: args.mlp_n].astype(np.float64), 50)
         mlp = {"hidden": (256, 256), "initial_epochs": 30, "epochs": 3, "random_state": 0}
+        mac = {"mapping_params": mlp, "n_mu": 8, "max_inner": 3, "z_max_iter": 10}
         data = curves(Y, ge.TSNE(backend=be, nbody="bh", random_state=0, max_iter=200), "mlp",
-                      {"MAC": {"mapping_params": mlp, "n_mu": 8, "max_inner": 3, "z_max_iter": 10},
-                       "MAC (penalty)": {"mapping_params": mlp, "n_mu": 8, "max_inner": 3,
-                                         "z_max_iter": 10, "augmented": False}},
+                      {"MAC": mac, "MAC (penalty)": {**mac, "augmented": False}},
                       ("bh",), 100, "gd")
         figures["tsne_mlp_fashion_mnist"] = {"n": args.mlp_n, **data}
         plot(data, RESULTS / f"mac_mlp{args.suffix}.png",

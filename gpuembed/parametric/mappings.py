@@ -171,11 +171,13 @@ def uniform_sample_weight(sample_weight):
 ELEMENTWISE_BLOCK, ELEMENTWISE_MAX_BLOCKS = 256, 1024
 
 
-def _launch(name, filename, first, args):
-    """One grid-stride kernel of ``filename`` over the elements of ``first``."""
-    be = get_backend("gpu")
+def _launch(name, filename, arrays, scalars=()):
+    """One grid-stride kernel of ``filename`` over the elements of ``arrays[0]``,
+    whose arguments are the arrays, their element count and the scalars."""
+    first = arrays[0]
     blocks = min(-(-first.size // ELEMENTWISE_BLOCK), ELEMENTWISE_MAX_BLOCKS)
-    be.kernel(filename, name, first.dtype)((blocks,), (ELEMENTWISE_BLOCK,), (first, *args))
+    get_backend("gpu").kernel(filename, name, first.dtype)(
+        (blocks,), (ELEMENTWISE_BLOCK,), (*arrays, np.int64(first.size), *scalars))
 
 
 def adam_step(p, g, m, v, lr, step, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
@@ -206,7 +208,7 @@ def adam_step(p, g, m, v, lr, step, beta1=0.9, beta2=0.999, eps=1e-8, weight_dec
         p -= b
         return
     g = get_backend("gpu").xp.ascontiguousarray(g, dtype=p.dtype)
-    _launch("adam_step", "adam.cu", p, (g, m, v, np.int64(p.size), *map(
+    _launch("adam_step", "adam.cu", (p, g, m, v), tuple(map(
         np.float64, (lr, beta1, beta2, bias1, bias2, eps, weight_decay))))
 
 
@@ -219,8 +221,7 @@ def bias_activation(H, b, activate):
             np.tanh(H, out=H)
         return
     b = get_backend("gpu").xp.asarray(b, dtype=H.dtype)
-    _launch("bias_activation", "mlp.cu", H, (b, np.int64(H.size), np.int64(H.shape[1]),
-                                              np.int32(activate)))
+    _launch("bias_activation", "mlp.cu", (H, b), (np.int64(H.shape[1]), np.int32(activate)))
 
 
 def tanh_backward(D, A, scratch=None):
@@ -231,7 +232,7 @@ def tanh_backward(D, A, scratch=None):
         np.subtract(1.0, S, out=S)
         D *= S
         return
-    _launch("tanh_backward", "mlp.cu", D, (A, np.int64(D.size)))
+    _launch("tanh_backward", "mlp.cu", (D, A))
 
 
 def scaled_residual(O, Z, scale):
@@ -241,7 +242,7 @@ def scaled_residual(O, Z, scale):
         O *= scale
         return
     Z = get_backend("gpu").xp.ascontiguousarray(Z, dtype=O.dtype)
-    _launch("scaled_residual", "mlp.cu", O, (Z, np.int64(O.size), np.float64(scale)))
+    _launch("scaled_residual", "mlp.cu", (O, Z), (np.float64(scale),))
 
 
 class _MinibatchBuffers:
