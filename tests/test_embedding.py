@@ -1,5 +1,6 @@
 """Estimators and optimizers (seed 002 sections 2-3; dissertation 5.3 for transform)."""
 import numpy as np
+import scipy.linalg
 import scipy.sparse
 import pytest
 
@@ -315,22 +316,61 @@ def test_sparsify_keeps_each_rows_largest_weights(rng):
     assert np.diff(W.indptr).min() < kappa < np.diff(W.indptr).max()
 
 
-@pytest.mark.parametrize("library", ["cholmod", "superlu"])
+@pytest.mark.parametrize("library", ["cholmod", "superlu", "dense"])
 def test_cpu_factorization_solves_against_dense(monkeypatch, library):
+    """Each of factorize_cpu's three factorizations solves B P = G; a B with at
+    least N^2 / DENSE_FACTOR_MIN_FILL nonzeros takes LAPACK's dense Cholesky, a
+    sparser one the sparse library."""
     from gpuembed.optim import directions
     if library == "superlu":
         monkeypatch.setattr(directions, "_cholespy", None)
-    else:
+    elif library == "cholmod":
         pytest.importorskip("cholespy")
+    dense_factors = []
+    cho_factor = scipy.linalg.cho_factor
+    monkeypatch.setattr(scipy.linalg, "cho_factor",
+                        lambda *a, **kw: dense_factors.append(1) or cho_factor(*a, **kw))
     rng = np.random.default_rng(3)
-    W = scipy.sparse.random(300, 300, density=0.03, random_state=4)
+    W = scipy.sparse.random(300, 300, density=0.1 if library == "dense" else 0.03,
+                            random_state=4)
     B = directions.laplacian(ge.get_backend("cpu"), W + W.T) + 1e-3 * scipy.sparse.identity(300)
+    assert (B.nnz * directions.DENSE_FACTOR_MIN_FILL >= 300 ** 2) == (library == "dense")
     G = rng.standard_normal((300, 2))
     for dtype in (np.float64, np.float32):
         P = directions.factorize_cpu(B)(G.astype(dtype))
         assert P.dtype == dtype
         np.testing.assert_allclose(P, np.linalg.solve(B.toarray(), G),
                                    rtol=1e-9 if dtype == np.float64 else 1e-4)
+    assert len(dense_factors) == (2 if library == "dense" else 0)
+
+
+def test_sd_dense_factor_of_a_disconnected_graph():
+    """The full L+ of two groups without links between them: B = 4 L+ + mu I is
+    singular up to mu = 1e-10 min diag along each group's translation, and the
+    dense factor (a graph this full takes it) still gives the direction of
+    the exact solve: each group's mean-free gradient solved by 4 L+ on that
+    group, and the group's mean moved by the FP step."""
+    from gpuembed.optim import directions
+    rng = np.random.default_rng(0)
+    n = 60
+    group = np.arange(n) // 30
+    W = np.where(group[:, None] == group[None], rng.random((n, n)), 0.0)
+    W = np.triu(W, 1)
+    W = W + W.T
+    P = scipy.sparse.csr_matrix(W / W.sum())
+    obj = objectives.make_objective("ee", P, ge.get_backend("cpu"), np.float64)
+    X = rng.standard_normal((n, 2))
+    d = directions.Spectral(obj, X)
+    assert d.solver == "cholesky" and d.B.nnz * directions.DENSE_FACTOR_MIN_FILL >= n * n
+    _, G = obj.value_and_grad(X)
+    got = d(X, G)
+    L4 = 4.0 * (np.diag(P.toarray().sum(1)) - P.toarray())
+    for g in (0, 1):
+        rows = group == g
+        Gg = G[rows] - G[rows].mean(axis=0)
+        expected = -np.linalg.lstsq(L4[np.ix_(rows, rows)], Gg, rcond=None)[0]
+        expected += -G[rows].mean(axis=0) / L4.diagonal()[rows].mean() - expected.mean(axis=0)
+        np.testing.assert_allclose(got[rows], expected, rtol=1e-6, atol=1e-9)
 
 
 def test_same_seed_same_result(small):
