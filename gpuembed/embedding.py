@@ -9,6 +9,7 @@ the kernel distribution around it), all new points together.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import types
@@ -628,6 +629,10 @@ def _has_duplicate_rows(Y):
     return np.unique(Y, axis=0).shape[0] < Y.shape[0]
 
 
+# PCA by svds of data up to this many entries runs BLAS on one thread (see _pca).
+SERIAL_SVDS_MAX_ENTRIES = 4_000_000
+
+
 def _pca(X, d):
     """Top-d principal component scores of host data X (signs fixed); columns
     beyond the number of features are zero.  Sparse X is centred implicitly
@@ -641,12 +646,19 @@ def _pca(X, d):
         scatter = ((X.T @ X).toarray() - n * np.outer(mean, mean) if is_sparse(X)
                    else Xc.T @ Xc)
         vals, vecs = np.linalg.eigh(scatter)
-        V = vecs[:, ::-1][:, :d]
+        Y = Xc @ vecs[:, ::-1][:, :d]
     else:
         v0 = np.random.default_rng(0).random(min(n, D))
-        _, _, Vt = scipy.sparse.linalg.svds(Xc, k=d, v0=v0)
-        V = Vt[::-1].T
-    Y = Xc @ V
+        # ARPACK's ~80 products wake OpenBLAS's workers, which then busy-wait for
+        # about 0.1 s and hold up the optimizer's first numba sweeps: on one
+        # thread a small svds is slower but the fit is not (rotating_objects,
+        # 720 x 4,096: SD reached gradient descent's 1,000-iteration EE objective
+        # 0.020-0.021 s into the optimizer against 0.032-0.11 s, t-SNE's in
+        # 0.22 s against 0.26-0.32 s, after a PCA 25 ms longer).
+        small = n * D <= SERIAL_SVDS_MAX_ENTRIES
+        with get_backend("cpu").serial_blas() if small else contextlib.nullcontext():
+            _, _, Vt = scipy.sparse.linalg.svds(Xc, k=d, v0=v0)
+            Y = Xc @ Vt[::-1].T
     signs = np.sign(Y[np.argmax(np.abs(Y), axis=0), np.arange(d)])
     return Y * signs
 
