@@ -50,6 +50,11 @@ from gpuembed.optim import Monitor, minimize
 from gpuembed.parametric import LinearMapping, MLPMapping, chain_rule
 
 
+# The mlp and msne parts' network (50-256-256-2, Adam) and MAC schedule.
+MLP = {"hidden": (256, 256), "initial_epochs": 30, "epochs": 3, "random_state": 0}
+MLP_MAC = {"n_mu": 8, "max_inner": 3, "z_max_iter": 10}
+
+
 def pca(X, d):
     Xc = X - X.mean(0)
     _, _, Vt = np.linalg.svd(Xc[:: max(1, len(X) // 5000)], full_matrices=False)
@@ -256,8 +261,7 @@ def main():
     if "mlp" in parts:
         X, _ = ge.datasets.fashion_mnist()
         Y = pca(X[: args.mlp_n].astype(np.float64), 50)
-        mlp = {"hidden": (256, 256), "initial_epochs": 30, "epochs": 3, "random_state": 0}
-        mac = {"mapping_params": mlp, "n_mu": 8, "max_inner": 3, "z_max_iter": 10}
+        mac = {"mapping_params": MLP, **MLP_MAC}
         data = curves(Y, ge.TSNE(backend=be, nbody="bh", random_state=0, max_iter=200), "mlp",
                       {"MAC": mac, "MAC (penalty)": {**mac, "augmented": False}},
                       ("bh",), 100, "gd")
@@ -267,9 +271,8 @@ def main():
     if "msne" in parts:
         X, labels = ge.datasets.fashion_mnist()
         Y = pca(X[: args.msne_n].astype(np.float64), 50)
-        mlp = {"hidden": (256, 256), "initial_epochs": 30, "epochs": 3, "random_state": 0}
         figures["parametric_msne_fashion_mnist"] = {"n": args.msne_n, **parametric_vs_free(
-            Y, labels[: args.msne_n], be, mlp, {"n_mu": 8, "max_inner": 3, "z_max_iter": 10})}
+            Y, labels[: args.msne_n], be, MLP, MLP_MAC)}
     write_result("mac", figures, args.suffix, merge=True)
 
 
