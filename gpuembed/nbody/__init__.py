@@ -24,12 +24,14 @@ MAX_DIM = 3
 # nbody="auto" uses the exact engine below these sizes (per device and kernel).
 # CPU: where the fast engine first beats one exact kernel sum (S, SX) with the
 # compiled loop (benchmarks/bench_nbody.py --parts crossover; 2-core EPYC, 2-D
-# layouts of 10 blobs; rerun at 6183595): the compiled FGT (p = 8) ties with it at
-# 2,500 points for blobs of extent std 4 and is 2.6x faster at 5,000, 3x already at
-# 2,500 for std 10 (a Fashion-MNIST 5k EE embedding has std 12).  The compiled
-# Barnes-Hut walk (theta = 0.5) is 2.9x faster than the exact Student-t pair at 2,500
-# points and 5.3x at 5,000 (max relative error 1.7% at 20,000, t-SNE's usual accuracy;
-# below 5,000 the exact sums take a few ms and keep line searches exact); for the
+# layouts of 10 blobs; rerun at 3c877c5, after the exact loop vectorized): for
+# blobs of extent std 4 the exact Gaussian sums are 2.1x faster than the compiled
+# FGT (p = 8) at 2,500 points and 1.5x slower at 5,000; for std 10 (a Fashion-MNIST
+# 5k EE embedding has std 12) the FGT is ahead from 2,500 (1.7x; 2.1x at 5,000).
+# The compiled Barnes-Hut walk (theta = 0.5) is slower than the exact Student-t
+# pair at 2,500 points (1.8 against 1.4 ms), 1.4x faster at 5,000 and 2.6x at
+# 10,000 (max relative error 1.7% at 20,000, t-SNE's usual accuracy; below 5,000
+# the exact sums take a few ms and keep line searches exact); for the
 # Gaussian its error at theta = 0.5 is 3%, so the FGT stays.  GPU (an H100,
 # results/nbody_gpu.json "crossover"): the tiled exact kernel beat both fast
 # engines at every size up to the 200,000 measured, where it took 18 ms against
