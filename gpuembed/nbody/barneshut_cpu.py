@@ -14,9 +14,11 @@ over its points, an inner cell that does not hold the target and passes the
 opening test adds its mass and centre of mass, any other cell pushes its
 children, the same decisions as the vectorized code.  Like exact_cpu.py the
 loop is generated per (dimension, kernel code), compiled by numba on first use
-(1.5 s) and cached on disk (gpuembed/_generated.py), without reassociation
-(exact_cpu.py says why); targets are visited in the tree's Morton order so
-that neighbouring iterations reuse the same cells.
+(1.5 s) and cached on disk (gpuembed/_generated.py), without reassociation:
+the walk's branching sums do not vectorize, and with it the Student-t pair on
+a 20k t-SNE layout took the same 16 ms (the Gaussian 22 ms) to the same bits.
+Targets are visited in the tree's Morton order so that neighbouring
+iterations reuse the same cells.
 """
 from __future__ import annotations
 

@@ -31,10 +31,12 @@ TINY = np.finfo(np.float64).tiny
 # 300-point fit 8 s), so it may fuse multiply-adds but not reassociate: with
 # reassociation the parallel sweep compiled in a process and the same sweep
 # loaded from numba's cache gave other last bits (tested), so a first run
-# from a new checkout would differ from later ones (as the generated N-body
-# loops did: nbody/exact_cpu.py).  Its sums go through LANES partial sums.
-# That costs it about 9% (Fashion-MNIST 5k, 9 scales: 0.218 s against 0.201 s
-# per evaluation, alternating in one process).  edge_terms (the FGT path, from
+# from a new checkout would differ from later ones.  Its sums go through
+# LANES partial sums.  That cost it about 9% (Fashion-MNIST 5k, 9 scales:
+# 0.218 s against 0.201 s per evaluation, alternating in one process).  With
+# numba 0.68 the reassociated sweep gives the same bits either way, as the
+# exact N-body loop does (nbody/exact_cpu.py), but it ran slower: 30
+# iterations on Fashion-MNIST 3k 16.6-18.2 s against 11.9-13.5 s strict.  edge_terms (the FGT path, from
 # 6,000 points, where a fit takes minutes) keeps reassociation, 21% faster, and
 # is compiled in each process instead.
 FLAGS = {"contract"}
