@@ -91,6 +91,9 @@ def test_sd_cg_runs_in_float32_at_loose_tolerances(small):
     assert directions.Spectral(obj, Y, solver="cg").cg_dtype == np.float32
     assert (loose.cg_dtype, loose.B.dtype) == (np.float32, np.float32)
     assert (tight.cg_dtype, tight.B.dtype) == (np.float64, np.float64)
+    # SD-'s products add the N-body term's, in X's dtype: so does its B.
+    tsne = objectives.make_objective("tsne", A.P, ge.get_backend("cpu"), np.float64)
+    assert directions.SpectralMinus(tsne, Y).B.dtype == np.float64
     P, exact = loose(Y, G), tight(Y, G)
     assert P.dtype == np.float64
     # The solve is per connected component (3 clusters here): B x = -G without

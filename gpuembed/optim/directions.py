@@ -332,6 +332,7 @@ class Spectral(Direction):
 
     CHOLESKY_MAX_N = 20000
     FULL_LAPLACIAN_MAX_N = 2000
+    single_precision_cg = True        # see SINGLE_CG_MIN_TOL
     AUTO_KAPPA = 15
     REFRESH = 50
     scaled_by_attractive_curvature = True
@@ -357,7 +358,8 @@ class Spectral(Direction):
             solver = "cholesky" if (factor and not self.be.is_gpu) else "cg"
         self.solver = solver
         self.cg_tol, self.cg_maxiter = cg_tol, cg_maxiter
-        self.cg_dtype = np.dtype(np.float32 if cg_tol >= SINGLE_CG_MIN_TOL else X.dtype)
+        self.cg_dtype = np.dtype(np.float32 if self.single_precision_cg
+                                 and cg_tol >= SINGLE_CG_MIN_TOL else X.dtype)
         self.previous = None
         # With refreshes, from the start layout's weights too (MAC builds one
         # direction per mu at a spread layout; a new fit starts near X = 0).
@@ -448,7 +450,10 @@ class Spectral(Direction):
 
 class SpectralMinus(Spectral):
     """SD-: B = 4 L+ + mu I + 8 L^xx_ii (the psd block-diagonal repulsive part),
-    solved by warm-started linear CG (relative tolerance 0.1, 50 iterations)."""
+    solved by warm-started linear CG (relative tolerance 0.1, 50 iterations), in
+    X's dtype: its products add the N-body term's, which run in X's dtype."""
+
+    single_precision_cg = False
 
     def __init__(self, objective, X, kappa=None, cg_tol=CG_TOL, cg_maxiter=CG_MAXITER):
         super().__init__(objective, X, kappa=kappa, solver="cg", cg_tol=cg_tol,
