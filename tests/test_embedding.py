@@ -324,6 +324,8 @@ def test_gpu_jacobi_cg_equals_the_array_code(rng, k):
             np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())
             assert k == 1 or not got[:, 0].any()
             np.testing.assert_array_equal(run(), got)
+
+
 def test_sparsify_keeps_each_rows_largest_weights(rng):
     """Against a dense per-row reference: rows shorter than kappa kept whole, ties
     (weights drawn from a few values) resolved to the earlier column, then the
@@ -344,6 +346,20 @@ def test_sparsify_keeps_each_rows_largest_weights(rng):
     got = sparsify(W, kappa)
     np.testing.assert_array_equal(got.toarray(), expected)
     assert np.diff(W.indptr).min() < kappa < np.diff(W.indptr).max()
+
+
+@pytest.mark.parametrize("kappa", [1, 7, 40])
+def test_largest_per_row_equals_a_stable_sort_of_each_row(rng, kappa):
+    # Long rows of few distinct values (many ties at the cut) and rows shorter than kappa.
+    from gpuembed.optim.sparse_cpu import largest_per_row
+    lengths = rng.integers(0, 120, size=300)
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    data = rng.choice([0.5, 1.0, 2.0, 3.0], size=indptr[-1]) * rng.choice([1.0, 1e-3], size=300
+                                                                          ).repeat(lengths)
+    expected = np.zeros(len(data), dtype=bool)
+    for lo, hi in zip(indptr[:-1], indptr[1:]):
+        expected[lo + np.argsort(-data[lo:hi], kind="stable")[:kappa]] = True
+    np.testing.assert_array_equal(largest_per_row(indptr, data, kappa), expected)
 
 
 @pytest.mark.parametrize("library", ["cholmod", "superlu", "dense"])

@@ -94,6 +94,23 @@ def test_compiled_attraction_equals_the_array_code(problem, dtype):
         np.testing.assert_allclose(G, G0, rtol=tol, atol=tol * np.abs(G0).max())
 
 
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compiled_edge_distances_equal_the_array_code_and_brute_force(problem, dtype):
+    # Same bits as the array code (same operations in the same order), and each
+    # edge's value is |y_n - y_m|^2 of its own (row, column) pair.
+    _, Pc, _ = problem
+    pairs = objectives.base.PairSet(ge.get_backend("cpu"), Pc, dtype)
+    rng = np.random.default_rng(6)
+    for d in (1, 2, 3):
+        Y = (rng.normal(size=(Pc.shape[0], d)) * 3).astype(dtype)
+        d2 = pairs.sqdist(Y)
+        assert d2.dtype == dtype
+        np.testing.assert_array_equal(d2, pairs.sqdist_arrays(Y))
+        coo = pairs.P.tocoo()
+        brute = ((Y[coo.row].astype(np.float64) - Y[coo.col]) ** 2).sum(axis=1)
+        np.testing.assert_allclose(d2, brute, rtol=1e-12 if dtype == np.float64 else 1e-6)
+
 def test_exact_engine_against_brute_force(rng):
     be = ge.get_backend("cpu")
     for d in (1, 2, 3, 7):

@@ -190,7 +190,7 @@ class MultiscaleObjective(Objective):
         kernels/msne.cu's msne_edges."""
         H, n, pairs, js = len(scales), self.n, self.pairs, self.cost == "js"
         if not self.compiled:
-            value, g_edge, rs = self._edge_terms_array(pairs.sqdist(X), scales)
+            value, g_edge, rs = self._edge_terms_array(pairs.sqdist_arrays(X), scales)
             W = [(0.5 * p / H) * r / Z for (p, Z, *_), r in zip(scales, rs)]
             return value, W, 2.0 * (pairs.laplacian_times(g_edge, X)
                                     + pairs.laplacian_times(g_edge, X, transpose=True))

@@ -33,7 +33,9 @@ class TSNEObjective(Objective):
         # The attractive term's Laplacian weights p K: P at X = 0, where K = 1.
         if X is None:
             return self.pairs.P
-        return self.pairs.weights(self.pairs.p / (1.0 + self.pairs.sqdist(X)))
+        w = self.pairs.sqdist(X)
+        w += 1.0
+        return self.pairs.weights(self.be.xp.divide(self.pairs.p, w, out=w))
 
     def xx_coefficients(self, X):
         # Psd part of w^xx = -(p - 2 q) K^2 (x_in - x_im)(x_jn - x_jm): 2 q K^2 = 2 K^3 / Z.

@@ -57,8 +57,9 @@ def sparsify(W, kappa):
     if kappa is None or kappa >= np.diff(W.indptr).max():
         return W
     keep = largest_per_row(W.indptr, W.data, kappa)
-    row_of = np.repeat(np.arange(W.shape[0]), np.diff(W.indptr))
-    S = scipy.sparse.csr_matrix((W.data[keep], (row_of[keep], W.indices[keep])), shape=W.shape)
+    # Row n keeps min(its length, kappa) entries, in W's order.
+    indptr = np.concatenate([[0], np.cumsum(np.minimum(np.diff(W.indptr), kappa))])
+    S = scipy.sparse.csr_matrix((W.data[keep], W.indices[keep], indptr), shape=W.shape)
     return S.maximum(S.T)
 
 

@@ -15,16 +15,33 @@ from numba import njit, prange
 @njit(parallel=True, cache=True)
 def largest_per_row(indptr, data, kappa):
     """Boolean mask over the entries: each row's ``kappa`` largest values (all of a
-    row with fewer); among equal values the earlier stored ones."""
+    row with fewer); among equal values the earlier stored ones.
+
+    Each row streams through a descending buffer of its best ``kappa`` so far,
+    which a value enters only if it beats the buffer's last: a few dozen
+    insertions in a row of t-SNE's ~140 affinities, where a sort of the row
+    (as before) cost 0.2 s per refresh of SD at Fashion-MNIST 70k."""
     keep = np.zeros(data.shape[0], dtype=np.bool_)
     for i in prange(indptr.shape[0] - 1):
         lo, hi = indptr[i], indptr[i + 1]
         if hi - lo <= kappa:
             keep[lo:hi] = True
-        else:
-            order = np.argsort(-data[lo:hi], kind="mergesort")
-            for j in order[:kappa]:
-                keep[lo + j] = True
+            continue
+        best = np.empty(kappa, dtype=data.dtype)
+        where = np.empty(kappa, dtype=np.int64)
+        m = 0
+        for e in range(lo, hi):
+            v = data[e]
+            if m == kappa and v <= best[m - 1]:
+                continue                   # ties go to the earlier entry already kept
+            j = m if m < kappa else kappa - 1
+            while j > 0 and best[j - 1] < v:
+                best[j], where[j] = best[j - 1], where[j - 1]
+                j -= 1
+            best[j], where[j] = v, e
+            m = min(m + 1, kappa)
+        for j in range(kappa):
+            keep[where[j]] = True
     return keep
 
 
