@@ -75,7 +75,7 @@ def test_rbf_least_squares_ridge_and_sample_weight(rng):
     Y = rng.uniform(-3, 3, size=(300, 3))
     Z = _smooth_targets(Y)
     m = RBFMapping(n_centers=40, random_state=0).fit(Y, Z)
-    Phi = m._features(Y)
+    Phi = m.design(Y)
     lstsq = Phi @ np.linalg.lstsq(Phi, Z, rcond=None)[0]
     np.testing.assert_allclose(m.predict(Y), lstsq, atol=1e-8 * np.abs(Z).max())
     m32 = RBFMapping(n_centers=40, random_state=0).fit(Y.astype(np.float32), Z.astype(np.float32))
@@ -214,6 +214,37 @@ def test_chain_rule_gradient_matches_finite_differences(rng):
             h = 1e-6
             fd = problem.value_and_grad(theta + h * V)[0] - problem.value_and_grad(theta - h * V)[0]
             assert (G * V).sum() == pytest.approx(fd / (2 * h), rel=1e-5)
+
+
+def test_chain_rule_makes_a_fixed_design_once_and_agrees_with_predict_then_backward(rng):
+    # The built-in maps go through forward (one pass per evaluation, the linear and
+    # RBF designs made once); a user map with predict and backward only must get
+    # the same values and gradients.
+    X, _ = ge.datasets.gaussian_clusters(120, 3, 6, random_state=0)
+    objective = make_objective("tsne", ge.entropic_affinities(X, 10, backend="cpu").P, CPU,
+                               np.float64)
+    Z0 = rng.normal(size=(120, 2))
+
+    class PredictThenBackward:
+        def __init__(self, inner):
+            self.parameters, self.predict, self.backward = (inner.parameters, inner.predict,
+                                                            inner.backward)
+    for make in (lambda: RBFMapping(n_centers=20, random_state=0).fit(X, Z0),
+                 lambda: MLPMapping(hidden=(5,), initial_epochs=1, random_state=0).fit(X, Z0)):
+        mapping = make()
+        designs = []
+        if mapping.fixed_design:
+            design = mapping.design
+            mapping.design = lambda Y: designs.append(1) or design(Y)
+        problem = _ParametricObjective(objective, X, mapping)
+        plain = _ParametricObjective(objective, X, PredictThenBackward(make()))
+        for step in range(3):
+            theta = problem.flat() + 0.01 * step * rng.normal(size=problem.flat().shape)
+            E, G = problem.value_and_grad(theta)
+            E0, G0 = plain.value_and_grad(theta)
+            assert E == E0
+            np.testing.assert_array_equal(G, G0)
+        assert len(designs) == (1 if mapping.fixed_design else 0)
 
 
 def test_mac_improves_on_the_direct_fit_and_meets_the_constraint(coil15, coil_mac):

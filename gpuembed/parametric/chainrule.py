@@ -16,12 +16,21 @@ from .mappings import array_module
 
 
 class _ParametricObjective:
-    """P and dP/dtheta over the flattened parameters of ``mapping``."""
+    """P and dP/dtheta over the flattened parameters of ``mapping``.
+
+    With the mapping's ``forward`` (the built-in ones) an evaluation makes one
+    forward pass, whose intermediates ``backward`` reuses, and a design that does
+    not depend on the parameters (the linear map's, the RBF network's) is made
+    once: before, predict and backward each made their own, which cost the MLP's
+    gradient at Fashion-MNIST 20k a third more and the RBF network's twice as much.
+    A user mapping with parameters() and backward() only gets predict, then backward."""
 
     def __init__(self, objective, Y, mapping):
         self.objective, self.Y, self.mapping = objective, Y, mapping
         self.be = objective.be
         self.params = mapping.parameters()
+        self.forward = getattr(mapping, "forward", None)
+        self.design = None
 
     def flat(self):
         xp = array_module(self.params[0])
@@ -36,8 +45,16 @@ class _ParametricObjective:
     def value_and_grad(self, theta):
         xp = array_module(theta)
         self.assign(theta)
-        E, G = self.objective.value_and_grad(self.mapping.predict(self.Y))
-        return E, xp.concatenate([g.ravel() for g in self.mapping.backward(self.Y, G)])
+        if self.forward is None:
+            E, G = self.objective.value_and_grad(self.mapping.predict(self.Y))
+            grads = self.mapping.backward(self.Y, G)
+        else:
+            FY, saved = self.forward(self.Y, self.design)
+            if self.mapping.fixed_design:
+                self.design = saved
+            E, G = self.objective.value_and_grad(FY)
+            grads = self.mapping.backward(self.Y, G, saved)
+        return E, xp.concatenate([g.ravel() for g in grads])
 
 
 def chain_rule(objective, Y, mapping, *, direction="gd", max_iter=100, tol=1e-7,

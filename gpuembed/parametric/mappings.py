@@ -39,44 +39,58 @@ def _with_bias(xp, Y):
     return xp.concatenate([Y, xp.ones((Y.shape[0], 1), dtype=Y.dtype)], axis=1)
 
 
-class _CachedDesign:
-    """Remembers the design of the last Y it saw (by identity), so warm-started
-    fits on the same inputs reuse it."""
+class _LinearInParameters:
+    """F(Y) = Phi(Y) coef_ for a design Phi(Y) that does not depend on the
+    parameters (the linear map's [Y, 1], the RBF network's features and bias).
+
+    ``fit`` remembers what it built from the last Y it saw (by identity), so
+    warm-started fits on the same inputs reuse it.  ``forward`` and ``backward``
+    take a design already computed: the chain rule makes it once for all its
+    evaluations (``fixed_design``)."""
 
     _key = None
+    fixed_design = True
 
-    def _design(self, Y, warm_start, build):
+    def _fit_cache(self, Y, warm_start, build):
         key = (id(Y), Y.shape)
         if not (warm_start and key == self._key):
             self._cache = build(Y)
             self._key = key
         return self._cache
 
-
-class LinearMapping(_CachedDesign):
-    """F(y) = A y + b by least squares, A = Z Y+ through the cached pseudo-inverse
-    of the (D + 1) x (D + 1) Gram matrix of [Y, 1]."""
-
-    def fit(self, Y, Z, warm_start=False):
-        xp = array_module(Y)
-        Yb = _with_bias(xp, Y)
-        gram_pinv = self._design(Y, warm_start, lambda Y: xp.linalg.pinv(Yb.T @ Yb))
-        self.coef_ = gram_pinv @ (Yb.T @ Z)            # (D + 1, L): [A^T; b]
-        return self
+    def forward(self, Y, design=None):
+        """(F(Y), the design of Y); ``design`` given is used as that of Y.  Float32
+        input stays float32; other input (integers) gets float64."""
+        design = self.design(Y) if design is None else design
+        return (design @ self.coef_).astype(float_dtype(Y), copy=False), design
 
     def predict(self, Y):
-        xp = array_module(Y)
-        return _with_bias(xp, Y) @ self.coef_
+        return self.forward(Y)[0]
 
     def parameters(self):
         return [self.coef_]
 
-    def backward(self, Y, G):
-        """Gradients of sum_n G_n . F(y_n) wrt parameters(): [Y, 1]^T G."""
-        return [_with_bias(array_module(Y), Y).T @ G]
+    def backward(self, Y, G, design=None):
+        """Gradients of sum_n G_n . F(y_n) wrt parameters(): Phi(Y)^T G."""
+        return [(self.design(Y) if design is None else design).T @ G]
 
 
-class RBFMapping(_CachedDesign):
+class LinearMapping(_LinearInParameters):
+    """F(y) = A y + b by least squares, A = Z Y+ through the cached pseudo-inverse
+    of the (D + 1) x (D + 1) Gram matrix of [Y, 1]."""
+
+    def design(self, Y):
+        return _with_bias(array_module(Y), Y)
+
+    def fit(self, Y, Z, warm_start=False):
+        Yb = self.design(Y)
+        gram_pinv = self._fit_cache(Y, warm_start,
+                                 lambda Y: array_module(Y).linalg.pinv(Yb.T @ Yb))
+        self.coef_ = gram_pinv @ (Yb.T @ Z)            # (D + 1, L): [A^T; b]
+        return self
+
+
+class RBFMapping(_LinearInParameters):
     """F(y) = W^T [phi(y); 1] with Gaussian features phi_j = exp(-|y - c_j|^2 / (2 sigma^2)).
 
     ``n_centers`` centres (default min(200, N)) by k-means (on at most
@@ -101,7 +115,7 @@ class RBFMapping(_CachedDesign):
         self.max_kmeans_points = max_kmeans_points
         self.random_state = random_state
 
-    def _features(self, Y):
+    def design(self, Y):
         # In float64 for every input: the Gram of wide Gaussians is ill-conditioned
         # (condition number about 1e9 on digits and on Fashion-MNIST, beyond float32).
         xp = array_module(Y)
@@ -121,30 +135,19 @@ class RBFMapping(_CachedDesign):
         self.centers_ = xp.asarray(centers, dtype=xp.float64)
         self.sigma_ = (float(self.sigma) if self.sigma is not None
                        else self.width * max(float(np.sqrt(inertia / len(sample))), 1e-12))
-        Phi = self._features(Y)
+        Phi = self.design(Y)
         return Phi, Phi.T @ Phi, {}     # the dict keeps the inverse for the last ridge strength
 
     def fit(self, Y, Z, warm_start=False, sample_weight=None):
         weight = uniform_sample_weight(sample_weight)
         ridge = check_float(self.ridge, "ridge", 0.0)
-        Phi, gram, inverses = self._design(Y, warm_start, self._build)
+        Phi, gram, inverses = self._fit_cache(Y, warm_start, self._build)
         strength = ridge * Y.shape[0] / weight
         if strength not in inverses:
             inverses.clear()
             inverses[strength] = _regularized_pinv(gram, strength)
         self.coef_ = inverses[strength] @ (Phi.T @ Z)
         return self
-
-    def predict(self, Y):
-        # Float32 input stays float32; other input (integers) gets the features' float64.
-        return (self._features(Y) @ self.coef_).astype(float_dtype(Y), copy=False)
-
-    def parameters(self):
-        return [self.coef_]
-
-    def backward(self, Y, G):
-        """Gradients of sum_n G_n . F(y_n) wrt parameters(): the features' Phi^T G."""
-        return [self._features(Y).T @ G]
 
 
 def _regularized_pinv(gram, strength):
@@ -417,21 +420,28 @@ class MLPMapping:
                     scratch = buffers.scratch(delta.shape)
                 tanh_backward(delta, acts[i], scratch)
 
+    fixed_design = False        # forward's activations change with the weights
+
+    def forward(self, Y, acts=None):
+        """(F(Y), the layers' activations for ``backward``); ``acts`` is ignored
+        (the chain rule's interface of the maps linear in their parameters)."""
+        acts = self._forward(array_module(Y), (Y - self.y_mean_) / self.y_std_, self.weights_)
+        return acts[-1] * self.z_std_ + self.z_mean_, acts
+
     def predict(self, Y):
-        out = self._forward(array_module(Y), (Y - self.y_mean_) / self.y_std_,
-                            self.weights_)[-1]
-        return out * self.z_std_ + self.z_mean_
+        return self.forward(Y)[0]
 
     def parameters(self):
         return [p for layer in self.weights_ for p in layer]
 
-    def backward(self, Y, G):
-        """Gradients of sum_n G_n . F(y_n) wrt parameters() (backpropagation)."""
+    def backward(self, Y, G, acts=None):
+        """Gradients of sum_n G_n . F(y_n) wrt parameters() (backpropagation), from
+        ``forward``'s activations at Y when given."""
         xp = array_module(Y)
-        layers = self.weights_
-        acts = self._forward(xp, (Y - self.y_mean_) / self.y_std_, layers)
+        if acts is None:
+            acts = self.forward(Y)[1]
         gradients = self._layers(xp.empty_like(self._theta))
-        self._backprop(xp, layers, acts, G * self.z_std_, gradients)
+        self._backprop(xp, self.weights_, acts, G * self.z_std_, gradients)
         return [g for layer in gradients for g in layer]
 
 
