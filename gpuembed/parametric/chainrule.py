@@ -49,9 +49,11 @@ class _ParametricObjective:
             E, G = self.objective.value_and_grad(self.mapping.predict(self.Y))
             grads = self.mapping.backward(self.Y, G)
         else:
-            FY, saved = self.forward(self.Y, self.design)
             if self.mapping.fixed_design:
-                self.design = saved
+                FY, self.design = self.forward(self.Y, self.design)
+                saved = self.design
+            else:
+                FY, saved = self.forward(self.Y)
             E, G = self.objective.value_and_grad(FY)
             grads = self.mapping.backward(self.Y, G, saved)
         return E, xp.concatenate([g.ravel() for g in grads])

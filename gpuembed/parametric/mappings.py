@@ -83,9 +83,9 @@ class LinearMapping(_LinearInParameters):
         return _with_bias(array_module(Y), Y)
 
     def fit(self, Y, Z, warm_start=False):
+        xp = array_module(Y)
         Yb = self.design(Y)
-        gram_pinv = self._fit_cache(Y, warm_start,
-                                 lambda Y: array_module(Y).linalg.pinv(Yb.T @ Yb))
+        gram_pinv = self._fit_cache(Y, warm_start, lambda Y: xp.linalg.pinv(Yb.T @ Yb))
         self.coef_ = gram_pinv @ (Yb.T @ Z)            # (D + 1, L): [A^T; b]
         return self
 
@@ -422,9 +422,8 @@ class MLPMapping:
 
     fixed_design = False        # forward's activations change with the weights
 
-    def forward(self, Y, acts=None):
-        """(F(Y), the layers' activations for ``backward``); ``acts`` is ignored
-        (the chain rule's interface of the maps linear in their parameters)."""
+    def forward(self, Y):
+        """(F(Y), the layers' activations for ``backward``)."""
         acts = self._forward(array_module(Y), (Y - self.y_mean_) / self.y_std_, self.weights_)
         return acts[-1] * self.z_std_ + self.z_mean_, acts
 
