@@ -36,9 +36,9 @@ TINY = np.finfo(np.float64).tiny
 # 0.218 s against 0.201 s per evaluation, alternating in one process).  With
 # numba 0.68 the reassociated sweep gives the same bits either way, as the
 # exact N-body loop does (nbody/exact_cpu.py), but it ran slower: 30
-# iterations on Fashion-MNIST 3k 16.6-18.2 s against 11.9-13.5 s strict.  edge_terms (the FGT path, from
-# 6,000 points, where a fit takes minutes) keeps reassociation, 21% faster, and
-# is compiled in each process instead.
+# iterations on Fashion-MNIST 3k 16.6-18.2 s against 11.9-13.5 s strict.
+# edge_terms (the FGT path, from 6,000 points, where a fit takes minutes) keeps
+# reassociation, 21% faster, and is compiled in each process instead.
 FLAGS = {"contract"}
 LANES = 8
 # The scales' kernels are powers of each other where their precisions differ by

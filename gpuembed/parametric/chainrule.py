@@ -18,18 +18,19 @@ from .mappings import array_module
 class _ParametricObjective:
     """P and dP/dtheta over the flattened parameters of ``mapping``.
 
-    With the mapping's ``forward`` (the built-in ones) an evaluation makes one
-    forward pass, whose intermediates ``backward`` reuses, and a design that does
+    A mapping of mappings.py (marked by its ``fixed_design``) gets one forward pass
+    per evaluation, whose intermediates ``backward`` reuses, and a design that does
     not depend on the parameters (the linear map's, the RBF network's) is made
     once: before, predict and backward each made their own, which cost the MLP's
     gradient at Fashion-MNIST 20k a quarter more and the RBF network's 1.7x as much.
-    A user mapping with parameters() and backward() only gets predict, then backward."""
+    Any other mapping with parameters() and backward() gets predict, then backward
+    (its own ``forward``, if any, may mean something else: a PyTorch module's)."""
 
     def __init__(self, objective, Y, mapping):
         self.objective, self.Y, self.mapping = objective, Y, mapping
         self.be = objective.be
         self.params = mapping.parameters()
-        self.forward = getattr(mapping, "forward", None)
+        self.fixed_design = getattr(mapping, "fixed_design", None)
         self.design = None
 
     def flat(self):
@@ -45,15 +46,15 @@ class _ParametricObjective:
     def value_and_grad(self, theta):
         xp = array_module(theta)
         self.assign(theta)
-        if self.forward is None:
+        if self.fixed_design is None:
             E, G = self.objective.value_and_grad(self.mapping.predict(self.Y))
             grads = self.mapping.backward(self.Y, G)
         else:
-            if self.mapping.fixed_design:
-                FY, self.design = self.forward(self.Y, self.design)
+            if self.fixed_design:
+                FY, self.design = self.mapping.forward(self.Y, self.design)
                 saved = self.design
             else:
-                FY, saved = self.forward(self.Y)
+                FY, saved = self.mapping.forward(self.Y)
             E, G = self.objective.value_and_grad(FY)
             grads = self.mapping.backward(self.Y, G, saved)
         return E, xp.concatenate([g.ravel() for g in grads])

@@ -172,8 +172,10 @@ class ParametricEmbedding(Params):
             # for warm-started CG with solves of the same cost).
             direction_params = {**direction_params, "solver": "cg"}
         fit_params = inspect.signature(mapping.fit).parameters
+        design = None
 
         def f_step(first, target, mu=None):
+            nonlocal design
             options = {}
             if "warm_start" in fit_params:
                 options["warm_start"] = not first
@@ -182,7 +184,13 @@ class ParametricEmbedding(Params):
                 # direct-fit strength relative to mu_1, not growing with mu.
                 options["sample_weight"] = float(mu / schedule[0])
             mapping.fit(Y_dev, target, **options)
-            FY = be.asarray(mapping.predict(Y_dev), dtype=Z.dtype)
+            if getattr(mapping, "fixed_design", False):
+                # The warm fits keep the direct fit's design (the RBF centres): F(Y)
+                # from it, where predict made the features of Y again at every step.
+                FY, design = mapping.forward(Y_dev, None if first else design)
+            else:
+                FY = mapping.predict(Y_dev)
+            FY = be.asarray(FY, dtype=Z.dtype)
             if FY.shape != Z.shape:
                 raise ValueError(f"mapping.predict returned shape {FY.shape}, expected {Z.shape}")
             return FY
