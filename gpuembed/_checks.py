@@ -92,8 +92,18 @@ def check_int(value, name, low=None, high=None):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     value = int(value)
     if (low is not None and value < low) or (high is not None and value > high):
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+        raise ValueError(f"{name} must be {_range_text(low, high, False, False)}, got {value}")
     return value
+
+
+def _range_text(low, high, low_open, high_open):
+    """The allowed range as text: 'in [low, high]', or '>= low' / '<= high' where
+    a side is unbounded (not 'in [1, None]'); an open side is strict."""
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    if low is None:
+        return f"{'<' if high_open else '<='} {high}"
+    return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
 
 
 def check_float(value, name, low=None, high=None, *, low_open=False, high_open=False):
@@ -106,9 +116,8 @@ def check_float(value, name, low=None, high=None, *, low_open=False, high_open=F
     too_low = low is not None and (value <= low if low_open else value < low)
     too_high = high is not None and (value >= high if high_open else value > high)
     if too_low or too_high:
-        lo = "(" if low_open else "["
-        hi = ")" if high_open else "]"
-        raise ValueError(f"{name} must be in {lo}{low}, {high}{hi}, got {value}")
+        raise ValueError(f"{name} must be {_range_text(low, high, low_open, high_open)}, "
+                         f"got {value}")
     return value
 
 

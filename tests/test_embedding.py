@@ -854,8 +854,10 @@ def test_bad_arguments(small, make, match):
 
 
 @pytest.mark.parametrize("make,error,match", [
-    (lambda: ge.EE(step_size=-1.0), ValueError, "step_size"),
-    (lambda: ge.TSNE(optimizer="lbfgs", lbfgs_memory=0), ValueError, "lbfgs_memory"),
+    # One-sided ranges read ">= 1" / "> 0.0", not "in [1, None]".
+    (lambda: ge.EE(step_size=-1.0), ValueError, r"^step_size must be > 0\.0, got -1\.0$"),
+    (lambda: ge.TSNE(optimizer="lbfgs", lbfgs_memory=0), ValueError,
+     r"^lbfgs_memory must be >= 1, got 0$"),
     (lambda: ge.TSNE(optimizer="sd", sd_refresh=0), ValueError, "sd_refresh"),
     (lambda: ge.TSNE(optimizer="sd", sd_refresh="often"), ValueError, "sd_refresh"),
     (lambda: ge.TSNE(optimizer="tsne", learning_rate=0), ValueError, "learning_rate"),
