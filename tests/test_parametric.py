@@ -144,7 +144,7 @@ def test_mlp_default_epochs_make_enough_steps_on_small_data(rng, n, cold, warm):
     assert m._adam[2] == 3 * -(-n // 100)
     assert m.fit(Y, Z, warm_start=True)._adam[2] == 5 * -(-n // 100)
     for name in ("epochs", "initial_epochs"):
-        with pytest.raises(ValueError, match=name):
+        with pytest.raises(ValueError, match=f"^{name} must be >= 0"):
             MLPMapping(**{name: -1}).fit(Y, Z).fit(Y, Z, warm_start=True)
 
 
