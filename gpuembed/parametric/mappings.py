@@ -274,8 +274,8 @@ class _MinibatchBuffers:
         return self._scratch[:shape[0] * shape[1]].reshape(shape)
 
 
-# Least minibatch steps of MLPMapping's default warm and cold fits.
-WARM_STEPS, COLD_STEPS = 500, 5000
+# (epochs, least minibatch steps) of MLPMapping's default warm and cold fits.
+WARM_FIT, COLD_FIT = (5, 500), (50, 5000)
 
 
 class MLPMapping:
@@ -414,13 +414,13 @@ class MLPMapping:
         return self
 
     def _epochs(self, warm, steps_per_epoch):
-        """The epochs of a warm or cold fit (None: the defaults, at least
-        WARM_STEPS or COLD_STEPS minibatch steps)."""
+        """The epochs of a warm or cold fit (None: WARM_FIT's or COLD_FIT's epochs,
+        or more to make its least number of minibatch steps)."""
         name = "epochs" if warm else "initial_epochs"
         epochs = getattr(self, name)
         if epochs is not None:
             return check_int(epochs, name, 0)
-        default, least_steps = (5, WARM_STEPS) if warm else (50, COLD_STEPS)
+        default, least_steps = WARM_FIT if warm else COLD_FIT
         return max(default, -(-least_steps // steps_per_epoch))
 
     def _minibatch_gradient(self, xp, layers, U, T, gradients, buffers=None):
