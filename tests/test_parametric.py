@@ -455,6 +455,32 @@ def test_mac_with_tsne_mlp_and_a_non_differentiable_user_mapping():
     assert pe.transform(X[:5]).shape == (5, 2)
 
 
+def test_mac_warns_when_a_wrapped_fit_hides_warm_start(recwarn):
+    """A mapping whose fit is a (*args, **kwargs) wrapper is fitted from scratch at
+    every F step (MAC cannot tell whether it forwards warm_start): MAC says so once.
+    A fit that names warm_start, or takes no keywords at all, gets no warning."""
+    class Wrapped(LinearMapping):
+        def fit(self, *args, **kwargs):
+            return super().fit(*args, **kwargs)
+
+    class Plain:
+        def fit(self, Y, Z):
+            self.inner = LinearMapping().fit(Y, Z)
+            return self
+
+        def predict(self, Y):
+            return self.inner.predict(Y)
+
+    X, _ = ge.datasets.gaussian_clusters(100, 2, 4, random_state=0)
+    embedding = ge.EE(backend="cpu", max_iter=20)
+    with pytest.warns(RuntimeWarning, match="Wrapped.fit takes .*warm_start") as caught:
+        ge.ParametricEmbedding(embedding, Wrapped(), n_mu=2).fit(X)
+    assert len(caught) == 1
+    for mapping in (LinearMapping(), Plain()):
+        ge.ParametricEmbedding(embedding, mapping, n_mu=2).fit(X)
+    assert not [w for w in recwarn if "warm_start" in str(w.message)]
+
+
 def test_chain_rule_decreases_p(coil15, coil_mac):
     Y, _ = coil15
     est = ge.EE(backend="cpu", random_state=0).fit(Y)

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from .._checks import (check_data, check_features, check_fitted, check_float, check_int,
-                       check_random_state)
+                       check_random_state, warn)
 from .._params import Params
 from .._sparse import is_sparse
 from ..objectives.penalty import Penalized
@@ -48,7 +48,8 @@ class ParametricEmbedding(Params):
         at the LD precisions it ended with.
     mapping : "linear" | "rbf" | "mlp" | an object with fit(Y, Z) and predict(Y)
         (``fit`` may take ``warm_start``, and ``sample_weight`` as scikit-learn's
-        regressors do).  The path's F steps pass sample_weight = mu / mu_1 (a
+        regressors do; only when its signature names them: a ``fit(*args,
+        **kwargs)`` gets neither, with a warning).  The path's F steps pass sample_weight = mu / mu_1 (a
         float), so a regularized regression (RBF ridge, MLP weight decay, a
         scikit-learn Ridge) solves min (mu/2)|Z - F(Y)|^2 + R(F) with a fixed R,
         R at the strength the direct fit gives it relative to mu_1, and the path
@@ -172,6 +173,13 @@ class ParametricEmbedding(Params):
             # for warm-started CG with solves of the same cost).
             direction_params = {**direction_params, "solver": "cg"}
         fit_params = inspect.signature(mapping.fit).parameters
+        if "warm_start" not in fit_params and any(
+                p.kind is inspect.Parameter.VAR_KEYWORD for p in fit_params.values()):
+            # A wrapper's fit(*args, **kwargs) hides whether it takes warm_start; passing it
+            # anyway would break fits that forward their keywords (scikit-learn's Pipeline).
+            warn(f"{type(mapping).__name__}.fit takes **kwargs but names no warm_start, so "
+                 "every F step fits the mapping from scratch; name warm_start in its "
+                 "signature to continue from the previous fit")
         design = None
 
         def f_step(first, target, mu=None):
