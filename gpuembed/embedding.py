@@ -404,7 +404,8 @@ class _OutOfSample:
                 inverse[rows] = _bfgs_update(xp, inverse[rows], Xa - X_old[rows], G - G_old[rows])
             X_old[rows], G_old[rows] = Xa, G
             P = -_batched_times(inverse[rows], G)
-            P *= xp.minimum(1.0, reach / xp.maximum(xp.sqrt((P * P).sum(axis=1)), floor))[:, None]
+            # At most ``reach`` long; written so that a zero step cannot overflow.
+            P *= (reach / xp.maximum(xp.sqrt((P * P).sum(axis=1)), reach))[:, None]
             slope = (G * P).sum(axis=1)
             # The last accepted step, doubled (up to 1) after a first trial that was
             # accepted: always doubling made most points backtrack every iteration.

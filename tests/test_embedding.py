@@ -760,8 +760,17 @@ def test_bfgs_update_of_the_out_of_sample_mapping(rng):
             E = 0.5 * (r * Ar).sum(axis=1)
             return (E, Ar, np.full(len(rows), 100.0)) if grad else E
 
+    import warnings
+
+    from gpuembed.optim.loop import TRUST_RADIUS
+
     q = Quadratics()
-    np.testing.assert_allclose(q.minimize(np.zeros((5, 3)), 60), q.c, atol=1e-6)
+    with warnings.catch_warnings():     # converged points' zero steps once overflowed the clip
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(q.minimize(np.zeros((5, 3)), 60), q.c, atol=1e-6)
+    far = q.c + 1e3                     # first steps of about 1,000, clipped to the trust radius
+    moved = np.sqrt(((q.minimize(far, 1) - far) ** 2).sum(axis=1))
+    assert np.all(moved <= TRUST_RADIUS * (1 + 1e-12)) and np.all(moved > 0.1 * TRUST_RADIUS)
 
 
 def test_callbacks_take_three_or_four_arguments(small):
