@@ -4,8 +4,8 @@ For a block of B query rows the squared distances to all N points are
 ``|x|^2 + |y|^2 - 2 x.y`` (one GEMM on centred data).  The ``k + margin``
 smallest per row are selected: on the GPU by a warp-per-row CUDA kernel, which
 adds |y|^2 and leaves out the query's own column as it reads the block; on
-the CPU, for queries against other points, by a threshold filter, and for the
-k-NN of all points (``knn``) from the upper triangle of the symmetric distance
+the CPU, for queries against other points, by a compiled heap per row, and for
+the k-NN of all points (``knn``) from the upper triangle of the symmetric distance
 matrix alone, each GEMM strip offered to both of its rows' candidate heaps
 (neighbors_cpu.py: half the GEMM, the selection compiled on all cores).  A GEMM
 distance carries a rounding error of about
@@ -24,10 +24,8 @@ the rows dense), each block a sparse product made dense, the exact
 recomputation on sparse row differences (gpuembed._sparse).
 
 Memory bound: apart from X, the (N, k) outputs and the (N, k + margin)
-candidates, one block holds a B x N
-distance matrix and (the filter) one more of the same shape (at most 2 x
-``block_bytes``, default 256 MiB on the CPU and 1 GiB on the GPU), so N can
-grow to millions.
+candidates, one block holds a B x N distance matrix (at most ``block_bytes``,
+default 256 MiB on the CPU and 1 GiB on the GPU), so N can grow to millions.
 """
 from __future__ import annotations
 
@@ -104,9 +102,8 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     sparse = is_sparse(X)
     mean = 0 if sparse else X.mean(axis=0)
     Xc = X if sparse else X - mean
-    # A fixed random column order makes the first columns of every block a
-    # random sample, from which the CPU filter takes its threshold, and keeps the
-    # improvements to the CPU's candidate heaps few whatever the input's order.
+    # A fixed random column order keeps the improvements to the CPU's candidate
+    # heaps few whatever the input's order.
     perm = xp.asarray(np.random.default_rng(0).permutation(n))
     inv_perm = xp.empty_like(perm)
     inv_perm[perm] = xp.arange(n)
@@ -199,31 +196,12 @@ def _block_rows(m, n, X, block_bytes):
 
 def _select_cpu(be, D, offset, skip, m):
     """(values, columns) of the m smallest entries of each row of D + offset,
-    leaving out column skip[row] (-1: none); unordered.  D is overwritten.
+    leaving out column skip[row] (-1: none); unordered (neighbors_cpu.select_rows,
+    compiled: a heap per row, which few entries of a row in random column order
+    enter)."""
+    from .neighbors_cpu import select_rows
 
-    The m-th smallest value of the first columns (a random sample, see knn) is
-    an upper bound for the row's m-th smallest; only entries under it survive,
-    and only those are partitioned.  Exact, and ~4x faster than argpartition
-    over the whole row.
-    """
-    b, n = D.shape
-    _offset_skip(np, D, offset, skip, out=D)
-    n_sample = int(min(n, max(m, 2 * np.sqrt(m * n))))
-    threshold = np.partition(D[:, :n_sample], m - 1, axis=1)[:, m - 1]
-    flat = np.flatnonzero(D <= threshold[:, None])
-    rows, cols = np.divmod(flat, n)
-    counts = np.bincount(rows, minlength=b)
-    width = int(counts.max())
-    pos = np.arange(flat.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    values = np.full((b, width), np.inf, dtype=D.dtype)
-    values[rows, pos] = D.ravel()[flat]
-    columns = np.zeros((b, width), dtype=np.int64)
-    columns[rows, pos] = cols
-    if width > m:
-        best = np.argpartition(values, m - 1, axis=1)[:, :m]
-        values = np.take_along_axis(values, best, axis=1)
-        columns = np.take_along_axis(columns, best, axis=1)
-    return values, columns
+    return select_rows(D, offset, skip, m)
 
 
 def _offset_skip(xp, D, offset, skip, out=None):

@@ -183,6 +183,32 @@ def test_gpu_knn_with_segmented_rows(rng, dtype, monkeypatch):
     assert gpu[1][5, 0] == 505 and gpu[1][505, 0] == 5
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m", [1, 7, 40])
+def test_cpu_query_selection_against_sorting(rng, m, dtype):
+    """The query path's compiled selection (a heap per row) against a full sort of
+    D + offset: the m smallest values, their columns (any m of a tie at the m-th
+    value), never the row's left-out column, the best one in row 0."""
+    from gpuembed.neighbors import _select_cpu
+
+    D = rng.random((7, 300)).astype(dtype)
+    D[1] = np.round(D[1] * 4) / 4                         # ties
+    offset = (np.round(rng.random(300) * 4) / 16).astype(dtype)
+    skip = rng.integers(0, 300, 7)
+    skip[-1] = -1
+    skip[0] = np.argmin(D[0] + offset)
+    full = D + offset
+    full[np.arange(6), skip[:6]] = np.inf
+    values, columns = _select_cpu(ge.get_backend("cpu"), D, offset, skip, m)
+    assert values.dtype == dtype and columns.shape == (7, m)
+    np.testing.assert_array_equal(values, np.take_along_axis(full, columns, 1))
+    np.testing.assert_array_equal(np.sort(values, 1), np.sort(full, 1)[:, :m])
+    assert not (columns == skip[:, None]).any()
+    for r in range(7):
+        if (full[r] == np.sort(full[r])[m - 1]).sum() == 1:
+            assert set(columns[r]) == set(np.argsort(full[r], kind="stable")[:m])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 7, 40])
 def test_gpu_selection_kernel_equals_cpu_selection(rng, m):
