@@ -204,10 +204,9 @@ def _select_cpu(be, D, offset, skip, m):
     return select_rows(D, offset, skip, m)
 
 
-def _offset_skip(xp, D, offset, skip, out=None):
-    """D + offset (per column) with inf at each row's column skip[row] >= 0, into
-    ``out`` (a new array by default)."""
-    S = xp.add(D, offset[None, :], out=out)
+def _offset_skip(xp, D, offset, skip):
+    """D + offset (per column) with inf at each row's column skip[row] >= 0."""
+    S = D + offset[None, :]
     own = xp.flatnonzero(skip >= 0)
     S[own, skip[own]] = xp.inf
     return S

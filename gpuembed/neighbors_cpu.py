@@ -83,9 +83,10 @@ def offer_strip(T, sq, start, values, indices):
 def select_rows(D, offset, skip, m):
     """(values, columns) of the m smallest entries of each row of D + offset,
     leaving out column skip[row] (-1: none); unordered, any m of a tie.  Each row
-    streams through a max-heap of its best m, as offer_strip's rows do: on
-    TSNE.transform's 2,000 x 10,000 block 0.24 s as NumPy's threshold filter and
-    partition took most of the query k-NN."""
+    streams through a max-heap of its best m, as offer_strip's rows do: 0.036 s
+    for the 98 best of 2,000 rows x 10,000 columns, against 0.10-0.14 s for the
+    NumPy threshold filter and partition it replaced (LLL's landmark search on
+    Fashion-MNIST 20k, 4,000 landmarks: 2.2 s against 2.65 s for the whole fit)."""
     b, n = D.shape
     values = np.full((b, m), np.inf, dtype=D.dtype)
     columns = np.full((b, m), -1, dtype=np.int64)

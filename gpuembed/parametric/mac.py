@@ -49,17 +49,18 @@ class ParametricEmbedding(Params):
     mapping : "linear" | "rbf" | "mlp" | an object with fit(Y, Z) and predict(Y)
         (``fit`` may take ``warm_start``, and ``sample_weight`` as scikit-learn's
         regressors do; only when its signature names them: a ``fit(*args,
-        **kwargs)`` gets neither, with a warning).  The path's F steps pass sample_weight = mu / mu_1 (a
-        float), so a regularized regression (RBF ridge, MLP weight decay, a
-        scikit-learn Ridge) solves min (mu/2)|Z - F(Y)|^2 + R(F) with a fixed R,
-        R at the strength the direct fit gives it relative to mu_1, and the path
-        ends at a minimizer of P(F) + R(F).  Unweighted, the regularization grew
-        with mu and drew F towards zero: an RBF with ridge 1e-6 for EE on 1,500
-        digits (quadratic penalty) took P(F) from 16.61 (direct fit) to 16.32
-        and then up to 17.13; weighted it falls along the whole path to 15.60
-        in half the time, and with ridge 0 (the default) to 15.61; 1,000 L-BFGS
-        iterations on the chain-rule gradient reach 15.33.  t-SNE: 2.35 -> 2.14
-        -> 2.30 before, 2.34 -> 1.90 with ridge 0, the chain rule's L-BFGS 1.91.
+        **kwargs)`` gets neither, with a warning).  The path's F steps pass
+        sample_weight = mu / mu_1 (a float), so a regularized regression (RBF
+        ridge, MLP weight decay, a scikit-learn Ridge) solves min (mu/2)|Z -
+        F(Y)|^2 + R(F) with a fixed R, R at the strength the direct fit gives it
+        relative to mu_1, and the path ends at a minimizer of P(F) + R(F).
+        Unweighted, the regularization grew with mu and drew F towards zero: an
+        RBF with ridge 1e-6 for EE on 1,500 digits (quadratic penalty) took P(F)
+        from 16.61 (direct fit) to 16.32 and then up to 17.13; weighted it falls
+        along the whole path to 15.60 in half the time, and with ridge 0 (the
+        default) to 15.61; 1,000 L-BFGS iterations on the chain-rule gradient
+        reach 15.33.  t-SNE: 2.35 -> 2.14 -> 2.30 before, 2.34 -> 1.90 with ridge
+        0, the chain rule's L-BFGS 1.91.
     mu : increasing positive penalties, or None for the default geometric schedule
         mu_k = mu_start c 2^k, k < n_mu, mu_start = 0.01, n_mu = 16, with c = E's
         curvature along the path's first direction, from the free embedding
