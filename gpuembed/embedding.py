@@ -41,6 +41,8 @@ __all__ = ["TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE"]
 # line-search optimizers, which otherwise start next to the X = 0 saddle of the
 # normalized objectives.
 INIT_STD = {"tsne": 1e-4, "default": 0.1}
+# The named starts (MultiscaleSNE: the first two).
+INITS = ("pca", "random", "spectral")
 # Parameters the optimizers and affinities accept through **method_params.
 METHOD_PARAMS = {"n_neighbors", "kappa", "sd_solver", "sd_refresh", "lbfgs_memory", "step_size",
                  "learning_rate", "early_exaggeration", "exaggeration_iter",
@@ -109,6 +111,7 @@ class _Embedding(Params):
         check_choice(self.optimizer, "optimizer", self.optimizers)
         check_random_state(self.random_state)
         check_callbacks(self.callbacks)
+        check_init(self.init, n, d, be, INITS)
         self._check_method_params()
         self._exaggeration = self._exaggeration_stage(max_iter)
         dtype = check_dtype(self.dtype, be)
@@ -182,6 +185,9 @@ class _Embedding(Params):
         for name, value in self._method_params.items():
             if name in checks and value is not None:
                 checks[name](value)
+        p = self._method_params
+        if p.get("accuracy_schedule") is not None and p.get("accuracy"):
+            raise TypeError("give either accuracy (fixed) or accuracy_schedule, not both")
 
     def _optimize(self, objective, X0, max_iter, tol, monitor):
         p = self._method_params
@@ -246,8 +252,6 @@ class _Embedding(Params):
         n_iter = self._method_params.get("accuracy_schedule")
         if n_iter is None:
             return None
-        if self._method_params.get("accuracy"):
-            raise TypeError("give either accuracy (fixed) or accuracy_schedule, not both")
         return accuracy_schedule(objective.nbody, n_iter)
 
     def _direction_params(self):
@@ -592,15 +596,24 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
             seed = 0 if random_state is None else random_state
             Y = Y + 1e-4 * std * np.random.default_rng(seed).standard_normal(Y.shape)
     else:
-        if is_sparse(init):
-            raise TypeError("init array is a sparse matrix; pass a dense (N, n_components) "
-                            "array")
-        Y = be.to_host(init) if hasattr(init, "shape") else np.asarray(init)
-        if Y.shape != (n, d):
-            raise ValueError(f"init array must have shape {(n, d)}, got {Y.shape}")
-        if not np.all(np.isfinite(Y)):
-            raise ValueError("init array contains NaN or infinite values")
+        Y = check_init(init, n, d, be, ())
     return be.asarray(Y, dtype=dtype)
+
+
+def check_init(init, n, d, be, names):
+    """``init``: one of ``names``, or a dense finite (n, d) array, returned on the
+    host (None for a name).  The estimators call it before the affinities."""
+    if isinstance(init, str):
+        check_choice(init, "init", names)
+        return None
+    if is_sparse(init):
+        raise TypeError("init array is a sparse matrix; pass a dense (N, n_components) array")
+    Y = be.to_host(init) if hasattr(init, "shape") else np.asarray(init)
+    if Y.shape != (n, d):
+        raise ValueError(f"init array must have shape {(n, d)}, got {Y.shape}")
+    if not np.all(np.isfinite(Y)):
+        raise ValueError("init array contains NaN or infinite values")
+    return Y
 
 
 def _stage(verbose, start, what):
@@ -803,6 +816,7 @@ class MultiscaleSNE(Params):
         kappa = check_float(self.kappa, "kappa", 0.0, 1.0, low_open=True, high_open=True)
         check_random_state(self.random_state)
         check_callbacks(self.callbacks)
+        check_init(self.init, n, d, be, INITS[:2])
         dtype = check_dtype(self.dtype, be)
         nbody = resolve_method(self.nbody, n, d, "gaussian", be, EXACT_BELOW.get(be.name))
         start = time.perf_counter()

@@ -878,6 +878,11 @@ def test_bad_arguments(small, make, match):
     (lambda: ge.TSNE(init="random", random_state=-1), ValueError, "random_state"),
     (lambda: ge.TSNE(random_state="seed"), TypeError, "random_state"),
     (lambda: ge.TSNE(callbacks=[1]), TypeError, "callbacks"),
+    (lambda: ge.TSNE(callbacks=1), TypeError, "callable or a list"),
+    (lambda: ge.TSNE(affinities="P"), TypeError, "affinities must be"),
+    (lambda: ge.TSNE(init=np.full((120, 2), np.nan)), ValueError, "init array contains NaN"),
+    (lambda: ge.EE(nbody="fgt", accuracy={"p": 4}, accuracy_schedule=20), TypeError,
+     "either accuracy"),
     (lambda: ge.SNE(dtype=np.float16), ValueError, "dtype"),
     (lambda: ge.MultiscaleSNE(dtype=np.int32), ValueError, "dtype"),
 ])
@@ -956,6 +961,49 @@ def test_input_forms(small):
     rng = np.random.default_rng(3)
     ge.TSNE(max_iter=3, init="random", random_state=rng, backend="cpu").fit(X)
     ge.TSNE(max_iter=3, optimizer="tsne", learning_rate="auto", backend="cpu").fit(X)
+
+
+def test_classic_optimizer_records_each_layout_with_its_own_objective(small):
+    """As minimize does, the classic optimizer records the start layout and the
+    layout after each update, each with its own objective (the exaggerated one,
+    marked, during the first stage); the final record is the plain KL, objective_.
+    It handed callbacks the layout after the next update beside the objective
+    before it, and never recorded the final layout.  A callback that returns True
+    stops it at that record's layout."""
+    X, _, A = small
+    seen = []
+    keep = lambda iteration, time, objective, Y: seen.append((iteration, objective, Y.copy()))
+    model = ge.TSNE(affinities=A, optimizer="tsne", max_iter=20, exaggeration_iter=10,
+                    callbacks=keep, backend="cpu").fit(X)
+    assert model.n_iter_ == 20 and [h["iter"] for h in model.history_] == list(range(21))
+    assert [h["exaggeration"] for h in model.history_] == [12.0] * 10 + [1.0] * 11
+    for iteration, objective, Y in seen[10:]:
+        assert objective == pytest.approx(ge.objectives.value_and_grad("tsne", Y, A.P)[0],
+                                          rel=1e-12)
+    np.testing.assert_array_equal(seen[-1][2], model.embedding_)
+    assert model.objective_ == seen[-1][1]
+    stopped = ge.TSNE(affinities=A, optimizer="tsne", max_iter=20, exaggeration_iter=10,
+                      callbacks=lambda iteration, time, objective: iteration == 5,
+                      backend="cpu").fit(X)
+    assert stopped.n_iter_ == 5 and stopped.history_[-1]["iter"] == 5
+    np.testing.assert_array_equal(stopped.embedding_, seen[5][2])
+    assert stopped.objective_ == pytest.approx(
+        ge.objectives.value_and_grad("tsne", seen[5][2], A.P)[0], rel=1e-12)
+
+
+def test_runs_stopped_early(small):
+    """SD with opt-in exaggeration and max_iter inside the exaggerated stage ends
+    there, its objective_ t-SNE's plain KL of that layout; a callback that
+    returns True at the start layout stops SD before its first step."""
+    X, _, A = small
+    model = ge.TSNE(affinities=A, early_exaggeration=2.0, exaggeration_iter=200, max_iter=30,
+                    backend="cpu").fit(X)
+    assert model.n_iter_ == 30 and model.history_[-1]["exaggeration"] == 2.0
+    assert model.objective_ == pytest.approx(
+        ge.objectives.value_and_grad("tsne", model.embedding_, A.P)[0], rel=1e-12)
+    model = ge.TSNE(affinities=A, callbacks=lambda iteration, time, objective: True,
+                    backend="cpu").fit(X)
+    assert model.n_iter_ == 0 and len(model.history_) == 1
 
 
 def test_bad_data_and_unknown_parameters(small):

@@ -181,7 +181,11 @@ def tsne_classic(objective, X0, *, max_iter=1000, learning_rate=None, exaggerati
     per-coordinate gains (+0.2 / x0.8, floor 0.01), early exaggeration 12 for the
     first 250 iterations, learning rate N / 12 (openTSNE's and scikit-learn's).
     Exaggeration multiplies the attractive term; P itself is never modified.
-    Runs all ``max_iter`` iterations unless a callback stops it."""
+    Runs all ``max_iter`` iterations unless a callback stops it.
+
+    As ``minimize`` does, record ``it`` is the layout after ``it`` updates with
+    its own objective (the exaggerated one, marked "exaggeration", during the
+    first stage), from the start layout to the final one: max_iter + 1 records."""
     xp = objective.be.xp
     monitor = monitor or Monitor()
     n = X0.shape[0]
@@ -192,18 +196,24 @@ def tsne_classic(objective, X0, *, max_iter=1000, learning_rate=None, exaggerati
     for it in range(max_iter):
         early = it < exaggeration_iter
         objective.exaggeration = exaggeration if early else 1.0
+        monitor.extra = {"exaggeration": objective.exaggeration}
         _set_accuracy(objective, schedule, it)
         E, G = objective.value_and_grad(X)
+        if monitor.record(it, E, lr, X):
+            break
         same_sign = (G > 0) == (update > 0)
         gains = xp.maximum(xp.where(same_sign, gains * 0.8, gains + 0.2), 0.01)
         update = (momentum[0] if early else momentum[1]) * update - lr * gains * G
         X = X + update
         X -= X.mean(axis=0)
-        if monitor.record(it, E, lr, X):
-            break
+    else:
+        it = max_iter
     objective.exaggeration = 1.0
+    monitor.extra = {"exaggeration": 1.0}
     E, _ = objective.value_and_grad(X)
-    return Result(X, E, it + 1, monitor.history, converged=True)
+    if it == max_iter:
+        monitor.record(it, E, lr, X)
+    return Result(X, E, it, monitor.history, converged=True)
 
 
 def homotopy(objective, X0, direction="sd", *, lambdas, max_iter=1000, tol=1e-7,
