@@ -113,6 +113,7 @@ class _Embedding(Params):
         check_callbacks(self.callbacks)
         check_init(self.init, n, d, be, INITS)
         self._check_method_params()
+        objective_params = self._objective_params(n)
         self._exaggeration = self._exaggeration_stage(max_iter)
         dtype = check_dtype(self.dtype, be)
         nbody = resolve_method(self.nbody, n, d, OBJECTIVES[self.objective_name].kernel, be)
@@ -122,7 +123,7 @@ class _Embedding(Params):
         start = _stage(self.verbose, start, f"affinities: {n} points, {int(P.nnz)} pairs"
                        + ("" if self.affinities is None else " (given)"))
         objective = make_objective(self.objective_name, P, be, dtype, nbody=nbody,
-                                   **self._objective_params(n))
+                                   **objective_params)
         objective.accuracy = accuracy
         X0 = self._initial(X, P, be, dtype, d)
         _stage(self.verbose, start, f"setup: initial layout {_init_name(self.init)}, optimizer "
@@ -724,6 +725,10 @@ class EE(_Embedding):
         if self.lambda_ is None:
             return {"lambda_": default_lambda(n)}
         return {"lambda_": check_float(self.lambda_, "lambda_", 0.0)}
+
+    def _check_method_params(self):
+        super()._check_method_params()
+        check_int(self.homotopy_steps, "homotopy_steps", 1)
 
     def _optimize(self, objective, X0, max_iter, tol, monitor):
         if not self.homotopy:

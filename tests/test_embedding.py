@@ -879,6 +879,8 @@ def test_bad_arguments(small, make, match):
     (lambda: ge.TSNE(random_state="seed"), TypeError, "random_state"),
     (lambda: ge.TSNE(callbacks=[1]), TypeError, "callbacks"),
     (lambda: ge.TSNE(callbacks=1), TypeError, "callable or a list"),
+    (lambda: ge.EE(lambda_=np.inf), ValueError, r"^lambda_ must be finite, got inf$"),
+    (lambda: ge.EE(homotopy=True, homotopy_steps=0), ValueError, "homotopy_steps"),
     (lambda: ge.TSNE(affinities="P"), TypeError, "affinities must be"),
     (lambda: ge.TSNE(init=np.full((120, 2), np.nan)), ValueError, "init array contains NaN"),
     (lambda: ge.EE(nbody="fgt", accuracy={"p": 4}, accuracy_schedule=20), TypeError,
@@ -1006,8 +1008,22 @@ def test_runs_stopped_early(small):
     assert model.n_iter_ == 0 and len(model.history_) == 1
 
 
+def test_range_messages():
+    """Out-of-range values are named with the range as text, strict where open."""
+    from gpuembed._checks import check_float, check_int
+
+    with pytest.raises(ValueError, match=r"^k must be <= 2, got 3$"):
+        check_int(3, "k", None, 2)
+    with pytest.raises(ValueError, match=r"^t must be < 2\.0, got 2\.0$"):
+        check_float(2.0, "t", high=2.0, high_open=True)
+    with pytest.raises(ValueError, match=r"^t must be in \(0\.0, 1\.0\), got 1\.0$"):
+        check_float(1.0, "t", 0.0, 1.0, low_open=True, high_open=True)
+
+
 def test_bad_data_and_unknown_parameters(small):
     X, _, _ = small
+    with pytest.raises(TypeError, match="X must be numeric"):
+        ge.TSNE(backend="cpu").fit(np.array([["a", "b"]] * 10))
     Xn = X.copy()
     Xn[0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):

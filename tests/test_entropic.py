@@ -392,6 +392,18 @@ def test_bad_data_and_neighbors():
                                backend="cpu")
     with pytest.raises(ValueError, match="pair"):
         ge.entropic_affinities(None, 5.0, neighbors=sq, backend="cpu")
+    X = np.random.default_rng(0).random((50, 3))
+    with pytest.raises(ValueError, match="either neighbors or n_neighbors"):
+        ge.entropic_affinities(X, 5.0, neighbors=(sq, idx), n_neighbors=20, backend="cpu")
+    with pytest.raises(ValueError, match="neighbors has 50 rows but X has 49"):
+        ge.entropic_affinities(X[:49], 5.0, neighbors=(sq, idx), backend="cpu")
+    with pytest.raises(TypeError, match="indices must be integers"):
+        ge.entropic_affinities(None, 5.0, neighbors=(sq, idx * 1.0), backend="cpu")
+    with pytest.raises(ValueError, match=r"indices must be in \[0, 49\]"):
+        ge.entropic_affinities(None, 5.0, neighbors=(sq, np.where(idx == 3, 50, idx)),
+                               backend="cpu")
+    with pytest.raises(ValueError, match="at least 2 neighbours"):
+        ge.entropic_affinities(None, 1.5, neighbors=(sq[:, :1], idx[:, :1]), backend="cpu")
     for bad in ("30", True, np.ones((50, 2)) * 5):
         with pytest.raises(TypeError, match="perplexity"):
             ge.entropic_affinities(None, bad, neighbors=(sq, idx), backend="cpu")

@@ -157,6 +157,8 @@ def test_metric_bad_input(rng):
         coranking(X, X, max_n=10)
     with pytest.raises(ValueError, match="shape"):
         procrustes_error(X, X[:, :2])
+    with pytest.raises(ValueError, match="not all one point"):
+        procrustes_error(X, np.ones_like(X))
 
 
 @pytest.mark.parametrize("block_rows", [None, 7])

@@ -481,6 +481,61 @@ def test_mac_warns_when_a_wrapped_fit_hides_warm_start(recwarn):
     assert not [w for w in recwarn if "warm_start" in str(w.message)]
 
 
+def test_penalized_objective_adds_the_penalty_everywhere(rng):
+    """The Z step's objective E(Z) + (mu/2)|Z - T|^2 (objectives/penalty.py) in
+    every piece a direction may ask for: value and gradient, the Hessian diagonal
+    (DiagH), the curvature shift (SD) and the N-body accuracy, which must reach
+    the wrapped objective (a schedule sets it)."""
+    from gpuembed.objectives.penalty import Penalized
+
+    X, _ = ge.datasets.gaussian_clusters(80, 2, 4, random_state=0)
+    P = ge.entropic_affinities(X, 10.0, backend="cpu").P
+    inner = make_objective("ee", P, get_backend("cpu"), np.float64, nbody="fgt")
+    Z, T = rng.standard_normal((80, 2)), rng.standard_normal((80, 2))
+    pen = Penalized(inner, T, 0.3)
+    E, G = inner.value_and_grad(Z)
+    E_pen, G_pen = pen.value_and_grad(Z)
+    assert E_pen == pytest.approx(E + 0.15 * ((Z - T) ** 2).sum(), rel=1e-12)
+    np.testing.assert_allclose(G_pen, G + 0.3 * (Z - T), rtol=1e-12)
+    assert pen.value(Z) == E_pen
+    np.testing.assert_allclose(pen.hessian_diagonal(Z), inner.hessian_diagonal(Z) + 0.3)
+    assert pen.curvature_shift == inner.curvature_shift + 0.3
+    pen.accuracy = {"p": 3}
+    assert inner.accuracy == pen.accuracy == {"p": 3}
+
+
+def test_mac_z_steps_with_other_optimizers(capsys):
+    """The Z steps run the embedding's own optimizer (DiagH here, through the
+    penalized Hessian diagonal), and "sd" for the classic t-SNE optimizer, which
+    has no use for a penalty; verbose prints a line per (Z, F) step."""
+    X, _ = ge.datasets.gaussian_clusters(150, 3, 6, random_state=0)
+    for embedding in (ge.EE(optimizer="diagh", max_iter=100, backend="cpu", random_state=0),
+                      ge.TSNE(optimizer="tsne", max_iter=300, backend="cpu", random_state=0)):
+        pe = ge.ParametricEmbedding(embedding, "linear", n_mu=3, max_inner=2,
+                                    verbose=True).fit(X)
+        assert pe.objective_ < pe.history_[0]["objective"]
+        lines = capsys.readouterr().out.splitlines()
+        assert len([line for line in lines if line.startswith("mu ")]) == len(pe.history_)
+
+
+def test_mac_checks_what_a_users_mapping_returns():
+    X, _ = ge.datasets.gaussian_clusters(100, 2, 4, random_state=0)
+
+    class ThreeColumns:
+        def fit(self, Y, Z):
+            self.inner = LinearMapping().fit(Y, Z)
+            return self
+
+        def predict(self, Y):
+            return np.c_[self.inner.predict(Y), np.zeros(len(Y))]
+
+    with pytest.raises(ValueError, match=r"mapping.predict returned shape \(100, 3\)"):
+        ge.ParametricEmbedding(ge.EE(max_iter=20, backend="cpu"), ThreeColumns(), n_mu=2).fit(X)
+    with pytest.raises(TypeError, match="mapping_params apply to the named mappings only"):
+        ge.ParametricEmbedding(ge.EE(max_iter=20, backend="cpu"), LinearMapping(),
+                               mapping_params={"ridge": 1.0}).fit(X)
+
+
 def test_chain_rule_decreases_p(coil15, coil_mac):
     Y, _ = coil15
     est = ge.EE(backend="cpu", random_state=0).fit(Y)

@@ -58,6 +58,8 @@ def test_graphs_of_low_dimensional_points_take_shift_invert(monkeypatch):
 
 
 def test_bad_graph():
+    with pytest.raises(ValueError, match="W must be square"):
+        spectral_embedding(scipy.sparse.csr_matrix(np.ones((5, 6))), 2, backend="cpu")
     dense = np.ones((5, 5)) - np.eye(5)
     dense[4, :] = dense[:, 4] = 0          # point 4 has no affinity at all
     W = scipy.sparse.csr_matrix(dense)
