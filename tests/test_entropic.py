@@ -515,6 +515,22 @@ def test_gpu_given_sequence_equals_cpu():
 
 
 @pytest.mark.gpu
+def test_gpu_rows_longer_than_the_kernel_takes_equal_cpu():
+    """Rows of more than rootfinding.KERNEL_MAX_K neighbours (the kernel's
+    per-lane arrays would spill) are solved by the array code on the GPU."""
+    from gpuembed.affinities.rootfinding import KERNEL_MAX_K
+
+    X = np.random.default_rng(0).standard_normal((KERNEL_MAX_K + 40, 5))
+    sqdist, indices = ge.knn(X, KERNEL_MAX_K + 10, backend="cpu")
+    cpu = ge.entropic_affinities(None, 300.0, neighbors=(sqdist, indices), backend="cpu")
+    be = ge.get_backend("gpu")
+    gpu = ge.entropic_affinities(None, 300.0, backend=be,
+                                 neighbors=(be.asarray(sqdist), be.asarray(indices)))
+    np.testing.assert_allclose(be.to_host(gpu.beta), cpu.beta, rtol=1e-8)
+    np.testing.assert_allclose(be.to_host(gpu.entropy), LOG(300.0), atol=1e-10)
+
+
+@pytest.mark.gpu
 def test_gpu_precomputed_neighbors_and_perplexity_array(clusters):
     """Neighbours given as device arrays, one perplexity per point, row-conditional P."""
     be = ge.get_backend("gpu")

@@ -368,6 +368,11 @@ def test_engine_choice_and_bad_input():
         check_accuracy("bh", {"theta": -1.0})
     with pytest.raises(TypeError, match="theta"):
         check_accuracy("fgt", {"theta": 0.5})
+    with pytest.raises(TypeError, match="either p or tol"):
+        check_accuracy("fgt", {"p": 4, "tol": 1e-3})
+    with pytest.raises(ValueError, match="too many FGT boxes"):
+        ge.nbody.kernel_sums(np.array([[0.0, 0.0], [1e12, 1e12], [5.0, 1.0]]), "gaussian",
+                             "fgt", backend="cpu")
     X = np.random.default_rng(0).normal(size=(50, 2))
     with pytest.raises(ValueError, match="kernel"):
         ge.nbody.kernel_sums(X, "cauchy", backend="cpu")

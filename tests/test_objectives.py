@@ -156,6 +156,8 @@ def test_bad_arguments(problem):
         objectives.value_and_grad("umap", Y, P)
     with pytest.raises(ValueError, match="P must be"):
         objectives.value_and_grad("tsne", Y[:10], P)
+    with pytest.raises(ValueError, match=r"P must be a square \(N, N\) matrix"):
+        objectives.make_objective("ee", P[:, :-1], ge.get_backend("cpu"), np.float64)
     with pytest.raises(ValueError, match="NaN"):
         objectives.value_and_grad("tsne", np.full_like(Y, np.nan), P)
     with pytest.raises(ValueError, match="kernel"):
