@@ -206,7 +206,7 @@ def tsne_classic(objective, X0, *, max_iter=1000, learning_rate=None, exaggerati
         update = (momentum[0] if early else momentum[1]) * update - lr * gains * G
         X = X + update
         X -= X.mean(axis=0)
-    else:
+    else:                               # no callback stopped it: all max_iter updates made
         it = max_iter
     objective.exaggeration = 1.0
     monitor.extra = {"exaggeration": 1.0}
