@@ -144,12 +144,18 @@ def _print_auc(args, X, Y):
 
 
 def cmd_info(args):
+    import numba
     import scipy
+
+    from ._generated import cache_folder
 
     print(f"gpuembed {__version__}")
     print(f"python   {platform.python_version()} ({platform.machine()})")
     print(f"numpy    {np.__version__}")
     print(f"scipy    {scipy.__version__}")
+    numba_cache = numba.config.CACHE_DIR or "the package's __pycache__"
+    print(f"numba    {numba.__version__} ({numba.get_num_threads()} threads; compiled code "
+          f"cached in {numba_cache} and {cache_folder()})")
     try:
         import cupy
 

@@ -14,6 +14,7 @@ def test_info():
     out = run_cli("info")
     assert out.returncode == 0, out.stderr
     assert "gpuembed" in out.stdout and "backend  auto ->" in out.stdout
+    assert "threads; compiled code cached in" in out.stdout
 
 
 def test_demo_writes_png(tmp_path):
