@@ -733,7 +733,7 @@ class EE(_Embedding):
     def _optimize(self, objective, X0, max_iter, tol, monitor):
         if not self.homotopy:
             return super()._optimize(objective, X0, max_iter, tol, monitor)
-        steps = check_int(self.homotopy_steps, "homotopy_steps", 1)
+        steps = int(self.homotopy_steps)            # checked in fit, before the affinities
         return homotopy(objective, X0, self.optimizer,
                         lambdas=homotopy_path(objective.lambda_, steps), max_iter=max_iter,
                         tol=tol, step_size=self._method_params.get("step_size"),
