@@ -394,7 +394,8 @@ def test_sd_dense_factor_of_a_disconnected_graph():
     """The full L+ of two groups without links between them: B = 4 L+ + mu I is
     singular up to mu = 1e-10 min diag along each group's translation, and the
     dense factor (a graph this full takes it) still gives the direction of
-    the exact solve: each group's mean-free gradient solved by 4 L+ on that
+    the exact solve: each group's gradient, without the group's total spread
+    over its points in proportion to their curvature, solved by 4 L+ on that
     group, and the group's mean moved by the FP step."""
     from gpuembed.optim import directions
     rng = np.random.default_rng(0)
@@ -413,10 +414,42 @@ def test_sd_dense_factor_of_a_disconnected_graph():
     L4 = 4.0 * (np.diag(P.toarray().sum(1)) - P.toarray())
     for g in (0, 1):
         rows = group == g
-        Gg = G[rows] - G[rows].mean(axis=0)
+        curvature = L4.diagonal()[rows]
+        Gg = G[rows] - np.outer(curvature / curvature.sum(), G[rows].sum(axis=0))
         expected = -np.linalg.lstsq(L4[np.ix_(rows, rows)], Gg, rcond=None)[0]
         expected += -G[rows].mean(axis=0) / L4.diagonal()[rows].mean() - expected.mean(axis=0)
         np.testing.assert_allclose(got[rows], expected, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+def test_sd_does_not_fling_a_weakly_linked_point(solver):
+    """A component pushed as a whole (a uniform force on its bulk, from another
+    group's repulsion) with one point linked to it only weakly, which feels no
+    force (it has drifted away): the point moves with its component's
+    translation, give or take that translation's size.  When the component
+    mean of G was removed evenly, the point received minus that mean as a
+    force, divided by its tiny curvature: about 1e5 translations away."""
+    from gpuembed.optim import directions
+    rng = np.random.default_rng(1)
+    n, loner = 41, 20                       # points 0-20: group A with its loner; 21-40: B
+    group = (np.arange(n) > loner).astype(int)
+    W = np.where(group[:, None] == group[None], rng.random((n, n)), 0.0)
+    W[loner, :] = W[:, loner] = 0.0
+    W[loner, 0] = W[0, loner] = 1e-5
+    W = np.triu(W, 1)
+    W = W + W.T
+    P = scipy.sparse.csr_matrix(W / W.sum())
+    obj = objectives.make_objective("ee", P, ge.get_backend("cpu"), np.float64)
+    X = rng.standard_normal((n, 2))
+    d = directions.Spectral(obj, X, solver=solver, cg_tol=1e-12, cg_maxiter=1000)
+    G = np.zeros((n, 2))
+    G[:loner] = [1e-3, 2e-3]
+    G[loner + 1:] = -G[:loner].sum(axis=0) / (n - loner - 1)
+    P_dir = d(X, G)
+    translation = -G[:loner + 1].mean(axis=0) / d.diag[:loner + 1].mean()
+    assert np.linalg.norm(P_dir[loner] - translation) < 2 * np.linalg.norm(translation)
+    bulk = P_dir[:loner].mean(axis=0)
+    assert np.linalg.norm(bulk - translation) < 0.1 * np.linalg.norm(translation)
 
 
 def test_same_seed_same_result(small):
