@@ -34,6 +34,12 @@ by SD as it was before its default kappa grew to keep the graph connected
 optimizer: seconds, iterations, objective (exact sums) and 10-NN accuracy of
 the objects, written to embedding_coil<K>.json ("coil").
 
+``--clusters N`` fits N points of 20 well-separated Gaussian clusters in 10-D
+(a graph of 20 components) with t-SNE, EE and s-SNE by the default SD and by
+SD with curvature pairs (``sd_memory=10``), and t-SNE by the classic
+optimizer: the same figures plus each layout's extent, written to
+embedding_clusters_n<N>.json ("clusters").
+
 ``--text N`` embeds N synthetic documents of 20 topics (common.topic_documents,
 sparse TF-IDF rows): gpuembed's default t-SNE on the sparse matrix against
 scikit-learn's and openTSNE's t-SNE and UMAP on the same matrix, each timed from
@@ -264,28 +270,50 @@ def text(n, backend="cpu"):
 def coil(n_objects, backend="cpu"):
     be = ge.get_backend(backend)
     X, y = ge.datasets.rotating_objects(n_objects=n_objects, size=32)
-    A = ge.entropic_affinities(X, 30.0, backend=be)
     fits = (("TSNE", "sd (default)", {}),
             ("TSNE", "sd, kappa 15 and the factor (before)", {"kappa": 15,
                                                               "sd_solver": "cholesky"}),
             ("TSNE", "classic", {"optimizer": "tsne"}),
             ("EE", "sd (default)", {}),
             ("EE", "sd, kappa 15 (before)", {"kappa": 15}))
+    return {"n_objects": n_objects, "n": X.shape[0], "perplexity": 30.0,
+            "runs": fit_runs(X, y, fits, be)}
+
+
+def clusters(n, n_clusters, dim, backend="cpu"):
+    """Well-separated Gaussian clusters, whose graph has a component each: SD
+    with and without curvature pairs (sd_memory), and the classic optimizer."""
+    be = ge.get_backend(backend)
+    X, y = ge.datasets.gaussian_clusters(n, n_clusters, dim, random_state=0)
+    fits = tuple((name, label, extra) for name in ("TSNE", "EE", "SSNE")
+                 for label, extra in (("sd (default)", {}), ("sd, sd_memory=10",
+                                                             {"sd_memory": 10})))
+    fits += (("TSNE", "classic", {"optimizer": "tsne"}),)
+    return {"n": n, "n_clusters": n_clusters, "dim": dim, "perplexity": 30.0,
+            "runs": fit_runs(X.astype(np.float32), y, fits, be)}
+
+
+def fit_runs(X, y, fits, be):
+    """Each (estimator name, label, parameters) fitted to X from the same
+    perplexity-30 affinities: seconds, iterations, the exact objective of the
+    layout, its 10-NN accuracy and extent (the larger side of its bounding box)."""
+    A = ge.entropic_affinities(X, 30.0, backend=be)
     for name, _, extra in fits:             # compile on 500 points
         getattr(ge, name)(max_iter=3, backend=be, **{**extra, "kappa": 5}).fit(X[:500])
     exact = {name: ge.objectives.make_objective(name.lower(), A.P, be, np.float64,
-                                                nbody="exact") for name in ("TSNE", "EE")}
+                                                nbody="exact") for name, _, _ in fits}
     runs = []
     for name, label, extra in fits:
         start = time.perf_counter()
         model = getattr(ge, name)(affinities=A, backend=be, random_state=0, **extra).fit(X)
+        layout = be.asarray(model.embedding_, np.float64)
         runs.append({"objective": name, "optimizer": label, "iterations": model.n_iter_,
                      "seconds": time.perf_counter() - start,
-                     "final_objective": exact[name].value(be.asarray(model.embedding_,
-                                                                     np.float64)),
-                     "knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y, backend=be)})
+                     "final_objective": exact[name].value(layout),
+                     "knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y, backend=be),
+                     "extent": float(np.ptp(be.to_host(layout), axis=0).max())})
         print(runs[-1], flush=True)
-    return {"n_objects": n_objects, "n": X.shape[0], "perplexity": 30.0, "runs": runs}
+    return runs
 
 
 def large_subsets(n, n_subsets, backend="cpu"):
@@ -474,6 +502,8 @@ def main(argv=None):
     parser.add_argument("--large", type=int, help="only the t-SNE-at-scale part, N points")
     parser.add_argument("--text", type=int, help="only the sparse-documents part, N documents")
     parser.add_argument("--coil", type=int, help="only the rotating-objects part, K objects")
+    parser.add_argument("--clusters", type=int,
+                        help="only the separated-clusters part: N points, 20 clusters in 10-D")
     parser.add_argument("--subsets", type=int,
                         help="only the sd vs classic accuracy comparison on this many subsets "
                              "(of --large points: the default fits)")
@@ -490,6 +520,10 @@ def main(argv=None):
     if args.coil:
         write_result("embedding", {"coil": coil(args.coil, args.backend)},
                      args.suffix or f"_coil{args.coil}", merge=True)
+        return
+    if args.clusters:
+        write_result("embedding", {"clusters": clusters(args.clusters, 20, 10, args.backend)},
+                     args.suffix or f"_clusters_n{args.clusters}", merge=True)
         return
     if args.text:
         write_result("embedding", {"tsne_text": text(args.text, args.backend)},

@@ -44,8 +44,8 @@ INIT_STD = {"tsne": 1e-4, "default": 0.1}
 # The named starts (MultiscaleSNE: the first two).
 INITS = ("pca", "random", "spectral")
 # Parameters the optimizers and affinities accept through **method_params.
-METHOD_PARAMS = {"n_neighbors", "kappa", "sd_solver", "sd_refresh", "lbfgs_memory", "step_size",
-                 "learning_rate", "early_exaggeration", "exaggeration_iter",
+METHOD_PARAMS = {"n_neighbors", "kappa", "sd_solver", "sd_refresh", "sd_memory", "lbfgs_memory",
+                 "step_size", "learning_rate", "early_exaggeration", "exaggeration_iter",
                  "transform_max_iter", "accuracy", "accuracy_schedule"}
 # Iterations of the out-of-sample mappings (TSNE & co.: method_params
 # ``transform_max_iter``).
@@ -174,6 +174,7 @@ class _Embedding(Params):
             "kappa": lambda v: check_int(v, "kappa", 1),
             "sd_solver": lambda v: check_choice(v, "sd_solver", Spectral.SOLVERS),
             "sd_refresh": check_refresh,
+            "sd_memory": lambda v: check_int(v, "sd_memory", 0),
             "lbfgs_memory": lambda v: check_int(v, "lbfgs_memory", 1),
             "learning_rate": lambda v: (check_choice(v, "learning_rate", ("auto",))
                                         if isinstance(v, str) else
@@ -258,7 +259,7 @@ class _Embedding(Params):
     def _direction_params(self):
         p = self._method_params
         if self.optimizer in ("sd", "sd-"):
-            params = {"kappa": p.get("kappa")}
+            params = {"kappa": p.get("kappa"), "memory": p.get("sd_memory", 0)}
             if self.optimizer == "sd":
                 params["solver"] = p.get("sd_solver", "auto")
                 params["refresh"] = p.get("sd_refresh", "auto")

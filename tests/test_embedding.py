@@ -2,6 +2,7 @@
 import numpy as np
 import scipy.linalg
 import scipy.sparse
+import scipy.sparse.csgraph
 import pytest
 
 import gpuembed as ge
@@ -123,6 +124,113 @@ def test_sd_auto_solver_factorizes_small_problems_only(small, monkeypatch):
     assert chosen() == {"ee": "cholesky", "ssne": "cholesky", "tsne": "cg"}
     monkeypatch.setattr(directions.Spectral, "CHOLESKY_MAX_N", 100)
     assert chosen() == {"ee": "cg", "ssne": "cg", "tsne": "cg"}
+
+
+def _two_groups(n=60, seed=0):
+    """P of two groups with no affinity between them (a disconnected graph)."""
+    rng = np.random.default_rng(seed)
+    group = np.arange(n) // (n // 2)
+    W = np.where(group[:, None] == group[None], rng.random((n, n)), 0.0)
+    W = np.triu(W, 1)
+    W = W + W.T
+    return scipy.sparse.csr_matrix(W / W.sum()), rng.standard_normal((n, 2))
+
+
+def test_sd_memory_keeps_the_last_pairs_until_a_refresh():
+    """sd_memory=m keeps the last m curvature pairs of positive curvature (none
+    by default); each refresh of B starts them again."""
+    from gpuembed.optim import directions
+    be = ge.get_backend("cpu")
+    P, X = _two_groups()
+    tsne = objectives.make_objective("tsne", P, be, np.float64)
+    assert not directions.Spectral(tsne, X).memory
+    assert directions.SpectralMinus(tsne, X, memory=4).pairs.maxlen == 4
+    ee = objectives.make_objective("ee", P, be, np.float64)
+    d = directions.Spectral(ee, X, refresh=3, memory=2)
+    for _ in range(3):
+        _, G = ee.value_and_grad(X)
+        X_new = X + 0.1 * d(X, G)
+        d.update(X, X_new, G, ee.value_and_grad(X_new)[1])
+        X = X_new
+    assert len(d.pairs) == 2
+    d(X, G)                         # the fourth call rebuilds B: the pairs go
+    assert len(d.pairs) == 0
+    plain = directions.Spectral(ee, X)
+    _, G = ee.value_and_grad(X)
+    plain.update(X, X + 0.1 * plain(X, G), G, ee.value_and_grad(X + 0.1 * plain(X, G))[1])
+    assert len(plain.pairs) == 0
+
+
+def test_sd_memory_is_bfgs_on_the_spectral_direction():
+    """With pairs (s_i, y_i) the direction is -H g for H the BFGS update of H0 =
+    the SD solve's (linear) operator by each pair in turn, H_{i+1} = (I - rho s
+    y^T) H_i (I - rho y s^T) + rho s s^T: so H y = s for the newest pair (the
+    secant condition) and, H0 being positive definite, a descent direction."""
+    from gpuembed.optim import directions
+    P, X = _two_groups()
+    obj = objectives.make_objective("ee", P, ge.get_backend("cpu"), np.float64)
+    d = directions.Spectral(obj, X, solver="cholesky", memory=3)
+    steps = []
+    for _ in range(4):
+        _, G = obj.value_and_grad(X)
+        X_new = X + 0.1 * d(X, G)
+        steps.append((X, X_new, G, obj.value_and_grad(X_new)[1]))
+        d.update(*steps[-1])
+        X = X_new
+    assert len(d.pairs) == 3
+    n = X.size
+    H = np.column_stack([-d._solve(X, e.reshape(X.shape)).ravel() for e in np.eye(n)])
+    for s, y, rho in d.pairs:
+        s, y = s.ravel(), y.ravel()
+        V = np.eye(n) - rho * np.outer(y, s)
+        H = V.T @ H @ V + rho * np.outer(s, s)
+    _, G = obj.value_and_grad(X)
+    np.testing.assert_allclose(d(X, G).ravel(), -H @ G.ravel(), rtol=1e-7,
+                               atol=1e-10 * np.abs(H @ G.ravel()).max())
+    s, y, _ = d.pairs[-1]
+    np.testing.assert_allclose(-d(X, y), s, rtol=1e-6, atol=1e-9 * np.abs(s).max())
+    assert np.vdot(G, d(X, G)) < 0
+
+
+@pytest.mark.gpu
+def test_gpu_sd_memory_matches_cpu():
+    """The curvature pairs and the two-loop recursion on device arrays: the same
+    directions as on the CPU, in float64, through CG solved tightly on both."""
+    from gpuembed.optim import directions
+    P, X0 = _two_groups()
+    out = {}
+    for name in ("cpu", "gpu"):
+        be = ge.get_backend(name)
+        obj = objectives.make_objective("ee", be.sparse.csr_matrix(P), be, np.float64)
+        X = be.asarray(X0)
+        d = directions.Spectral(obj, X, solver="cg", cg_tol=1e-12, cg_maxiter=2000, memory=10)
+        got = []
+        for _ in range(4):
+            _, G = obj.value_and_grad(X)
+            got.append(be.to_host(d(X, G)))
+            X_new = X + 0.1 * be.asarray(got[-1])
+            d.update(X, X_new, G, obj.value_and_grad(X_new)[1])
+            X = X_new
+        assert len(d.pairs) == 4
+        out[name] = got
+    for cpu, gpu in zip(out["cpu"], out["gpu"]):
+        np.testing.assert_allclose(gpu, cpu, rtol=1e-7, atol=1e-9 * np.abs(cpu).max())
+
+
+@pytest.mark.parametrize("cls,ratio", [(ge.TSNE, 0.8), (ge.EE, 0.97), (ge.SSNE, 0.99)])
+def test_sd_memory_speeds_up_separated_clusters(cls, ratio):
+    """Six separated clusters (6 components): B carries no curvature for their
+    relative placement, which the FP step only guesses; with 10 pairs each
+    objective stands clearly lower after 100 iterations (t-SNE 0.60 against
+    0.89, EE 8.45 against 9.15, s-SNE 0.715 against 0.747)."""
+    X, _ = ge.datasets.gaussian_clusters(600, 6, 5, random_state=0)
+    A = ge.entropic_affinities(X, 20.0, backend="cpu")
+    assert scipy.sparse.csgraph.connected_components(A.P)[0] == 6
+
+    def final(memory):
+        return cls(affinities=A, max_iter=100, tol=0, random_state=0, backend="cpu",
+                   sd_memory=memory).fit(X).objective_
+    assert final(10) < ratio * final(0)
 
 
 def test_sd_refresh_rebuilds_b_from_the_layout(small):
@@ -902,6 +1010,9 @@ def test_bad_arguments(small, make, match):
      r"^lbfgs_memory must be >= 1, got 0$"),
     (lambda: ge.TSNE(optimizer="sd", sd_refresh=0), ValueError, "sd_refresh"),
     (lambda: ge.TSNE(optimizer="sd", sd_refresh="often"), ValueError, "sd_refresh"),
+    (lambda: ge.TSNE(optimizer="sd", sd_memory=-1), ValueError,
+     r"^sd_memory must be >= 0, got -1$"),
+    (lambda: ge.EE(optimizer="sd-", sd_memory="long"), TypeError, "sd_memory"),
     (lambda: ge.TSNE(optimizer="tsne", learning_rate=0), ValueError, "learning_rate"),
     (lambda: ge.TSNE(optimizer="tsne", learning_rate="fast"), ValueError, "learning_rate"),
     (lambda: ge.TSNE(optimizer="tsne", early_exaggeration=-4), ValueError, "early_exaggeration"),
