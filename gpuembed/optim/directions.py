@@ -474,7 +474,7 @@ class Spectral(Direction):
         layout reached 3.7e7 units across clusters of radius 2, and Barnes-Hut
         slowed 5x with the spread (1,000 iterations in 251 s).  Spread by
         curvature, a point's share of the force and its curvature shrink
-        together; that fit stays within 32 units, in 45 s.  Over a connected graph
+        together; that fit stays within 32 units, in 45-49 s.  Over a connected graph
         the embedding objectives' G sums to zero (they do not change under
         translation), and nothing changes there; MAC's penalty does not."""
         total = self._component_sum(G)
@@ -515,13 +515,16 @@ class Spectral(Direction):
         return -r
 
     def update(self, X_old, X_new, G_old, G_new):
-        pair = self.memory and secant_pair(self.be, X_old, X_new, G_old, G_new)
-        if pair:
+        if not self.memory:
+            return
+        pair = secant_pair(self.be, X_old, X_new, G_old, G_new)
+        if pair is not None:
             s, y, sy = pair
             self.pairs.append((s, y, 1.0 / sy))
 
     def _solve(self, X, G):
-        """-B^-1 G (for the part that moves the components whole, see _split)."""
+        """The spectral direction -B^-1 G, each component moved as a whole by
+        _split's translation."""
         # B is singular up to mu along each component's translation: solve for
         # the component-mean-free gradient, whose solution 1/mu cannot blow up,
         # and move each component as a whole by its FP step.
