@@ -11,10 +11,10 @@ finish, the rest: the GEMM blocks and their bookkeeping).
 ``--sparse``: synthetic TF-IDF documents (common.bag_of_words, 20,000 x 20,000
 by default) given as a CSR matrix to both, written to knn_sparse.json.
 
-``--low-dim``: points of 2 and 3 coordinates (a layout, a point cloud), where
-gpuembed's CPU path is a k-d tree: against its own brute force and
-scikit-learn's KDTree (NearestNeighbors(algorithm="kd_tree")), written to
-knn_lowdim.json.
+``--low-dim``: points of 2 to 10 coordinates (a layout, a point cloud, a few
+principal components), where gpuembed's CPU path is a k-d tree: against its own
+brute force and scikit-learn's KDTree (NearestNeighbors(algorithm="kd_tree")),
+written to knn_lowdim.json.
 """
 from __future__ import annotations
 
@@ -108,19 +108,26 @@ def run_sparse(n=20_000, vocab=20_000, k=90, repeat=2, gpu_only=False):
     return figures
 
 
-def run_low_dim(cases=((70_000, 2, 10), (300_000, 3, 90)), repeat=2):
-    """Uniform random points: gpuembed's k-d tree, its brute force (the tree
-    turned off) on the smaller case, and scikit-learn's k-d tree, each best of
-    ``repeat``, with their index agreement."""
+LOW_DIM_CASES = ((70_000, 2, 10, "uniform"), (300_000, 3, 90, "uniform"),
+                 (70_000, 5, 90, "uniform"), (70_000, 10, 90, "uniform"),
+                 (70_000, 10, 90, "clusters"))
+
+
+def run_low_dim(cases=LOW_DIM_CASES, repeat=2):
+    """Uniform random points (the k-d tree's worst case: intrinsic dimension
+    equal to the dimension) and 20 Gaussian clusters: gpuembed's k-d tree, its
+    brute force (the tree turned off) up to 100,000 points, and scikit-learn's
+    k-d tree, each best of ``repeat``, with their index agreement."""
     from sklearn.neighbors import NearestNeighbors
 
     rows = []
-    for n, d, k in cases:
-        X = np.random.default_rng(0).random((n, d))
+    for n, d, k, kind in cases:
+        X = (np.random.default_rng(0).random((n, d)) if kind == "uniform"
+             else ge.datasets.gaussian_clusters(n, 20, d, random_state=0)[0])
         t_tree, (_, i_tree) = best_time(lambda: ge.knn(X, k, backend="cpu"), repeat)
         t_sk, (_, i_sk) = best_time(lambda: NearestNeighbors(
             n_neighbors=k + 1, algorithm="kd_tree", n_jobs=-1).fit(X).kneighbors(X), repeat)
-        row = {"n": n, "dim": d, "k": k, "gpuembed_tree_seconds": t_tree,
+        row = {"n": n, "dim": d, "k": k, "data": kind, "gpuembed_tree_seconds": t_tree,
                "sklearn_kd_tree_seconds": t_sk, "speedup_vs_sklearn": t_sk / t_tree,
                "index_agreement_with_sklearn": float(
                    (np.sort(i_sk[:, 1:], axis=1) == np.sort(i_tree, axis=1)).mean())}
@@ -128,7 +135,8 @@ def run_low_dim(cases=((70_000, 2, 10), (300_000, 3, 90)), repeat=2):
             with mock.patch.object(neighbors, "TREE_MAX_DIM", 0):
                 t_brute, (_, i_brute) = best_time(lambda: ge.knn(X, k, backend="cpu"))
             row.update(gpuembed_brute_seconds=t_brute, tree_speedup=t_brute / t_tree,
-                       brute_indices_equal=bool((i_brute == i_tree).all()))
+                       brute_indices_equal=bool((i_brute == i_tree).all()),
+                       brute_index_agreement=float((i_brute == i_tree).mean()))
         print(row, flush=True)
         rows.append(row)
     return {"cases": rows}
@@ -188,7 +196,7 @@ def main(argv=None):
     parser.add_argument("--sparse", action="store_true",
                         help="synthetic TF-IDF documents as a CSR matrix (knn_sparse.json)")
     parser.add_argument("--low-dim", action="store_true",
-                        help="2-D and 3-D points: the k-d tree path (knn_lowdim.json)")
+                        help="2-D to 10-D points: the k-d tree path (knn_lowdim.json)")
     args = parser.parse_args(argv)
     if args.low_dim:
         write_result("knn_lowdim", run_low_dim(repeat=args.repeat))

@@ -25,13 +25,15 @@ from ._checks import check_data, check_int
 from ._sparse import row_sqnorms, transposed
 from .backend import get_backend
 from .metrics_cpu import max_rank_counts, ties_by_index
-from .neighbors import TREE_MAX_DIM, knn
+from .neighbors import knn
 from .nbody.exact import squared_distances
 
 __all__ = ["knn_accuracy", "clustering_error", "rnx", "auc_rnx", "log_k_auc", "coranking",
            "procrustes_error"]
 
 BLOCK_BYTES = 64 * 2**20
+# knn_accuracy moves layouts of up to this many columns to the CPU's k-d tree.
+LAYOUT_MAX_DIM = 3
 
 
 def knn_accuracy(X_low, labels, k=10, *, backend="cpu"):
@@ -39,9 +41,9 @@ def knn_accuracy(X_low, labels, k=10, *, backend="cpu"):
 
     Each point's label is predicted by majority vote of its k nearest
     neighbours in ``X_low`` (itself excluded; ties go to the smallest label).
-    Up to neighbors.TREE_MAX_DIM columns (a layout) the neighbours come from the
-    CPU's k-d tree whatever the backend: O(N log N), where brute force on a GPU
-    would compute 1e12 distances for 1e6 points.
+    Up to LAYOUT_MAX_DIM columns (a layout) the neighbours come from the CPU's
+    k-d tree whatever the backend: O(N log N), where brute force on a GPU would
+    compute 1e12 distances for 1e6 points.
     """
     be = get_backend(backend)
     labels = np.asarray(be.to_host(labels))
@@ -50,7 +52,7 @@ def knn_accuracy(X_low, labels, k=10, *, backend="cpu"):
         raise ValueError(f"labels must have one entry per row of X_low, got {n}")
     k = check_int(k, "k", 1, n - 1)
     X_low = check_data(X_low, be, name="X_low")
-    if X_low.shape[1] <= TREE_MAX_DIM:    # the CPU's k-d tree, for a GPU's layout too
+    if X_low.shape[1] <= LAYOUT_MAX_DIM:  # the CPU's k-d tree, for a GPU's layout too
         X_low, be = be.to_host(X_low), get_backend("cpu")
     idx = be.to_host(knn(X_low, k, backend=be)[1])
     classes, codes = np.unique(labels, return_inverse=True)

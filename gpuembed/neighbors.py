@@ -16,8 +16,9 @@ so ties are ordered deterministically.  That finish runs once the candidates of
 all blocks are in, over large chunks of rows: per 268-row block of a 1e6-point
 k-NN its sorts and synchronization would be repeated 3,700 times.
 
-Dense data of at most TREE_MAX_DIM features (layouts, point clouds) is searched
-on the CPU by a k-d tree instead, with the same finish and ordering.
+Dense data of at most TREE_MAX_DIM features (layouts, point clouds, a few
+principal components) is searched on the CPU by a k-d tree instead, with the
+same finish and ordering.
 
 Sparse X (scipy or cupyx) is searched as it is: no centring (it would make
 the rows dense), each block a sparse product made dense, the exact
@@ -47,9 +48,16 @@ SEGMENT_COLUMNS = 128      # a row segment has at least this many columns per se
 SHARED_BYTES = 48 * 1024   # static shared memory per block without opting in
 # Relative accuracy of the returned distances, per dtype (see module doc).
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
-# Up to this many features the CPU walks a k-d tree instead (_tree_knn): the
-# 10-NN of 70,000 2-D points in 0.22 s against 14.3 s by brute force (2 cores).
-TREE_MAX_DIM = 3
+# Up to this many features the CPU walks a k-d tree instead (_tree_knn), 2 cores,
+# benchmarks/results/knn_lowdim.json: the 10-NN of 70,000 uniform 2-D points in
+# 0.27 s against 13.6 s by brute force, their 90-NN in 5-D in 2.5 s against 17.9
+# s, of 20 Gaussian clusters in 10-D in 5.9 s against 17.2 s (float32 clusters
+# and Fashion-MNIST's first 10 principal components: 3.7-4.2 s against 11.7-12.0
+# s).  Uniform 10-D points, whose intrinsic dimension is all 10, are its worst
+# case: 27.4 s against 17.5 s in float64 (13.8 against 12.1 in float32), ahead
+# only from a few times more points (N log N against N^2).  In 16-D uniform
+# float32 points took 180 s against 12 s.
+TREE_MAX_DIM = 10
 
 
 def knn(X, n_neighbors, *, backend="auto", block_bytes=None):

@@ -30,7 +30,8 @@ def assert_same_neighbours(X, idx, ref_d, ref_i, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n,d,k", [(50, 3, 5), (300, 20, 17), (257, 2, 1), (40, 5, 39)])
+@pytest.mark.parametrize("n,d,k", [(50, 3, 5), (300, 20, 17), (257, 2, 1), (40, 5, 39),
+                                   (300, 10, 17), (200, 11, 9)])
 def test_knn_matches_brute_force(backend, rng, dtype, n, d, k):
     X = rng.standard_normal((n, d)).astype(dtype) * 3 + 10  # offset: cancellation matters
     ref_d, ref_i = brute_knn(X, k)
@@ -46,7 +47,7 @@ def be_x(backend, X):
     return backend.asarray(X)
 
 
-@pytest.mark.parametrize("d", [2, 4])        # the k-d tree's blocks, the GEMM's
+@pytest.mark.parametrize("d", [2, 12])       # the k-d tree's blocks, the GEMM's
 def test_small_blocks_give_the_same_answer(rng, d):
     X = rng.standard_normal((200, d))
     X[150] = X[3]                               # a copy: self must go wherever it lies
