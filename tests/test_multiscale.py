@@ -192,7 +192,10 @@ def test_gpu_fused_kernels_match_array_code(rng, cost, kappa, d, n_scales):
         E0, G0 = obj.value_and_grad(gpu.asarray(layout))
         assert E == pytest.approx(E0, rel=1e-11)
         G, G0 = gpu.to_host(G), gpu.to_host(G0)
-        np.testing.assert_allclose(G, G0, rtol=1e-8, atol=1e-11 * np.abs(G0).max())
+        # At the spread layout the two differ by up to 5e-11 of the largest entry
+        # (js, 3-D; 3e-11 with the k-NN distances of brute force instead of the
+        # k-d tree, which now serves this 6-D X), as the CPU's sweep does below.
+        np.testing.assert_allclose(G, G0, rtol=1e-8, atol=1e-10 * np.abs(G0).max())
         E1, G1 = cpu.value_and_grad(layout)      # fastexp's exps and logs
         assert E == pytest.approx(E1, rel=1e-11)
         np.testing.assert_allclose(G, G1, rtol=1e-8, atol=1e-10 * np.abs(G1).max())
