@@ -111,7 +111,7 @@ class _Embedding(Params):
         check_choice(self.optimizer, "optimizer", self.optimizers)
         check_random_state(self.random_state)
         check_callbacks(self.callbacks)
-        check_init(self.init, n, d, be, INITS)
+        init = check_init(self.init, n, d, be, INITS)
         self._check_method_params()
         objective_params = self._objective_params(n)
         self._exaggeration = self._exaggeration_stage(max_iter)
@@ -125,7 +125,7 @@ class _Embedding(Params):
         objective = make_objective(self.objective_name, P, be, dtype, nbody=nbody,
                                    **objective_params)
         objective.accuracy = accuracy
-        X0 = self._initial(X, P, be, dtype, d)
+        X0 = self._initial(X, P, be, dtype, d, init)
         _stage(self.verbose, start, f"setup: initial layout {_init_name(self.init)}, optimizer "
                                     f"{self.optimizer}, N-body engine {nbody}")
         monitor = Monitor(self.callbacks, self.verbose)
@@ -292,7 +292,7 @@ class _Embedding(Params):
         self._perplexity_used = self.perplexity
         return P
 
-    def _initial(self, X, P, be, dtype, d):
+    def _initial(self, X, P, be, dtype, d, init):
         def spectral():
             from .spectral import spectral_embedding
             from .spectral.embedding import points_suit_shift_invert
@@ -302,7 +302,7 @@ class _Embedding(Params):
                                                  shift_invert=points_suit_shift_invert(X)))
 
         std = INIT_STD["tsne" if self.optimizer == "tsne" else "default"]
-        return initial_layout(self.init, X, d, be, dtype, std, self.random_state,
+        return initial_layout(init, X, d, be, dtype, std, self.random_state,
                               {"spectral": spectral})
 
     # -- out-of-sample -----------------------------------------------------
@@ -576,7 +576,7 @@ class _MultiscaleOutOfSample(_OutOfSample):
 def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
     """Initial embedding (N, d) on the device: "pca", "random", a name in ``extra``
     (a function returning the layout) scaled so its first coordinate has standard
-    deviation ``std``, or a given array used as it is."""
+    deviation ``std``, or a given array used as it is (as check_init returns it)."""
     n = X.shape[0]
     if isinstance(init, str):
         builders = {"pca": lambda: _pca(be.to_host(X), d),
@@ -598,16 +598,16 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
             seed = 0 if random_state is None else random_state
             Y = Y + 1e-4 * std * np.random.default_rng(seed).standard_normal(Y.shape)
     else:
-        Y = check_init(init, n, d, be, ())
+        Y = init
     return be.asarray(Y, dtype=dtype)
 
 
 def check_init(init, n, d, be, names):
-    """``init``: one of ``names``, or a dense finite (n, d) array, returned on the
-    host (None for a name).  The estimators call it before the affinities."""
+    """``init``: one of ``names``, or a dense finite (n, d) array, returned as
+    initial_layout takes it (an array on the host).  The estimators call it
+    before the affinities."""
     if isinstance(init, str):
-        check_choice(init, "init", names)
-        return None
+        return check_choice(init, "init", names)
     if is_sparse(init):
         raise TypeError("init array is a sparse matrix; pass a dense (N, n_components) array")
     Y = be.to_host(init) if hasattr(init, "shape") else np.asarray(init)
@@ -822,7 +822,7 @@ class MultiscaleSNE(Params):
         kappa = check_float(self.kappa, "kappa", 0.0, 1.0, low_open=True, high_open=True)
         check_random_state(self.random_state)
         check_callbacks(self.callbacks)
-        check_init(self.init, n, d, be, INITS[:2])
+        init = check_init(self.init, n, d, be, INITS[:2])
         dtype = check_dtype(self.dtype, be)
         nbody = resolve_method(self.nbody, n, d, "gaussian", be, EXACT_BELOW.get(be.name))
         start = time.perf_counter()
@@ -832,7 +832,7 @@ class MultiscaleSNE(Params):
                                             + ", ".join(f"{K:g}" for K in M.perplexities))
         U = intrinsic_exponent(be.to_host(M.beta), d) if self.fit_exponent else 1.0
         # Any scale works: the LD precisions follow the embedding's spread.
-        Y = initial_layout(self.init, X, d, be, dtype, 1.0, self.random_state)
+        Y = initial_layout(init, X, d, be, dtype, 1.0, self.random_state)
         _stage(self.verbose, start, f"setup: initial layout {_init_name(self.init)}, N-body "
                                     f"engine {nbody}")
         monitor = Monitor(self.callbacks, self.verbose)
