@@ -579,13 +579,48 @@ def test_float32_stays_float32(backend, augmented, estimator):
     assert np.isfinite(pe.objective_)
 
 
+def adam_reference(p, g, m, v, lr, step, weight_decay, beta1=0.9, beta2=0.999, eps=1e-8):
+    """Adam (Kingma & Ba 2015) as the paper writes it, in float64."""
+    g = g + weight_decay * p
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    p = p - lr * (m / (1 - beta1**step)) / (np.sqrt(v / (1 - beta2**step)) + eps)
+    return p, m, v
+
+
+@pytest.mark.parametrize("dtype,rel", [(np.float64, 1e-13), (np.float32, 1e-5)])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_adam_step_on_the_cpu_matches_the_formula(rng, dtype, rel, weight_decay):
+    """The compiled step (bias corrections folded into two scalars) against the
+    formula over 5 steps from zero moments (the corrections change each step) with
+    gradients of both signs, a float64 gradient into float32 parameters (float32
+    stays float32), and the first step's closed form."""
+    from gpuembed.parametric.mappings import adam_step
+    n = 1001
+    arrays = [rng.normal(size=n).astype(dtype), np.zeros(n, dtype), np.zeros(n, dtype)]
+    want = [a.astype(np.float64) for a in arrays]
+    for step in range(1, 6):
+        g = rng.normal(size=n)
+        start = arrays[0].astype(np.float64)
+        adam_step(arrays[0], g, *arrays[1:], 0.01, step, weight_decay=weight_decay)
+        want = adam_reference(want[0], g.astype(dtype), *want[1:], 0.01, step, weight_decay)
+        if step == 1:       # the first step: lr against the gradient's sign (eps aside)
+            first = g.astype(dtype) + weight_decay * start
+            np.testing.assert_allclose(start - arrays[0], 0.01 * first / (np.abs(first) + 1e-8),
+                                       atol=2 * np.finfo(dtype).eps * np.abs(start).max())
+    for got, expected in zip(arrays, want):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, expected, rtol=rel, atol=rel * np.abs(expected).max())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,rel", [(np.float64, 1e-13), (np.float32, 1e-5)])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_adam_step_kernel_matches_numpy(rng, dtype, rel, weight_decay):
-    """kernels/adam.cu against adam_step's NumPy branch over 5 steps (the bias
-    corrections change each step) on more elements than the launch's threads
-    (the grid-stride loop), gradients of both signs and moments from zero."""
+def test_adam_step_kernel_matches_the_cpu(rng, dtype, rel, weight_decay):
+    """kernels/adam.cu against adam_step's CPU loop (checked against the formula
+    above) over 5 steps (the bias corrections change each step) on more elements
+    than the launch's threads (the grid-stride loop), gradients of both signs and
+    moments from zero.  A float32 parameter's five steps can cancel to nothing."""
     from gpuembed.parametric.mappings import (ELEMENTWISE_BLOCK, ELEMENTWISE_MAX_BLOCKS,
                                               adam_step)
     gpu = get_backend("gpu")
@@ -602,7 +637,7 @@ def test_adam_step_kernel_matches_numpy(rng, dtype, rel, weight_decay):
         assert got.dtype == dtype
         np.testing.assert_allclose(gpu.to_host(got), want, rtol=rel, atol=rel * np.abs(want).max())
     moved = np.abs(host[0] - start)
-    assert (moved > 0).all() and np.median(moved) > 1e-3
+    assert np.mean(moved > 0) > 0.999 and np.median(moved) > 1e-3
 
 
 @pytest.mark.gpu

@@ -14,11 +14,14 @@ the MLP's weights) so an F step is cheap.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._checks import check_float, check_int
 from ..backend import get_backend
 from ..nbody.exact import squared_distances
+from .mlp_cpu import adam_update
 
 
 def array_module(a):
@@ -183,32 +186,16 @@ def _launch(name, filename, arrays, scalars=()):
         (blocks,), (ELEMENTWISE_BLOCK,), (*arrays, np.int64(first.size), *scalars))
 
 
-def adam_step(p, g, m, v, lr, step, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-              scratch=None):
+def adam_step(p, g, m, v, lr, step, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
     """One Adam step, in place on the parameters ``p`` and the moments ``m``, ``v``,
-    from the gradient ``g`` (``step`` = t >= 1 sets the bias corrections).  The
-    NumPy code is the reference; on the GPU it is one launch of kernels/adam.cu
-    instead of 14 CuPy calls.  On the CPU it writes its terms into ``scratch``
-    (two arrays shaped as p, allocated when None)."""
+    from the gradient ``g`` (``step`` = t >= 1 sets the bias corrections): one
+    pass over the vector, compiled on the CPU (mlp_cpu.adam_update), one launch of
+    kernels/adam.cu on the GPU instead of 14 CuPy calls."""
     bias1, bias2 = 1.0 - beta1**step, 1.0 - beta2**step
     if array_module(p) is np:
-        a, b = scratch or (np.empty_like(p), np.empty_like(p))
-        if weight_decay:
-            g = np.add(g, weight_decay * p, out=b)
-        np.multiply(g, 1 - beta1, out=a)            # m <- beta1 m + (1 - beta1) g
-        m *= beta1
-        m += a
-        np.multiply(g, 1 - beta2, out=a)            # v <- beta2 v + (1 - beta2) g g
-        a *= g
-        v *= beta2
-        v += a
-        np.divide(v, bias2, out=a)                  # p <- p - lr (m / bias1) / (...)
-        np.sqrt(a, out=a)
-        a += eps
-        np.divide(m, bias1, out=b)
-        b *= lr
-        b /= a
-        p -= b
+        scalars = (beta1, beta2, lr / bias1, 1.0 / math.sqrt(bias2), eps, weight_decay)
+        adam_update(p, np.ascontiguousarray(g, dtype=p.dtype), m, v,
+                    *map(p.dtype.type, scalars))
         return
     g = get_backend("gpu").xp.ascontiguousarray(g, dtype=p.dtype)
     _launch("adam_step", "adam.cu", (p, g, m, v), tuple(map(
@@ -251,8 +238,8 @@ def scaled_residual(O, Z, scale):
 class _MinibatchBuffers:
     """Every array a minibatch step of MLPMapping.fit writes, allocated once per
     fit: the layers' outputs, the hidden layers' back-propagated gradients, the
-    parameters' gradient and (on the CPU) the scratch of tanh_backward and
-    adam_step.  Allocated per minibatch, arrays of a few hundred KB went back to
+    parameters' gradient and (on the CPU) the scratch of tanh_backward.
+    Allocated per minibatch, arrays of a few hundred KB went back to
     the OS and came back as fresh pages (glibc's malloc): an epoch of a net
     3-100-500-2 on 20,000 points took 0.19-0.52 s on a 2-core EPYC, as the
     allocator happened to keep memory or not, and takes 0.18 s with the buffers.
@@ -262,9 +249,7 @@ class _MinibatchBuffers:
         self.outputs = [xp.empty((batch, w), dtype=theta.dtype) for w in sizes[1:]]
         self.deltas = [xp.empty((batch, w), dtype=theta.dtype) for w in sizes[1:-1]]
         self.gradient = xp.empty_like(theta)
-        host = xp is np
-        self._scratch = np.empty(batch * max(sizes[1:]), dtype=theta.dtype) if host else None
-        self.adam_scratch = (np.empty_like(theta), np.empty_like(theta)) if host else None
+        self._scratch = np.empty(batch * max(sizes[1:]), dtype=theta.dtype) if xp is np else None
 
     def scratch(self, shape):
         """A contiguous host array of ``shape`` (at most the widest layer's); None
@@ -409,7 +394,7 @@ class MLPMapping:
                                          buffers)
                 step += 1
                 adam_step(self._theta, buffers.gradient, m, v, lr, step,
-                          weight_decay=weight_decay, scratch=buffers.adam_scratch)
+                          weight_decay=weight_decay)
         self._adam = (m, v, step)
         return self
 
