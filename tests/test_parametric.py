@@ -455,6 +455,34 @@ def test_mac_with_tsne_mlp_and_a_non_differentiable_user_mapping():
     assert pe.transform(X[:5]).shape == (5, 2)
 
 
+def test_mac_moves_to_the_next_mu_once_p_stops_decreasing():
+    """A mu's inner loop ends when P(F) decreases by less than tol, so at once on a
+    rise (the paper's rule; the old test of |decrease| went on after a rise).
+    The mapping scales the free embedding by a scripted factor at each F step; EE's
+    P grows as the factor leaves 1.  tol = 0 leaves the rise alone to stop a mu."""
+    class Scripted:
+        scales = [0.5, 0.8, 0.6, 0.9, 0.95, 0.97]
+
+        def fit(self, Y, Z):
+            if not hasattr(self, "free"):
+                self.free, self.k = Z.copy(), 0
+            else:
+                self.k += 1
+            return self
+
+        def predict(self, Y):
+            return self.free * self.scales[min(self.k, len(self.scales) - 1)]
+
+    X, _ = ge.datasets.gaussian_clusters(200, 3, 5, random_state=0)
+    pe = ge.ParametricEmbedding(ge.EE(backend="cpu", random_state=0, max_iter=100),
+                                Scripted(), n_mu=2, max_inner=3, tol=0.0).fit(X)
+    P = [h["objective"] for h in pe.history_]
+    assert P[0] > P[1] < P[2] > P[3] > P[4] > P[5]   # the script's rise at the second step
+    mu = [h["mu"] for h in pe.history_]
+    assert len(mu) == 6 and mu[1] == mu[2] < mu[3] == mu[4] == mu[5]
+    assert pe.objective_ == P[5]
+
+
 def test_mac_warns_when_a_wrapped_fit_hides_warm_start(recwarn):
     """A mapping whose fit is a (*args, **kwargs) wrapper is fitted from scratch at
     every F step (MAC cannot tell whether it forwards warm_start): MAC says so once.

@@ -76,7 +76,12 @@ class ParametricEmbedding(Params):
         within 0.05%, multi-scale SNE 0.2% higher (400.3 against 399.4, 300
         points in 4 clusters).
     max_inner : (Z, F) steps per mu at most; each mu ends when P(F) decreases by
-        less than ``tol`` (relative) between consecutive steps.
+        less than ``tol`` (relative) between consecutive steps, a rise included
+        (the paper's rule).  Going on after a rise, as a test of |decrease| did,
+        spent two of every three steps of t-SNE + MLP on Fashion-MNIST 20k
+        (max_inner = 3) at a mu whose first step had made the gain: P(F) passed
+        the chain rule's 100-iteration 3.158 after 10 steps (18.4 s), now after 7
+        (13.1 s), all else equal.
     z_max_iter, z_tol : iterations and relative-decrease tolerance of each Z step.
     constraint_tol : stop once |Z - F(Y)|^2 <= constraint_tol |F(Y) - mean|^2.
     augmented : the augmented Lagrangian (default) instead of the paper's quadratic
@@ -247,7 +252,7 @@ class ParametricEmbedding(Params):
                     best = (P_new, FY, copy.deepcopy(mapping))
                 decrease = (P - P_new) / max(abs(P), 1e-300)
                 P = P_new
-                if abs(decrease) < tol:
+                if decrease < tol:
                     break
             if history[-1]["constraint"] <= constraint_tol * spread:
                 break
