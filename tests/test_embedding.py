@@ -235,9 +235,12 @@ def test_sd_memory_speeds_up_separated_clusters(cls, ratio):
 
 def test_sd_refresh_rebuilds_b_from_the_layout(small):
     """With refresh=2, B is 4 L(W) + mu I for t-SNE's attractive weights at the
-    start layout, W = p / (1 + d^2) (P itself at X = 0), and the third call
-    rebuilds it at that call's layout; by default ("auto") every 50 calls for
-    t-SNE, never for EE, whose weights do not depend on the layout."""
+    start layout, W = p / (1 + min(d^2, 10 median d^2)) (the median over the
+    edges; P itself at X = 0), and the third call rebuilds it at that call's
+    layout; by default ("auto") every 50 calls for t-SNE, never for EE, whose
+    weights do not depend on the layout.  A point moved far from its neighbours
+    keeps the capped weights p / (1 + 10 median d^2), not p / 1e6."""
+    from gpuembed.objectives.tsne import REFRESH_SQDIST_CAP
     from gpuembed.optim import directions
     _, _, A = small
     be = ge.get_backend("cpu")
@@ -245,15 +248,27 @@ def test_sd_refresh_rebuilds_b_from_the_layout(small):
     Y0, Y = rng.standard_normal((2, 120, 2))
     P = A.P.toarray()
 
+    def expected_W(Y):
+        D2 = ((Y[:, None] - Y[None]) ** 2).sum(-1)
+        cap = REFRESH_SQDIST_CAP * np.median(D2[P > 0])
+        return P / (1 + np.minimum(D2, cap)), cap
+
     def expected_B(Y):
-        W = P / (1 + ((Y[:, None] - Y[None]) ** 2).sum(-1))
+        W = expected_W(Y)[0]
         L4 = 4 * (np.diag(W.sum(1)) - W)
         mu = 1e-10 * L4.diagonal()[L4.diagonal() > 0].min()
         return L4 + mu * np.eye(120)
 
+    assert REFRESH_SQDIST_CAP == 10.0
     tsne = objectives.make_objective("tsne", A.P, be, np.float64)
-    np.testing.assert_allclose(tsne.attractive_weights(Y).toarray(),
-                               P / (1 + ((Y[:, None] - Y[None]) ** 2).sum(-1)), rtol=1e-13)
+    np.testing.assert_allclose(tsne.attractive_weights(Y).toarray(), expected_W(Y)[0],
+                               rtol=1e-13)
+    far = Y.copy()
+    far[0] += 1000.0
+    W, cap = expected_W(far)
+    np.testing.assert_allclose(tsne.attractive_weights(far).toarray(), W, rtol=1e-13)
+    np.testing.assert_allclose(W[0], P[0] / (1 + cap), rtol=1e-13)
+    assert 1 + cap < 100 < 1e6
     assert (tsne.attractive_weights() != A.P).nnz == 0
     ee = objectives.make_objective("ee", A.P, be, np.float64)
     assert (ee.attractive_weights(Y) != A.P).nnz == 0
