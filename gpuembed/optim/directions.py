@@ -326,25 +326,27 @@ class Spectral(Direction):
     stays at 15 there).
 
     ``refresh=R`` (method_params ``sd_refresh``): every R iterations B is rebuilt
-    (and refactorized) from the attractive weights at the current layout.  For
-    t-SNE these are p / (1 + d^2), and P, their value at X = 0, over-states the
-    curvature of the spread pairs more and more as the layout grows; "auto"
-    (the default) is ``REFRESH`` = 50 for objectives whose curvature at X = 0 is
-    only a bound (t-SNE), never for the others, whose weights do not depend on X
-    (there a rebuild only costs time).  t-SNE with the default stopping test
-    (tol 1e-5, Barnes-Hut sums, CG solves; benchmarks/results/embedding_n*.json):
+    (and refactorized) from the attractive weights at the current layout.  For t-SNE
+    these are p / (1 + d^2), d^2 capped at 10 times its median over the edges
+    (objectives/tsne.py, REFRESH_SQDIST_CAP: uncapped, points whose neighbours lay
+    far off took steps of 1e4 units and ended stranded), and P, their value at X =
+    0, over-states the curvature of the spread pairs more and more as the layout
+    grows; "auto" (the default) is ``REFRESH`` = 50 for objectives whose curvature
+    at X = 0 is only a bound (t-SNE), never for the others, whose weights do not
+    depend on X (there a rebuild only costs time).  t-SNE with the default stopping
+    test (tol 1e-5, Barnes-Hut sums, CG solves; before the cap, which lets the fit
+    go on to lower KL; benchmarks/results/embedding_n*.json has the fits since):
     Fashion-MNIST 20k to KL 1.801 in 131 iterations and 8.5 s against 1.800 in 782
     and 30 s with B at X = 0 (10-NN accuracy 0.820 and 0.819); 70k to 2.284 in 173
-    iterations and 49 s against 2.338 in 1,000 and 155 s (accuracy 0.845 and
-    0.844).  CG takes more steps on a refreshed B (solves of 46 ms per iteration
-    against 13 ms at 20k), but the iterations are 6x fewer.  With the exact
-    engine, 1,000 iterations (results/embedding.json): on rotating_objects (720
-    points, full L+) gradient descent's final KL in 143 iterations instead of
-    285, ending at 0.666 instead of 0.772; on Fashion-MNIST 5k the classic
-    optimizer's final KL at 1.9 s instead of 4.9 s.
-    R = 25 gets there in fewer iterations at 20k (93) but stops at KL 1.801;
-    R = 10 spends more on rebuilds than it saves (rotating_objects: 3.6 s for
-    1,000 iterations against 1.5 s).
+    iterations and 49 s against 2.338 in 1,000 and 155 s (accuracy 0.845 and 0.844).
+    CG takes more steps on a refreshed B (solves of 46 ms per iteration against 13
+    ms at 20k), but the iterations are 6x fewer.  With the exact engine, 1,000
+    iterations (results/embedding.json): on rotating_objects (720 points, full L+)
+    gradient descent's final KL in 143 iterations instead of 285, ending at 0.666
+    instead of 0.772; on Fashion-MNIST 5k the classic optimizer's final KL at 1.9 s
+    instead of 4.9 s. R = 25 gets there in fewer iterations at 20k (93) but stops at
+    KL 1.801; R = 10 spends more on rebuilds than it saves (rotating_objects: 3.6 s
+    for 1,000 iterations against 1.5 s).
 
     ``memory=m`` (method_params ``sd_memory``, default 0): L-BFGS's two-loop
     recursion over the last m curvature pairs, with the solve by B as the
