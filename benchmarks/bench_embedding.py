@@ -301,7 +301,7 @@ def fit_runs(X, y, fits, be):
     for name, _, extra in fits:             # compile on 500 points
         getattr(ge, name)(max_iter=3, backend=be, **{**extra, "kappa": 5}).fit(X[:500])
     exact = {name: ge.objectives.make_objective(name.lower(), A.P, be, np.float64,
-                                                nbody="exact") for name, _, _ in fits}
+                                                nbody="exact") for name in {f[0] for f in fits}}
     runs = []
     for name, label, extra in fits:
         start = time.perf_counter()

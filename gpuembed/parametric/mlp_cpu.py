@@ -20,8 +20,9 @@ def adam_update(p, g, m, v, beta1, beta2, step, root, eps, decay):
     """In place on ``p``, ``m``, ``v``: g <- g + decay p; m <- beta1 m + (1 - beta1)
     g; v <- beta2 v + (1 - beta2) g^2; p <- p - step m / (sqrt(v) root + eps), with
     step = lr / bias1 and root = 1 / sqrt(bias2).  The scalars come in the
-    arrays' dtype (float32 arithmetic stays float32)."""
-    c1, c2 = (beta1 - beta1 + 1) - beta1, (beta2 - beta2 + 1) - beta2
+    arrays' dtype; 1 - beta is a float64, so a float32 moment's update is
+    formed in float64 and rounded once as it is stored."""
+    c1, c2 = 1.0 - beta1, 1.0 - beta2
     for i in range(p.shape[0]):
         gi = g[i] + decay * p[i]
         mi = beta1 * m[i] + c1 * gi
