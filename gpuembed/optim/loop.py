@@ -140,7 +140,10 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
             if is_layout:
                 alpha = min(alpha, _trust_step(xp, X, P))
             streak = 0 if grow else streak
-            for backtracks in range(MAX_BACKTRACKS):
+            retry = d.retry_step()
+            if retry is not None and is_layout:
+                retry = min(retry, _trust_step(xp, X, P))
+            for backtracks, alpha in zip(range(MAX_BACKTRACKS), _trial_steps(alpha, retry)):
                 X_new = X + alpha * P
                 E_new, G_new = objective.value_and_grad(X_new)
                 # A non-finite value is an approximation failing, never a decrease: the
@@ -153,7 +156,6 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
                 # direction of its approximate objective.
                 if math.isfinite(E_new) and E_new < E + ARMIJO_C1 * alpha * slope:
                     break
-                alpha *= 0.5
             else:
                 return Result(X, E, it - 1, monitor.history, converged=True)
             step, streak = alpha, (streak + 1 if backtracks == 0 else 0)
@@ -166,6 +168,17 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
         if change < tol:
             return Result(X, E, it, monitor.history, converged=True)
     return Result(X, E, max_iter, monitor.history)
+
+
+def _trial_steps(first, retry=None):
+    """The line search's trial steps: ``first``, then ``retry`` when it is longer
+    (once), then ``first`` halved again and again."""
+    yield first
+    if retry is not None and retry > first:
+        yield retry
+    while True:
+        first *= 0.5
+        yield first
 
 
 def _trust_step(xp, X, P):
