@@ -161,6 +161,35 @@ def test_sd_memory_keeps_the_last_pairs_until_a_refresh():
     assert len(plain.pairs) == 0
 
 
+def test_sd_memory_drops_its_pairs_after_a_tiny_step():
+    """A quasi-Newton step accepted at less than MEMORY_RESET_STEP of its length
+    drops the pairs (and adds none); at twice that fraction the pair is kept.
+    On 10 separated clusters (t-SNE, perplexity 10) the steps had fallen to 1e-6
+    and the stopping test ended SD with 10 pairs at KL 1.723 after 105
+    iterations, above plain SD's 1.719 after 1,000 and the classic optimizer's
+    1.380."""
+    from gpuembed.optim import directions
+    P, X = _two_groups()
+    ee = objectives.make_objective("ee", P, ge.get_backend("cpu"), np.float64)
+
+    def two_steps(second):
+        d = directions.Spectral(ee, X, memory=3)
+        Y = X
+        for step in (0.1, second):
+            _, G = ee.value_and_grad(Y)
+            Y_new = Y + step * d(Y, G)
+            d.update(Y, Y_new, G, ee.value_and_grad(Y_new)[1])
+            Y = Y_new
+        return len(d.pairs)
+
+    assert two_steps(2 * directions.MEMORY_RESET_STEP) == 2
+    assert two_steps(0.5 * directions.MEMORY_RESET_STEP) == 0
+    X, y = ge.datasets.gaussian_clusters(2000, 10, 10, random_state=0)
+    model = ge.TSNE(perplexity=10, sd_memory=10, backend="cpu", random_state=0).fit(X)
+    print(f"KL {model.objective_:.4f} after {model.n_iter_} iterations")
+    assert model.objective_ < 1.45
+
+
 def test_sd_memory_is_bfgs_on_the_spectral_direction():
     """With pairs (s_i, y_i) the direction is -H g for H the BFGS update of H0 =
     the SD solve's (linear) operator by each pair in turn, H_{i+1} = (I - rho s

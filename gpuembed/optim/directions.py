@@ -216,6 +216,12 @@ class DiagonalHessian(FixedPoint):
         return -G / H
 
 
+# SD with curvature pairs (sd_memory) drops them where the line search accepted less
+# than this fraction of the direction: the pairs' model then misleads.  On 10 separated
+# Gaussian clusters (2,000 points in 10-D, perplexity 10) t-SNE's steps fell to 1e-6
+# and the stopping test ended it at KL 1.723 after 105 iterations; with the reset
+# 1.346 (plain SD 1.719 after 1,000, the classic optimizer 1.380).
+MEMORY_RESET_STEP = 1e-2
 # B with at least N^2 / DENSE_FACTOR_MIN_FILL nonzeros is factorized dense (below).
 DENSE_FACTOR_MIN_FILL = 10
 
@@ -537,15 +543,25 @@ class Spectral(Direction):
         r = -self._solve(X, q)
         for (s, y, rho), alpha in zip(self.pairs, reversed(alphas)):
             r += (alpha - rho * float(xp.vdot(y, r))) * s
-        return -r
+        self.direction = -r                 # for update's step length
+        return self.direction
 
     def update(self, X_old, X_new, G_old, G_new):
         if not self.memory:
+            return
+        if self.pairs and self._step_length(X_old, X_new) < MEMORY_RESET_STEP:
+            self.pairs.clear()
             return
         pair = secant_pair(self.be, X_old, X_new, G_old, G_new)
         if pair is not None:
             s, y, sy = pair
             self.pairs.append((s, y, 1.0 / sy))
+
+    def _step_length(self, X_old, X_new):
+        """The accepted step in units of the last (quasi-Newton) direction."""
+        xp, P = self.be.xp, self.direction
+        sp, pp = self.be.to_host(xp.stack([xp.vdot(X_new - X_old, P), xp.vdot(P, P)])).tolist()
+        return sp / pp if pp > 0 else 0.0
 
     def _solve(self, X, G):
         """The spectral direction -B^-1 G, each component moved as a whole by
