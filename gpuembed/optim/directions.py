@@ -376,14 +376,15 @@ class Spectral(Direction):
 
     ``memory=m`` (method_params ``sd_memory``, default 0): L-BFGS's two-loop
     recursion over the last m curvature pairs, with the solve by B as the
-    initial inverse Hessian (a refresh drops the pairs).  Where the graph splits
+    initial inverse Hessian (a refresh drops the pairs, and so does a step
+    accepted at under MEMORY_RESET_STEP of the direction).  Where the graph splits
     into components, B has no curvature for their relative placement, which the
     FP step of _split only guesses, and SD crawled: 20 well-separated Gaussian
     clusters (20,000 points in 10-D, 20 components; benchmarks/results/
-    embedding_clusters_n20000.json), 1,000 iterations to t-SNE's KL 2.706 in
-    48.7 s, EE's 29.57 in 67.6 s, s-SNE's 2.520 in 34.5 s (652); with 10 pairs
-    2.190 in 31.4 s (500; the classic optimizer: 2.267 in 32.3 s), 27.73 in
-    13.7 s (224), 2.510 in 4.5 s (72); 50 clusters in 20-D (10,000 points):
+    embedding_clusters_n20000.json, rerun at b5a4d4d), 1,000 iterations to t-SNE's
+    KL 2.712 in 38.5 s, EE's 29.57 in 49.4 s, s-SNE's 2.521 in 29.2 s (643); with
+    10 pairs 2.183 in 20.5 s (411; the classic optimizer: 2.264 in 24.1 s), 27.74
+    in 11.0 s (214), 2.510 in 4.1 s (73); 50 clusters in 20-D (10,000 points):
     t-SNE 1.220 in 2.2 s against 1.588 in 18.0 s (classic 1.337 in 11.5 s), EE
     15.66 in 4.0 s against 15.92 in 17.5 s.  Not the default: on a connected
     graph the pairs gained nothing (Fashion-MNIST 20k, t-SNE: KL 1.806 in 9.5
