@@ -136,13 +136,12 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
             E_new, G_new = objective.value_and_grad(X_new)
         else:
             grow = streak >= GROW_AFTER
-            alpha = d.initial_step(step, grow)
+            alpha, retry = d.initial_step(step, grow), d.retry_step()
             if is_layout:
-                alpha = min(alpha, _trust_step(xp, X, P))
+                trust = _trust_step(xp, X, P)
+                alpha = min(alpha, trust)
+                retry = None if retry is None else min(retry, trust)
             streak = 0 if grow else streak
-            retry = d.retry_step()
-            if retry is not None and is_layout:
-                retry = min(retry, _trust_step(xp, X, P))
             for backtracks, alpha in zip(range(MAX_BACKTRACKS), _trial_steps(alpha, retry)):
                 X_new = X + alpha * P
                 E_new, G_new = objective.value_and_grad(X_new)
