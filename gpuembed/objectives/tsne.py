@@ -26,7 +26,7 @@ from .base import Objective
 # against 8.7 s; 70k: 37.4 s against 45.6 s), where that fit stalled (its windowed
 # relative decrease fell below 1e-4 and 1e-5 within a few iterations). The capped fit
 # keeps descending and goes on longer under the default tol: 70k KL 2.2487 and 10-NN
-# accuracy 0.8463 after 397 iterations (100 s on the 2-core EPYC) against 2.2851 and
+# accuracy 0.8463 after 397 iterations (100 s on the 2-core Xeon VM) against 2.2851 and
 # 0.8440 after 184 (46 s).  A cap of 100 left points 200-450 units from any other; 30
 # ended about as 10 did.
 REFRESH_SQDIST_CAP = 10.0

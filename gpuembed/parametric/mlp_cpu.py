@@ -4,7 +4,7 @@
 the CPU's counterpart of kernels/adam.cu.  As NumPy array code the step was
 eleven passes over the vector, 0.30 s of each 1.0-s F step of MAC (three
 epochs of a 50-256-256-2 net on 20,000 points, 600 minibatch steps, 2-core
-EPYC); the loop takes 0.15 s.  Divisions and the square root bound it, so
+Xeon VM); the loop takes 0.15 s.  Divisions and the square root bound it, so
 the bias corrections come folded into two scalars: lr (m / bias1) / (sqrt(v /
 bias2) + eps) = (lr / bias1) m / (sqrt(v) / sqrt(bias2) + eps), one division
 and one root per element where the formula as written has three divisions.
