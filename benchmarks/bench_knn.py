@@ -11,6 +11,12 @@ finish, the rest: the GEMM blocks and their bookkeeping).
 ``--sparse``: synthetic TF-IDF documents (common.bag_of_words, 20,000 x 20,000
 by default) given as a CSR matrix to both, written to knn_sparse.json.
 
+``--float64``: the same images as float64, whose k-NN on the CPU comes from the
+float32 search with float64 distances, checked (neighbors._mixed_precision_knn),
+against the float64 search (that path turned off) and scikit-learn's brute
+force on the float64 data, for k = 90 (t-SNE's) and 20 (the spectral methods'
+graphs), written to knn_float64.json.
+
 ``--low-dim``: points of 2 to 10 coordinates (a layout, a point cloud, a few
 principal components), where gpuembed's CPU path is a k-d tree: against its own
 brute force and scikit-learn's KDTree (NearestNeighbors(algorithm="kd_tree")),
@@ -108,6 +114,51 @@ def run_sparse(n=20_000, vocab=20_000, k=90, repeat=2, gpu_only=False):
     return figures
 
 
+def run_float64(n=None, ks=(90, 20), repeat=2):
+    """The float64 k-NN with and without the float32 search (alternating, best of
+    ``repeat``), the rows it searched again in float64, and scikit-learn's
+    brute force (for the first k only: it takes minutes)."""
+    from sklearn.neighbors import NearestNeighbors
+
+    X, _ = ge.datasets.fashion_mnist()
+    X = (X[:n] if n else X).astype(np.float64)
+    again = []
+    search_again = neighbors._rows_in_float64
+
+    def counted(be, Y, rows, *args):
+        again.append(len(rows))
+        return search_again(be, Y, rows, *args)
+
+    figures = {"n": X.shape[0], "dim": X.shape[1], "dtype": "float64", "runs": []}
+    ge.knn(X[:2000], 5, backend="cpu")                  # load the compiled code of both paths
+    with mock.patch.object(neighbors, "MIXED_MIN_RATIO", 0):
+        ge.knn(X[:2000], 5, backend="cpu")
+    for k in ks:
+        t_mixed = t_float64 = np.inf
+        for _ in range(repeat):
+            again.clear()
+            with mock.patch.object(neighbors, "_rows_in_float64", counted):
+                t, (d_mixed, i_mixed) = best_time(lambda: ge.knn(X, k, backend="cpu"))
+            t_mixed = min(t_mixed, t)
+            with mock.patch.object(neighbors, "MIXED_MIN_RATIO", np.inf):
+                t, (d_64, i_64) = best_time(lambda: ge.knn(X, k, backend="cpu"))
+            t_float64 = min(t_float64, t)
+        run = {"k": k, "gpuembed_cpu_seconds": t_mixed, "float64_search_seconds": t_float64,
+               "speedup_vs_float64_search": t_float64 / t_mixed,
+               "rows_searched_again": int(sum(again)),
+               "index_agreement_with_float64_search": float((i_mixed == i_64).mean()),
+               "largest_relative_distance_difference": float(
+                   np.max(np.abs(d_mixed - d_64) / np.maximum(d_64, np.finfo(float).tiny)))}
+        if k == ks[0]:
+            t_sk, (_, i_sk) = best_time(lambda: NearestNeighbors(
+                n_neighbors=k + 1, algorithm="brute").fit(X).kneighbors(X))
+            run.update({"sklearn_brute_seconds": t_sk, "speedup_vs_sklearn": t_sk / t_mixed,
+                        "index_agreement_with_sklearn": float(
+                            (np.sort(i_sk[:, 1:], axis=1) == np.sort(i_mixed, axis=1)).mean())})
+        print(run, flush=True)
+        figures["runs"].append(run)
+    return figures
+
 LOW_DIM_CASES = ((70_000, 2, 10, "uniform"), (300_000, 3, 90, "uniform"),
                  (70_000, 5, 90, "uniform"), (70_000, 10, 90, "uniform"),
                  (70_000, 10, 90, "clusters"))
@@ -197,7 +248,14 @@ def main(argv=None):
                         help="synthetic TF-IDF documents as a CSR matrix (knn_sparse.json)")
     parser.add_argument("--low-dim", action="store_true",
                         help="2-D to 10-D points: the k-d tree path (knn_lowdim.json)")
+    parser.add_argument("--float64", action="store_true",
+                        help="the images as float64: the checked float32 search against the "
+                             "float64 one and scikit-learn (knn_float64.json)")
     args = parser.parse_args(argv)
+    if args.float64:
+        write_result("knn_float64", run_float64(args.n, repeat=args.repeat),
+                     suffix="" if args.n is None else f"_n{args.n}")
+        return
     if args.low_dim:
         write_result("knn_lowdim", run_low_dim(repeat=args.repeat))
         return

@@ -99,6 +99,24 @@ def select_rows(D, offset, skip, m):
     return values, columns
 
 
+
+@njit(parallel=True, cache=True)
+def candidate_sqdist(Q, X, cand):
+    """|q_i - x_j|^2 for every query row i and each of its candidates j = cand[i, e],
+    summed over the coordinates' differences in Q's dtype (no GEMM rounding)."""
+    m, c = cand.shape
+    out = np.empty((m, c), dtype=Q.dtype)
+    for i in prange(m):
+        q = Q[i]
+        for e in range(c):
+            x = X[cand[i, e]]
+            s = 0.0
+            for t in range(q.shape[0]):
+                u = q[t] - x[t]
+                s += u * u
+            out[i, e] = s
+    return out
+
 class FeatureSplit(NamedTuple):
     """B's rows (b x D) prepared as the right factor of sparse_gram: the
     ``frequent`` features' columns dense and transposed, ``common`` (F, b), and

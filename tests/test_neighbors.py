@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import scipy.spatial
 
 import gpuembed as ge
 
@@ -152,6 +153,103 @@ def test_one_point():
     with pytest.raises(ValueError, match="at least 2 samples"):
         ge.knn(np.zeros((1, 3)), 1, backend="cpu")
 
+
+
+@pytest.fixture
+def mixed_precision(monkeypatch):
+    """The float64 search by float32 candidates (neighbors._mixed_precision_knn)
+    at any size; returns the list of the row sets it searched again in float64."""
+    monkeypatch.setattr(ge.neighbors, "MIXED_MIN_RATIO", 0)
+    searched_again = []
+    again = ge.neighbors._rows_in_float64
+
+    def spy(be, X, rows, *args):
+        searched_again.append(rows.copy())
+        return again(be, X, rows, *args)
+    monkeypatch.setattr(ge.neighbors, "_rows_in_float64", spy)
+    return searched_again
+
+
+@pytest.mark.parametrize("n,d,k", [(300, 20, 17), (200, 11, 9), (400, 64, 30)])
+def test_mixed_precision_matches_brute_force(mixed_precision, rng, n, d, k):
+    X = rng.standard_normal((n, d)) * 3 + 10
+    X[n // 2] = X[7]                            # a copy: at distance 0, self still left out
+    ref_d, ref_i = brute_knn(X, k)
+    sqdist, idx = ge.knn(X, k, backend="cpu")
+    assert sqdist.dtype == np.float64 and idx.dtype == np.int64
+    np.testing.assert_array_equal(idx, ref_i)
+    np.testing.assert_allclose(sqdist, ref_d, rtol=1e-13)
+    assert sqdist[7, 0] == 0.0 and idx[7, 0] == n // 2
+    assert not mixed_precision          # float32 settles every row of such points
+
+
+def test_mixed_precision_searches_unsettled_rows_again(mixed_precision, rng):
+    # Two groups 2e4 apart in 12-D: float32 rounds the centred coordinates (about
+    # 1e4) by about 1e-3, the spread of the tight group, so float32 cannot rank
+    # its points' neighbours, and the bound must send those rows (and only those)
+    # to the float64 search.  12 copies of one point, more than k + 1, put
+    # the row's own index beyond the k + 1 nearest for the later copies.
+    tight = 1e4 + 1e-3 * rng.standard_normal((60, 12))
+    tight[48:] = tight[0]
+    loose = -1e4 + 10.0 * rng.standard_normal((140, 12))
+    X = np.concatenate([tight, loose])
+    k = 5
+    ref_d, ref_i = brute_knn(X, k)
+    sqdist, idx = ge.knn(X, k, backend="cpu")
+    np.testing.assert_array_equal(idx, ref_i)
+    np.testing.assert_allclose(sqdist, ref_d, rtol=1e-9, atol=1e-12)
+    (rows,) = mixed_precision
+    np.testing.assert_array_equal(rows, np.arange(60))
+    assert list(idx[59]) == [0, 48, 49, 50, 51] and (sqdist[59] == 0).all()
+
+
+def test_mixed_precision_on_ties(mixed_precision, rng):
+    # Points of a 0/1/2 grid in 12-D: integer squared distances, dozens of points
+    # tied at each.  The distances come recomputed, so exactly; a row whose k-th
+    # distance ties past its candidates is searched again, and there, as in the
+    # float64 search, which of a tie larger than the candidate margin make the
+    # cut is up to rounding: every index must lie at its rank's distance.
+    X = rng.integers(0, 3, (300, 12)).astype(np.float64)
+    ref_d, ref_i = brute_knn(X, 20)
+    sqdist, idx = ge.knn(X, 20, backend="cpu")
+    np.testing.assert_array_equal(sqdist, ref_d)
+    np.testing.assert_array_equal(((X[idx] - X[:, None]) ** 2).sum(-1), ref_d)
+    assert (np.diff(np.sort(idx, axis=1), axis=1) > 0).all()
+    assert (idx != np.arange(300)[:, None]).all()
+    (rows,) = mixed_precision
+    settled = np.setdiff1d(np.arange(300), rows)
+    assert 0 < len(rows) < 300
+    np.testing.assert_array_equal(idx[settled], ref_i[settled])
+
+
+def test_float64_points_take_the_mixed_search_by_default(rng, monkeypatch):
+    # From MIXED_MIN_RATIO points per candidate (5 + 8 candidates: 2,600 points).
+    calls = []
+    mixed = ge.neighbors._mixed_precision_knn
+    monkeypatch.setattr(ge.neighbors, "_mixed_precision_knn",
+                        lambda *args: calls.append(1) or mixed(*args))
+    X = rng.standard_normal((2700, 16)) * 3 + 10
+    D = scipy.spatial.distance.cdist(X, X, "sqeuclidean")
+    np.fill_diagonal(D, np.inf)
+    ref_i = np.lexsort((np.broadcast_to(np.arange(len(X)), D.shape), D), axis=1)[:, :5]
+    ref_d = np.take_along_axis(D, ref_i, axis=1)
+    sqdist, idx = ge.knn(X, 5, backend="cpu")
+    assert calls == [1]
+    np.testing.assert_array_equal(idx, ref_i)
+    np.testing.assert_allclose(sqdist, ref_d, rtol=1e-13)
+    for few in (X[:2500], X.astype(np.float32)):     # too few points; float32 already
+        ge.knn(few, 5, backend="cpu")
+    ge.neighbors.knn_query(X, X[:2000], 5, backend="cpu")   # queries stay in float64
+    assert calls == [1]
+
+def test_mixed_precision_leaves_float32_range_alone(mixed_precision, rng):
+    # Squared distances past float32's range: the float64 search, as before.
+    X = rng.standard_normal((100, 12)) * 1e19
+    ref_d, ref_i = brute_knn(X, 4)
+    sqdist, idx = ge.knn(X, 4, backend="cpu")
+    np.testing.assert_array_equal(idx, ref_i)
+    np.testing.assert_allclose(sqdist, ref_d, rtol=1e-10)
+    assert not mixed_precision
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
