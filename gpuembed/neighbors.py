@@ -168,7 +168,6 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     return _finish_all(xp, Q, X, values, sq_q, sq, perm, cand, k, block_bytes)
 
 
-
 def _mixed_precision_knn(be, X, Xc, sq_x, k, block_bytes):
     """The k-NN of all points X, float64, by the float32 search (half the GEMM's
     time) and the float64 distances of its candidates, checked row by row.
