@@ -11,8 +11,13 @@ matrix alone, each GEMM strip offered to both of its rows' candidate heaps
 distance carries a rounding error of about
 ``sqrt(D) eps (|x|^2 + |y|^2)``; candidates where that exceeds ``RTOL`` times
 the distance (1e-4 in float32, 1e-10 in float64) are recomputed exactly from
-the coordinates, so duplicates of a point come out at exactly 0.  The k best are returned sorted by (distance, index),
-so ties are ordered deterministically.  That finish runs once the candidates of
+the coordinates, so duplicates of a point come out at exactly 0.  The k best are
+returned sorted by (distance, index): equal distances come in index order.  Distances
+equal in exact arithmetic that the GEMM rounds differently (points of an integer grid
+in more than TREE_MAX_DIM dimensions) come in the order of their rounded values, and a
+tie larger than the candidate margin is cut where the rounding cuts it: every
+returned neighbour is still at its rank's distance (to RTOL), but which of the tied
+points come, and in what order, follows the rounding.  That finish runs once the candidates of
 all blocks are in, over large chunks of rows: per 268-row block of a 1e6-point
 k-NN its sorts and synchronization would be repeated 3,700 times.
 
@@ -89,7 +94,8 @@ def knn(X, n_neighbors, *, backend="auto", block_bytes=None):
     -------
     sqdist : (N, k) squared Euclidean distances, ascending in each row, dtype of X
         (float64 for integer input on the CPU).
-    indices : (N, k) int64 neighbour indices; ties are ordered by index.
+    indices : (N, k) int64 neighbour indices; equal distances are ordered by index (see
+        the module doc for distances that tie only before the GEMM's rounding).
     Both live on the backend's device.
     """
     be = get_backend(backend)

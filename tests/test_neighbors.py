@@ -103,6 +103,20 @@ def test_ties_on_a_grid(backend):
     np.testing.assert_array_equal(idx, ref_i)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ties_before_rounding_on_a_grid_in_many_dimensions(backend, dtype, rng):
+    # Integer points in 12-D (the GEMM path): dozens tied at each distance, which
+    # the GEMM rounds apart.  The order within a tie and the cut through one follow
+    # that rounding (module doc); each neighbour is still at its rank's distance.
+    X = rng.integers(0, 3, (300, 12)).astype(dtype)
+    ref_d, _ = brute_knn(X, 20)
+    sqdist, idx = (backend.to_host(a) for a in ge.knn(backend.asarray(X), 20, backend=backend))
+    true = ((X[idx].astype(np.float64) - X[:, None]) ** 2).sum(-1)
+    np.testing.assert_array_equal(true, ref_d)
+    np.testing.assert_allclose(sqdist, ref_d, rtol=1e-4 if dtype == np.float32 else 1e-10)
+    assert (np.diff(np.sort(idx, axis=1), axis=1) > 0).all()
+    assert (idx != np.arange(300)[:, None]).all()
+
 def test_integer_input_becomes_float64():
     X = np.arange(20).reshape(10, 2)
     sqdist, idx = ge.knn(X, 2, backend="cpu")
