@@ -196,7 +196,10 @@ def _mixed_precision_knn(be, X, Xc, sq_x, k, block_bytes):
     The same neighbours on every row; at 70,000 the nearest point left out lay
     at least 0.27% beyond the 90th neighbour, where the bound needs about 0.02%.
     The distances are the recomputed ones, exact where the float64 search's
-    come from the GEMM (within RTOL[float64])."""
+    come from the GEMM (within RTOL[float64]).  The worst case is data spread
+    about a million times its neighbour distances, where no row settles and
+    all go back: 20 clusters of unit spread 1e6 apart (20,000 points in 50-D)
+    took 6.5 s against 3.9 s for the float64 search alone."""
     n = X.shape[0]
     n_cand = min(n - 1, k + CANDIDATE_MARGIN)
     X32 = Xc.astype(np.float32)
