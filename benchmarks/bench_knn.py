@@ -159,6 +159,7 @@ def run_float64(n=None, ks=(90, 20), repeat=2):
         figures["runs"].append(run)
     return figures
 
+
 LOW_DIM_CASES = ((70_000, 2, 10, "uniform"), (300_000, 3, 90, "uniform"),
                  (70_000, 5, 90, "uniform"), (70_000, 10, 90, "uniform"),
                  (70_000, 10, 90, "clusters"))

@@ -9,7 +9,9 @@ a max-heap, so an offer is one comparison with the heap's top and only the
 rare improvements (about m log(N / m) per point, the points being in random
 order) sift down.  Half the GEMM of the full matrix, and the selection runs
 on all cores in one pass instead of NumPy's partition, filter and gather.
-For sparse rows the strips come from ``sparse_gram``, compiled here too.
+For sparse rows the strips come from ``sparse_gram``, compiled here too, and
+``candidate_sqdist`` gives the float64 distances of the candidates that the
+float32 search finds for float64 points (neighbors._mixed_precision_knn).
 """
 from __future__ import annotations
 
@@ -99,11 +101,11 @@ def select_rows(D, offset, skip, m):
     return values, columns
 
 
-
 @njit(parallel=True, cache=True)
 def candidate_sqdist(Q, X, cand):
     """|q_i - x_j|^2 for every query row i and each of its candidates j = cand[i, e],
-    summed over the coordinates' differences in Q's dtype (no GEMM rounding)."""
+    the squares of the coordinates' differences summed in float64 (no GEMM's
+    cancellation), in Q's dtype."""
     m, c = cand.shape
     out = np.empty((m, c), dtype=Q.dtype)
     for i in prange(m):
@@ -116,6 +118,7 @@ def candidate_sqdist(Q, X, cand):
                 s += u * u
             out[i, e] = s
     return out
+
 
 class FeatureSplit(NamedTuple):
     """B's rows (b x D) prepared as the right factor of sparse_gram: the
