@@ -114,10 +114,17 @@ def run_sparse(n=20_000, vocab=20_000, k=90, repeat=2, gpu_only=False):
     return figures
 
 
+# Query searches of --float64: (queries, points, k) as LLL's landmark search
+# (every image against 4,000 random landmarks, 6 each) and an out-of-sample
+# transform (the last 2,000 images against the other 68,000, k = 90).
+FLOAT64_QUERIES = ((70_000, 4_000, 6), (2_000, 68_000, 90))
+
+
 def run_float64(n=None, ks=(90, 20), repeat=2):
     """The float64 k-NN with and without the float32 search (alternating, best of
     ``repeat``), the rows it searched again in float64, and scikit-learn's
-    brute force (for the first k only: it takes minutes)."""
+    brute force (for the first k only: it takes minutes); then the same for the
+    query searches of FLOAT64_QUERIES (on the full set only)."""
     from sklearn.neighbors import NearestNeighbors
 
     X, _ = ge.datasets.fashion_mnist()
@@ -133,16 +140,22 @@ def run_float64(n=None, ks=(90, 20), repeat=2):
     ge.knn(X[:2000], 5, backend="cpu")                  # load the compiled code of both paths
     with mock.patch.object(neighbors, "MIXED_MIN_RATIO", 0):
         ge.knn(X[:2000], 5, backend="cpu")
-    for k in ks:
+    def timed(search):
+        """(best seconds, result) of ``search`` with and without the float32 search."""
         t_mixed = t_float64 = np.inf
         for _ in range(repeat):
             again.clear()
             with mock.patch.object(neighbors, "_rows_in_float64", counted):
-                t, (d_mixed, i_mixed) = best_time(lambda: ge.knn(X, k, backend="cpu"))
+                t, mixed = best_time(search)
             t_mixed = min(t_mixed, t)
             with mock.patch.object(neighbors, "MIXED_MIN_RATIO", np.inf):
-                t, (d_64, i_64) = best_time(lambda: ge.knn(X, k, backend="cpu"))
+                t, float64 = best_time(search)
             t_float64 = min(t_float64, t)
+        return t_mixed, mixed, t_float64, float64
+
+    for k in ks:
+        t_mixed, (d_mixed, i_mixed), t_float64, (d_64, i_64) = timed(
+            lambda: ge.knn(X, k, backend="cpu"))
         run = {"k": k, "gpuembed_cpu_seconds": t_mixed, "float64_search_seconds": t_float64,
                "speedup_vs_float64_search": t_float64 / t_mixed,
                "rows_searched_again": int(sum(again)),
@@ -157,6 +170,23 @@ def run_float64(n=None, ks=(90, 20), repeat=2):
                             (np.sort(i_sk[:, 1:], axis=1) == np.sort(i_mixed, axis=1)).mean())})
         print(run, flush=True)
         figures["runs"].append(run)
+    if n is None:
+        figures["queries"] = []
+        rng = np.random.default_rng(0)
+        for m, points, k in FLOAT64_QUERIES:
+            if m == X.shape[0]:
+                Q, P = X, X[rng.choice(X.shape[0], points, replace=False)]
+            else:
+                Q, P = X[points:points + m], X[:points]
+            t_mixed, (_, i_mixed), t_float64, (_, i_64) = timed(
+                lambda: neighbors.knn_query(Q, P, k, backend="cpu"))
+            run = {"queries": m, "points": points, "k": k, "gpuembed_cpu_seconds": t_mixed,
+                   "float64_search_seconds": t_float64,
+                   "speedup_vs_float64_search": t_float64 / t_mixed,
+                   "rows_searched_again": int(sum(again)),
+                   "index_agreement_with_float64_search": float((i_mixed == i_64).mean())}
+            print(run, flush=True)
+            figures["queries"].append(run)
     return figures
 
 

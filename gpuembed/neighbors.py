@@ -56,16 +56,16 @@ CANDIDATE_MARGIN = 8
 SELECT_WARPS = 16384       # GPU selection: warps per launch to aim for (an H100 holds 132 x 64)
 SEGMENT_COLUMNS = 128      # a row segment has at least this many columns per selected one
 SHARED_BYTES = 48 * 1024   # static shared memory per block without opting in
-# The k-NN of all points, when they are float64 (dense, on the CPU, more than
-# TREE_MAX_DIM features), comes from the float32 search, checked
-# (_mixed_precision_knn), from MIXED_MIN_RATIO points per candidate: its float32
-# GEMM saves time in proportion to the points, its recomputation costs time in
-# proportion to the candidates.  Fashion-MNIST as float64, 20-NN (28 candidates),
-# best of 3 alternating on the 2-core Xeon VM: 3,000 points 0.14 s against 0.12 s in
-# float64, 6,000 0.33 s against 0.46 s.  Queries against other points stay in
-# float64: there the float32 copies of both sets cost more than the GEMM saves
-# (LLL's 6 nearest of 1,500 landmarks for 70,000 points: 2.1 s against 1.4 s).
+# Float64 points (dense, on the CPU, more than TREE_MAX_DIM features) are searched
+# in float32 and checked (_mixed_precision_knn) from MIXED_MIN_RATIO points per
+# candidate and MIXED_MIN_QUERIES queries: the float32 GEMM saves time in proportion
+# to the points and queries, the recomputation costs time in proportion to the
+# candidates, rounding the points to float32 in proportion to the points.
+# Fashion-MNIST as float64, 20-NN of all points (28 candidates), best of 3 alternating
+# on the 2-core Xeon VM: 3,000 points 0.14 s against 0.12 s in float64, 6,000 0.33 s
+# against 0.46 s.
 MIXED_MIN_RATIO = 200
+MIXED_MIN_QUERIES = 500
 # Relative accuracy of the returned distances, per dtype (see module doc).
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
 # Up to this many features the CPU walks a k-d tree instead (_tree_knn), 2 cores,
@@ -117,7 +117,7 @@ def knn_query(Q, X, n_neighbors, *, backend="auto", block_bytes=None):
     return _knn(be, Q, X, k, False, block_bytes)
 
 
-def _knn(be, Q, X, k, exclude_self, block_bytes):
+def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True):
     xp = be.xp
     n = X.shape[0]
     if block_bytes is None:
@@ -125,10 +125,14 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     block_bytes = check_int(block_bytes, "block_bytes", 1)
 
     n_cand = min(n - 1 if exclude_self else n, k + CANDIDATE_MARGIN)
+    sparse = is_sparse(X)
+    if (mixed and not be.is_gpu and not sparse and X.dtype == np.float64
+            and X.shape[1] > TREE_MAX_DIM and n >= MIXED_MIN_RATIO * n_cand
+            and Q.shape[0] >= MIXED_MIN_QUERIES):
+        return _mixed_precision_knn(be, Q, X, k, exclude_self, block_bytes)
     # Centring leaves distances unchanged but shrinks the norms, which is what
     # GEMM-based distances lose precision to.  Sparse rows stay uncentred: the
     # exact recomputation in _finish covers the larger rounding.
-    sparse = is_sparse(X)
     mean = 0 if sparse else X.mean(axis=0)
     Xc = X if sparse else X - mean
     sq_x = row_sqnorms(xp, Xc)
@@ -145,9 +149,6 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
                          f"distance from the mean {largest:.3g}); rescale it, e.g. X / X.std()")
     if not be.is_gpu and not sparse and X.shape[1] <= TREE_MAX_DIM:
         return _tree_knn(Q, X, k, exclude_self, block_bytes)
-    if (exclude_self and not be.is_gpu and not sparse and X.dtype == np.float64
-            and n >= MIXED_MIN_RATIO * n_cand and 4.0 * largest < float(np.finfo(np.float32).max)):
-        return _mixed_precision_knn(be, X, Xc, sq_x, k, block_bytes)
     # A fixed random column order keeps the improvements to the CPU's candidate
     # heaps few whatever the input's order.
     perm = xp.asarray(np.random.default_rng(0).permutation(n))
@@ -174,7 +175,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes):
     return _finish_all(xp, Q, X, values, sq_q, sq, perm, cand, k, block_bytes)
 
 
-def _mixed_precision_knn(be, X, Xc, sq_x, k, block_bytes):
+def _mixed_precision_knn(be, Q, X, k, exclude_self, block_bytes):
     """The k-NN of all points X, float64, by the float32 search (half the GEMM's
     time) and the float64 distances of its candidates, checked row by row.
 
@@ -200,31 +201,38 @@ def _mixed_precision_knn(be, X, Xc, sq_x, k, block_bytes):
     about a million times its neighbour distances, where no row settles and
     all go back: 20 clusters of unit spread 1e6 apart (20,000 points in 50-D)
     took 6.5 s against 3.9 s for the float64 search alone."""
-    n = X.shape[0]
-    n_cand = min(n - 1, k + CANDIDATE_MARGIN)
-    X32 = Xc.astype(np.float32)
-    approx, cand = _knn(be, X32, X32, n_cand, True, block_bytes)
-    sqdist, indices = _recomputed_best(X, X, cand, k)
-    norms = np.sqrt(sq_x)
-    slack = 2.0**-23 * (norms + norms.max())
+    from .neighbors_cpu import centred_float32
+
+    n_cand = min(X.shape[0] - int(exclude_self), k + CANDIDATE_MARGIN)
+    mean = X.mean(axis=0)
+    X32, sq_x = centred_float32(X, mean)
+    Q32, sq_q = (X32, sq_x) if exclude_self else centred_float32(Q, mean)
+    if not 4.0 * max(sq_x.max(), sq_q.max()) < float(np.finfo(np.float32).max):
+        return _knn(be, Q, X, k, exclude_self, block_bytes, mixed=False)  # beyond float32
+    approx, cand = _knn(be, Q32, X32, n_cand, exclude_self, block_bytes)
+    sqdist, indices = _recomputed_best(Q, X, cand, k)
+    slack = 2.0**-23 * (np.sqrt(sq_q) + np.sqrt(sq_x.max()))
     beyond = np.sqrt(approx[:, -1].astype(np.float64)
                      * (1.0 - 2.0 * RTOL[np.dtype(np.float32)])) - slack
     unsure = np.flatnonzero(~(beyond > np.sqrt(sqdist[:, -1])))
     if unsure.size:
-        sqdist[unsure], indices[unsure] = _rows_in_float64(be, X, unsure, k, block_bytes)
+        sqdist[unsure], indices[unsure] = _rows_in_float64(be, Q, X, unsure, k, exclude_self,
+                                                           block_bytes)
     return sqdist, indices
 
 
-def _rows_in_float64(be, X, rows, k, block_bytes):
-    """The k-NN of the points X[rows] among all of X from the float64 search's
-    candidates, their distances recomputed (so that exact ties come in index
-    order, as in the other rows), each row's own index left out (or its last
-    candidate, where as many copies at distance 0 come before it)."""
-    m = min(X.shape[0], k + 1 + CANDIDATE_MARGIN)
-    cand = _knn(be, X[rows], X, m, False, block_bytes)[1]
-    drop = cand == rows[:, None]
-    drop[~drop.any(axis=1), -1] = True
-    return _recomputed_best(X[rows], X, cand[~drop].reshape(len(rows), m - 1), k)
+def _rows_in_float64(be, Q, X, rows, k, exclude_self, block_bytes):
+    """The k-NN of the queries Q[rows] from the float64 search's candidates, their
+    distances recomputed (so that exact ties come in index order, as in the other
+    rows); with ``exclude_self`` (Q is X) without each row's own index (or its
+    last candidate, where as many copies at distance 0 come before it)."""
+    m = min(X.shape[0], k + int(exclude_self) + CANDIDATE_MARGIN)
+    cand = _knn(be, Q[rows], X, m, False, block_bytes, mixed=False)[1]
+    if exclude_self:
+        drop = cand == rows[:, None]
+        drop[~drop.any(axis=1), -1] = True
+        cand = cand[~drop].reshape(len(rows), m - 1)
+    return _recomputed_best(Q[rows], X, cand, k)
 
 
 def _recomputed_best(Q, X, cand, k):

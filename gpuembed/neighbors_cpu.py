@@ -10,8 +10,9 @@ rare improvements (about m log(N / m) per point, the points being in random
 order) sift down.  Half the GEMM of the full matrix, and the selection runs
 on all cores in one pass instead of NumPy's partition, filter and gather.
 For sparse rows the strips come from ``sparse_gram``, compiled here too, and
-``candidate_sqdist`` gives the float64 distances of the candidates that the
-float32 search finds for float64 points (neighbors._mixed_precision_knn).
+``centred_float32`` and ``candidate_sqdist`` serve the float32 search of float64
+points (neighbors._mixed_precision_knn): its input, and its candidates' float64
+distances.
 """
 from __future__ import annotations
 
@@ -100,6 +101,22 @@ def select_rows(D, offset, skip, m):
                 _replace_top(vr, cr, d, c)
     return values, columns
 
+
+@njit(parallel=True, cache=True)
+def centred_float32(X, mean):
+    """(X - mean) rounded to float32, and its rows' squared norms summed in float64
+    before the rounding: one pass over X, without the float64 centred copy."""
+    n, d = X.shape
+    out = np.empty((n, d), dtype=np.float32)
+    sq = np.empty(n)
+    for i in prange(n):
+        s = 0.0
+        for j in range(d):
+            u = X[i, j] - mean[j]
+            out[i, j] = u
+            s += u * u
+        sq[i] = s
+    return out, sq
 
 @njit(parallel=True, cache=True)
 def candidate_sqdist(Q, X, cand):

@@ -174,12 +174,13 @@ def mixed_precision(monkeypatch):
     """The float64 search by float32 candidates (neighbors._mixed_precision_knn)
     at any size; returns the list of the row sets it searched again in float64."""
     monkeypatch.setattr(ge.neighbors, "MIXED_MIN_RATIO", 0)
+    monkeypatch.setattr(ge.neighbors, "MIXED_MIN_QUERIES", 1)
     searched_again = []
     again = ge.neighbors._rows_in_float64
 
-    def spy(be, X, rows, *args):
+    def spy(be, Q, X, rows, *args):
         searched_again.append(rows.copy())
-        return again(be, X, rows, *args)
+        return again(be, Q, X, rows, *args)
     monkeypatch.setattr(ge.neighbors, "_rows_in_float64", spy)
     return searched_again
 
@@ -194,6 +195,13 @@ def test_mixed_precision_matches_brute_force(mixed_precision, rng, n, d, k):
     np.testing.assert_array_equal(idx, ref_i)
     np.testing.assert_allclose(sqdist, ref_d, rtol=1e-13)
     assert sqdist[7, 0] == 0.0 and idx[7, 0] == n // 2
+    Q = np.concatenate([rng.standard_normal((30, d)) * 3 + 10, X[:5]])
+    sqdist, idx = ge.neighbors.knn_query(Q, X, k, backend="cpu")
+    D = ((Q[:, None] - X[None]) ** 2).sum(-1)
+    order = np.lexsort((np.broadcast_to(np.arange(n), D.shape), D), axis=1)[:, :k]
+    np.testing.assert_array_equal(idx, order)
+    np.testing.assert_allclose(sqdist, np.take_along_axis(D, order, 1), rtol=1e-13)
+    assert (sqdist[-5:, 0] == 0).all() and list(idx[-5:, 0]) == [0, 1, 2, 3, 4]
     assert not mixed_precision          # float32 settles every row of such points
 
 
@@ -215,6 +223,13 @@ def test_mixed_precision_searches_unsettled_rows_again(mixed_precision, rng):
     (rows,) = mixed_precision
     np.testing.assert_array_equal(rows, np.arange(60))
     assert list(idx[59]) == [0, 48, 49, 50, 51] and (sqdist[59] == 0).all()
+    # The same for queries: new points in the tight group, and one in the loose.
+    Q = np.concatenate([tight[:3] + 1e-4, loose[:1]])
+    sqdist, idx = ge.neighbors.knn_query(Q, X, k, backend="cpu")
+    D = ((Q[:, None] - X[None]) ** 2).sum(-1)
+    order = np.lexsort((np.broadcast_to(np.arange(len(X)), D.shape), D), axis=1)[:, :k]
+    np.testing.assert_array_equal(idx, order)
+    np.testing.assert_array_equal(mixed_precision[1], [0, 1, 2])
 
 
 def test_mixed_precision_on_ties(mixed_precision, rng):
@@ -237,7 +252,8 @@ def test_mixed_precision_on_ties(mixed_precision, rng):
 
 
 def test_float64_points_take_the_mixed_search_by_default(rng, monkeypatch):
-    # From MIXED_MIN_RATIO points per candidate (5 + 8 candidates: 2,600 points).
+    # From MIXED_MIN_RATIO points per candidate (5 + 8 candidates: 2,600 points)
+    # and MIXED_MIN_QUERIES queries.
     calls = []
     mixed = ge.neighbors._mixed_precision_knn
     monkeypatch.setattr(ge.neighbors, "_mixed_precision_knn",
@@ -253,8 +269,12 @@ def test_float64_points_take_the_mixed_search_by_default(rng, monkeypatch):
     np.testing.assert_allclose(sqdist, ref_d, rtol=1e-13)
     for few in (X[:2500], X.astype(np.float32)):     # too few points; float32 already
         ge.knn(few, 5, backend="cpu")
-    ge.neighbors.knn_query(X, X[:2000], 5, backend="cpu")   # queries stay in float64
     assert calls == [1]
+    ge.neighbors.knn_query(X[:500], X, 5, backend="cpu")    # from MIXED_MIN_QUERIES queries
+    assert calls == [1, 1]
+    ge.neighbors.knn_query(X[:499], X, 5, backend="cpu")
+    ge.neighbors.knn_query(X, X[:2500], 5, backend="cpu")
+    assert calls == [1, 1]
 
 def test_mixed_precision_leaves_float32_range_alone(mixed_precision, rng):
     # Squared distances past float32's range: the float64 search, as before.
