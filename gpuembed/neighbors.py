@@ -24,7 +24,7 @@ k-NN its sorts and synchronization would be repeated 3,700 times.
 Float64 points on the CPU, when there are many, are searched in float32 and their
 candidates' distances recomputed in float64, with a bound that sends any row the
 float32 search cannot settle back to the float64 search (_mixed_precision_knn):
-the same neighbours in about two thirds of the time.
+the same neighbours in half to two thirds of the time.
 
 Dense data of at most TREE_MAX_DIM features (layouts, point clouds, a few
 principal components) is searched on the CPU by a k-d tree instead, with the
@@ -59,8 +59,8 @@ SHARED_BYTES = 48 * 1024   # static shared memory per block without opting in
 # Float64 points (dense, on the CPU, more than TREE_MAX_DIM features) are searched
 # in float32 and checked (_mixed_precision_knn) from MIXED_MIN_RATIO points per
 # candidate and MIXED_MIN_QUERIES queries: the float32 GEMM saves time in proportion
-# to the points and queries, the recomputation costs time in proportion to the
-# candidates, rounding the points to float32 in proportion to the points.
+# to the points times the queries, the recomputation costs time in proportion to
+# the candidates, rounding to float32 in proportion to the points and queries.
 # Fashion-MNIST as float64, 20-NN of all points (28 candidates), best of 3 alternating
 # on the 2-core Xeon VM: 3,000 points 0.14 s against 0.12 s in float64, 6,000 0.33 s
 # against 0.46 s.
@@ -176,31 +176,34 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True):
 
 
 def _mixed_precision_knn(be, Q, X, k, exclude_self, block_bytes):
-    """The k-NN of all points X, float64, by the float32 search (half the GEMM's
-    time) and the float64 distances of its candidates, checked row by row.
+    """The k-NN of float64 queries among float64 points by the float32 search (half
+    the GEMM's time) and the float64 distances of its candidates, checked row by row.
 
-    The float32 search returns each point's k + CANDIDATE_MARGIN nearest among the
-    centred points rounded to float32; their float64 distances are recomputed
-    from the coordinates (_recomputed_best) and sorted by (distance, index).  A
-    point left out lies, in float32, at least as far as the last candidate, a,
-    up to the search's relative error RTOL[float32]; rounding a centred point to
-    float32 moves it by at most 2^-24 of its norm, so in float64 it lies at least
+    Both sets are centred on the points' mean and rounded to float32 in one pass
+    (neighbors_cpu.centred_float32); the float32 search returns each query's
+    k + CANDIDATE_MARGIN nearest; their float64 distances are recomputed from the
+    coordinates (_recomputed_best) and sorted by (distance, index).  A point left
+    out lies, in float32, at least as far as the last candidate, a, up to the
+    search's relative error RTOL[float32]; rounding a centred point to float32
+    moves it by at most 2^-24 of its norm, so in float64 it lies at least
     sqrt(a (1 - 2 RTOL)) - 2^-23 (|q| + max |x|) away (twice both bounds).
     Where that does not exceed the k-th recomputed distance, a point left out
     could belong, and the row is searched again in float64 (_rows_in_float64).
-    Fashion-MNIST as float64 (2-core Xeon VM, alternating with the float64
-    search): 70,000 points' 90-NN in 33.8 s against 44.6 s (a profile: 24.6 s
-    the float32 search, 3.9 s the recomputation, which gathers 784 coordinates
-    per candidate), their 20-NN in 27.2 s against 42.3 s; 20,000 points' 90-NN
-    in 3.56 s against 3.95 s, 10,000 points' 20-NN in 0.76 s against 0.96 s; the
-    first 50 principal components of 20,000, 90-NN, 1.71 s against 2.09 s.
-    The same neighbours on every row; at 70,000 the nearest point left out lay
-    at least 0.27% beyond the 90th neighbour, where the bound needs about 0.02%.
-    The distances are the recomputed ones, exact where the float64 search's
-    come from the GEMM (within RTOL[float64]).  The worst case is data spread
-    about a million times its neighbour distances, where no row settles and
-    all go back: 20 clusters of unit spread 1e6 apart (20,000 points in 50-D)
-    took 6.5 s against 3.9 s for the float64 search alone."""
+    Fashion-MNIST as float64 (results/knn_float64.json, 2-core Xeon VM, best of 2
+    alternating with the float64 search): 70,000 points' 90-NN in 29.1 s against
+    44.0 s (a profile: about 25 s the float32 search, 4 s the recomputation,
+    which gathers 784 coordinates per candidate), their 20-NN in 24.6 s against
+    43.2 s; every image's 6 nearest of 4,000 landmarks (LLL's Z) 2.4 s against
+    3.9 s; 2,000 images' 90 nearest of the other 68,000 1.6 s against 3.4 s.
+    Smaller, one run each: 20,000 points' 90-NN 3.6 s against 4.0 s, 10,000
+    points' 20-NN 0.76 s against 0.96 s.  The same neighbours on every row; at
+    70,000 the nearest point left out lay at least 0.27% beyond the 90th
+    neighbour, where the bound needs about 0.02%.  The distances are the
+    recomputed ones, exact where the float64 search's come from the GEMM
+    (within RTOL[float64]).  The worst case is data spread about a million times
+    its neighbour distances, where no row settles and all go back: 20 clusters
+    of unit spread 1e6 apart (20,000 points in 50-D) took 6.5 s against 3.9 s
+    for the float64 search alone."""
     from .neighbors_cpu import centred_float32
 
     n_cand = min(X.shape[0] - int(exclude_self), k + CANDIDATE_MARGIN)
