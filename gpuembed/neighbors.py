@@ -210,8 +210,10 @@ def _mixed_precision_knn(be, Q, X, k, exclude_self, block_bytes):
     mean = X.mean(axis=0)
     X32, sq_x = centred_float32(X, mean)
     Q32, sq_q = (X32, sq_x) if exclude_self else centred_float32(Q, mean)
-    if not 4.0 * max(sq_x.max(), sq_q.max()) < float(np.finfo(np.float32).max):
-        return _knn(be, Q, X, k, exclude_self, block_bytes, mixed=False)  # beyond float32
+    # Beyond float32's range the float64 search; twice the float32 search's own test,
+    # so that its norms, rounded to float32, cannot fail that.
+    if not 8.0 * max(sq_x.max(), sq_q.max()) < float(np.finfo(np.float32).max):
+        return _knn(be, Q, X, k, exclude_self, block_bytes, mixed=False)
     approx, cand = _knn(be, Q32, X32, n_cand, exclude_self, block_bytes)
     sqdist, indices = _recomputed_best(Q, X, cand, k)
     slack = 2.0**-23 * (np.sqrt(sq_q) + np.sqrt(sq_x.max()))

@@ -276,9 +276,11 @@ def test_float64_points_take_the_mixed_search_by_default(rng, monkeypatch):
     ge.neighbors.knn_query(X, X[:2500], 5, backend="cpu")
     assert calls == [1, 1]
 
-def test_mixed_precision_leaves_float32_range_alone(mixed_precision, rng):
-    # Squared distances past float32's range: the float64 search, as before.
-    X = rng.standard_normal((100, 12)) * 1e19
+@pytest.mark.parametrize("scale", [1e19, 1.5e18])   # past float32's squares; within 2x
+def test_mixed_precision_leaves_float32_range_alone(mixed_precision, rng, scale):
+    # Squared distances past (or within rounding of) float32's range: the float64
+    # search, as before, and no error from the float32 one.
+    X = rng.standard_normal((100, 12)) * scale
     ref_d, ref_i = brute_knn(X, 4)
     sqdist, idx = ge.knn(X, 4, backend="cpu")
     np.testing.assert_array_equal(idx, ref_i)
