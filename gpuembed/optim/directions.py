@@ -134,15 +134,15 @@ def check_refresh(value):
     return check_int(value, "sd_refresh", 1)
 
 
-def secant_pair(be, X_old, X_new, G_old, G_new):
-    """(s, y, s.y) of an accepted step, or None where its curvature s.y is not
+def secant_pair(be, s, y):
+    """(s, y, s.y) of an accepted step s = X_new - X_old with the gradient's change
+    y = G_new - G_old, or None where its curvature s.y is not
     clearly positive (L-BFGS keeps only such pairs, so that H stays positive
     definite).  yy > 0 as well: in float32 a tiny y squares to 0 while s.y does
     not, and the pair's scaling s.y / y.y divided by zero (EE on separated
     clusters).  One host read for the three products (on the GPU each read
     waits for the device)."""
     xp = be.xp
-    s, y = X_new - X_old, G_new - G_old
     sy, yy, ss = be.to_host(xp.stack([xp.vdot(s, y), xp.vdot(y, y), xp.vdot(s, s)])).tolist()
     if not (yy > 0 and sy > 1e-10 * math.sqrt(ss * yy)):
         return None
@@ -554,18 +554,19 @@ class Spectral(Direction):
     def update(self, X_old, X_new, G_old, G_new):
         if not self.memory:
             return
-        if self.pairs and self._step_length(X_old, X_new) < MEMORY_RESET_STEP:
+        step = X_new - X_old
+        if self.pairs and self._step_length(step) < MEMORY_RESET_STEP:
             self.pairs.clear()
             return
-        pair = secant_pair(self.be, X_old, X_new, G_old, G_new)
+        pair = secant_pair(self.be, step, G_new - G_old)
         if pair is not None:
             s, y, sy = pair
             self.pairs.append((s, y, 1.0 / sy))
 
-    def _step_length(self, X_old, X_new):
+    def _step_length(self, step):
         """The accepted step in units of the last (quasi-Newton) direction."""
         xp, P = self.be.xp, self.direction
-        sp, pp = self.be.to_host(xp.stack([xp.vdot(X_new - X_old, P), xp.vdot(P, P)])).tolist()
+        sp, pp = self.be.to_host(xp.stack([xp.vdot(step, P), xp.vdot(P, P)])).tolist()
         return sp / pp if pp > 0 else 0.0
 
     def _solve(self, X, G):
@@ -678,7 +679,7 @@ class LBFGS(Direction):
         return -(gamma * g + self._rows().T @ coef).reshape(G.shape)
 
     def update(self, X_old, X_new, G_old, G_new):
-        pair = secant_pair(self.be, X_old, X_new, G_old, G_new)
+        pair = secant_pair(self.be, X_new - X_old, G_new - G_old)
         if pair is None:
             return
         s, y, _ = pair
