@@ -249,12 +249,11 @@ HOST = get_backend("cpu")
 # clusters (3,000 points in 5-D, perplexity 10, 29 components) took 1,000
 # iterations to E 7.538, s-SNE 1.2006, SNE 4011; with these pairs 269 to 6.918,
 # 139 to 1.0445, 243 to 3359.  Where the objective is flat the components drift
-# further apart: the layout's RMS radius over the classes' mean radius ended at
-# 3-132 against 3-8 (EE, s-SNE and SNE on 3 cluster sets, crossing loops and
-# outliers).  Not for t-SNE: its Student-t repulsion lowers KL as components part
-# at any distance (no finite minimizer), the pairs' curvature fell with it, and 20
-# clusters (5,000 points in 10-D) flew 17,700 times their own radius apart in 32
-# iterations.
+# further apart: the layout's RMS radius over the clusters' mean radius ended at
+# 8-132 against 4-8 (5 cluster sets, EE, s-SNE and SNE).  Not for t-SNE: its
+# Student-t repulsion lowers KL as components part at any distance (no finite
+# minimizer), the pairs' curvature fell with it, and 20 clusters (5,000 points in
+# 10-D) flew 17,700 times their own radius apart in 32 iterations.
 TRANSLATION_MEMORY = 10
 # B with at least N^2 / DENSE_FACTOR_MIN_FILL nonzeros is factorized dense (below).
 DENSE_FACTOR_MIN_FILL = 10
@@ -411,11 +410,10 @@ class Spectral(Direction):
     into components, B has no curvature for their relative placement, which the
     FP step of _split only guesses, and SD crawled: 20 well-separated Gaussian
     clusters (20,000 points in 10-D, 20 components; benchmarks/results/
-    embedding_clusters_n20000.json at b5a4d4d, before the translation pairs
-    below), 1,000 iterations to t-SNE's KL 2.712 in 38.5 s, EE's 29.57 in 49.4 s,
-    s-SNE's 2.521 in 29.2 s (643); with 10 pairs 2.183 in 20.5 s (411; the
-    classic optimizer: 2.264 in 24.1 s), 27.74 in 11.0 s (214), 2.510 in 4.1 s
-    (73); 50 clusters in 20-D (10,000 points):
+    embedding_clusters_n20000.json, rerun at b5a4d4d), 1,000 iterations to t-SNE's
+    KL 2.712 in 38.5 s, EE's 29.57 in 49.4 s, s-SNE's 2.521 in 29.2 s (643); with
+    10 pairs 2.183 in 20.5 s (411; the classic optimizer: 2.264 in 24.1 s), 27.74
+    in 11.0 s (214), 2.510 in 4.1 s (73); 50 clusters in 20-D (10,000 points):
     t-SNE 1.220 in 2.2 s against 1.588 in 18.0 s (classic 1.337 in 11.5 s), EE
     15.66 in 4.0 s against 15.92 in 17.5 s.  Not the default: on a connected
     graph the pairs gained nothing (Fashion-MNIST 20k, t-SNE: KL 1.806 in 9.5
