@@ -36,9 +36,8 @@ the objects, written to embedding_coil<K>.json ("coil").
 
 ``--clusters N`` fits N points of 20 well-separated Gaussian clusters in 10-D
 (a graph of 20 components) with t-SNE, EE and s-SNE by the default SD and by
-SD with curvature pairs (``sd_memory=10``), EE and s-SNE also with the
-components moved by the FP step instead of their translation pairs, and t-SNE
-by the classic optimizer: the same figures plus each layout's extent, written to
+SD with curvature pairs (``sd_memory=10``), and t-SNE by the classic
+optimizer: the same figures plus each layout's extent, written to
 embedding_clusters_n<N>.json ("clusters").
 
 ``--text N`` embeds N synthetic documents of 20 topics (common.topic_documents,
@@ -50,15 +49,12 @@ written to embedding_text_n<N>.json ("tsne_text").
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
-import unittest.mock
 
 import numpy as np
 
 from common import RESULTS, pyplot, topic_documents, write_result
 import gpuembed as ge
-from gpuembed.optim import directions
 
 SNAPSHOT_EVERY = 50
 OPTIMIZERS = {"ee": ["sd", "fp", "lbfgs", "cg", "gd"],
@@ -286,41 +282,30 @@ def coil(n_objects, backend="cpu"):
 
 def clusters(n, n_clusters, dim, backend="cpu"):
     """Well-separated Gaussian clusters, whose graph has a component each: SD
-    with and without curvature pairs (sd_memory), EE's and s-SNE's SD with the
-    components moved by the FP step instead of their translation pairs
-    (directions.TRANSLATION_MEMORY = 0), and the classic optimizer."""
+    with and without curvature pairs (sd_memory), and the classic optimizer."""
     be = ge.get_backend(backend)
     X, y = ge.datasets.gaussian_clusters(n, n_clusters, dim, random_state=0)
     fits = tuple((name, label, extra) for name in ("TSNE", "EE", "SSNE")
                  for label, extra in (("sd (default)", {}), ("sd, sd_memory=10",
                                                              {"sd_memory": 10})))
-    fits += tuple((name, "sd, FP translations", {}, fp_translations) for name in ("EE", "SSNE"))
     fits += (("TSNE", "classic", {"optimizer": "tsne"}),)
     return {"n": n, "n_clusters": n_clusters, "dim": dim, "perplexity": 30.0,
             "runs": fit_runs(X.astype(np.float32), y, fits, be)}
 
 
-def fp_translations():
-    """SD's components moved by the FP step (no translation pairs), as before."""
-    return unittest.mock.patch.object(directions, "TRANSLATION_MEMORY", 0)
-
-
 def fit_runs(X, y, fits, be):
-    """Each (estimator name, label, parameters[, context]) fitted to X from the same
-    perplexity-30 affinities (within ``context()`` where given): seconds,
-    iterations, the exact objective of the layout, its 10-NN accuracy and extent
-    (the larger side of its bounding box)."""
+    """Each (estimator name, label, parameters) fitted to X from the same
+    perplexity-30 affinities: seconds, iterations, the exact objective of the
+    layout, its 10-NN accuracy and extent (the larger side of its bounding box)."""
     A = ge.entropic_affinities(X, 30.0, backend=be)
-    for name, _, extra, *_ in fits:         # compile on 500 points
+    for name, _, extra in fits:             # compile on 500 points
         getattr(ge, name)(max_iter=3, backend=be, **{**extra, "kappa": 5}).fit(X[:500])
     exact = {name: ge.objectives.make_objective(name.lower(), A.P, be, np.float64,
                                                 nbody="exact") for name in {f[0] for f in fits}}
     runs = []
-    for name, label, extra, *context in fits:
+    for name, label, extra in fits:
         start = time.perf_counter()
-        with context[0]() if context else contextlib.nullcontext():
-            model = getattr(ge, name)(affinities=A, backend=be, random_state=0,
-                                      **extra).fit(X)
+        model = getattr(ge, name)(affinities=A, backend=be, random_state=0, **extra).fit(X)
         layout = be.asarray(model.embedding_, np.float64)
         runs.append({"objective": name, "optimizer": label, "iterations": model.n_iter_,
                      "seconds": time.perf_counter() - start,

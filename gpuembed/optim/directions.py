@@ -39,7 +39,6 @@ import scipy.sparse.csgraph
 import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
-from ..backend import get_backend
 from .sparse_cpu import csr_times, jacobi_pcg, largest_per_row
 from .sparse_gpu import jacobi_pcg_gpu
 
@@ -150,20 +149,6 @@ def secant_pair(be, s, y):
     return s, y, sy
 
 
-def two_loop(xp, pairs, q, initial):
-    """H q by L-BFGS's two-loop recursion over the curvature pairs (s, y, 1 / s.y),
-    oldest first, with ``initial(q)`` applying the initial inverse Hessian."""
-    q = q.copy()
-    alphas = []
-    for s, y, rho in reversed(pairs):
-        alphas.append(rho * float(xp.vdot(s, q)))
-        q -= alphas[-1] * y
-    r = initial(q)
-    for (s, y, rho), alpha in zip(pairs, reversed(alphas)):
-        r += (alpha - rho * float(xp.vdot(y, r))) * s
-    return r
-
-
 def floor_zero_curvature(xp, diag):
     """The curvatures with zeros (points or components without attractive weights,
     moved by the repulsion alone) replaced by the mean of the others, so that
@@ -241,20 +226,6 @@ class DiagonalHessian(FixedPoint):
 # 1e-2 43 times, ending lower (KL 2.099, 2.130 against 2.173) with points stranded
 # 2,300-5,900 units out, against 22 without resets.
 MEMORY_RESET_STEP = 1e-4
-HOST = get_backend("cpu")
-# Curvature pairs of the components' translations (Spectral._split) where the graph
-# splits and the repulsion is Gaussian (EE, s-SNE, SNE).  B has no curvature for
-# the components' relative placement, and the FP step, which moved them as if the
-# mean attractive degree held them, was orders of magnitude too short: 30 Gaussian
-# clusters (3,000 points in 5-D, perplexity 10, 29 components) took 1,000
-# iterations to E 7.538, s-SNE 1.2006, SNE 4011; with these pairs 269 to 6.918,
-# 139 to 1.0445, 243 to 3359.  Where the objective is flat the components drift
-# further apart: the layout's RMS radius over the clusters' mean radius ended at
-# 8-132 against 4-8 (5 cluster sets, EE, s-SNE and SNE).  Not for t-SNE: its
-# Student-t repulsion lowers KL as components part at any distance (no finite
-# minimizer), the pairs' curvature fell with it, and 20 clusters (5,000 points in
-# 10-D) flew 17,700 times their own radius apart in 32 iterations.
-TRANSLATION_MEMORY = 10
 # B with at least N^2 / DENSE_FACTOR_MIN_FILL nonzeros is factorized dense (below).
 DENSE_FACTOR_MIN_FILL = 10
 
@@ -420,11 +391,6 @@ class Spectral(Direction):
     s against 1.783 in 10.6 s), and on 10 rotating objects at perplexity 3 (4
     components, crossing loops) s-SNE stalled at 0.871 and 10-NN accuracy
     0.725 against 0.023 and 1.0 without them.
-
-    Where the graph splits and the repulsion is Gaussian (EE, s-SNE, SNE), the
-    components' translations get an L-BFGS of their own by default, over pairs
-    of the components' mean moves and the change of their total gradients
-    (TRANSLATION_MEMORY, which measures it), in place of the FP step.
     """
 
     CHOLESKY_MAX_N = 20000
@@ -506,10 +472,6 @@ class Spectral(Direction):
             self.B, self.diag = self.B.astype(self.cg_dtype), self.diag.astype(self.cg_dtype)
         self.component_curvature = self.component_curvature.astype(X.dtype)
         self.pairs.clear()      # gathered with the old B as initial inverse Hessian
-        self.translation_pairs = (
-            collections.deque(maxlen=TRANSLATION_MEMORY)
-            if n_comp > 1 and TRANSLATION_MEMORY and self.objective.kernel == "gaussian"
-            else None)
 
     def times_B(self, V):
         """B V, on all cores on the CPU (SciPy's product runs on one).  With it and
@@ -529,7 +491,7 @@ class Spectral(Direction):
 
     def _split(self, G):
         """(G without the part that moves each component as a whole, that part's FP
-        step, or its L-BFGS step where translation pairs are kept).  The part is the component's total of G spread over its points in
+        step).  The part is the component's total of G spread over its points in
         proportion to their curvature (``share``), which the FP step turns into one
         translation: the exact solve of B + a rank-one term in D 1 that makes B
         positive definite.  Spread evenly (G minus its component mean), it reached
@@ -547,21 +509,8 @@ class Spectral(Direction):
         translation), and nothing changes there; MAC's penalty does not."""
         total = self._component_sum(G)
         mean = (total / self.counts[:, None]).astype(G.dtype, copy=False)
-        translation = -mean / self.component_curvature[:, None]
-        if self.translation_pairs:
-            translation = self._translation_step(G).astype(G.dtype)
-        return G - self.share[:, None] * total[self.labels], translation[self.labels]
-
-    def _translation_step(self, G):
-        """-H g: L-BFGS over the components' translations (TRANSLATION_MEMORY), whose
-        gradient g is each component's total of G, on the host (d numbers per
-        component), with H0 = s.y / y.y of the newest pair.  The totals are summed
-        in float64: a component's total is a small net force, which float32
-        rounding of its points' forces would drown."""
-        s, y, rho = self.translation_pairs[-1]
-        gamma = 1.0 / (rho * float(np.vdot(y, y)))
-        g = self.be.to_host(self._component_sum(G.astype(np.float64)))
-        return self.be.asarray(-two_loop(np, self.translation_pairs, g, lambda q: gamma * q))
+        return (G - self.share[:, None] * total[self.labels],
+                (-mean / self.component_curvature[:, None])[self.labels])
 
     def _join(self, P, translation):
         return P - self._component_mean(P)[self.labels] + translation
@@ -584,27 +533,25 @@ class Spectral(Direction):
         while there are none)."""
         if not self.pairs:
             return self._solve(X, G)
+        xp = self.be.xp
+        q = G.copy()
+        alphas = []
+        for s, y, rho in reversed(self.pairs):
+            alphas.append(rho * float(xp.vdot(s, q)))
+            q -= alphas[-1] * y
         # From CG's Jacobi guess: warm-started from the previous solve for another
         # q, CG left a few weakly linked points' entries as they were (their
         # residual weighs nothing), and those points flew off (20 clusters:
         # 2,785 units out against 21 for the rest, in 12.8 s; cold, 21 in 28.5 s
         # for a lower KL, 2.181 against 2.220).
         self.previous = None
-        self.direction = -two_loop(self.be.xp, self.pairs, G,
-                                   lambda q: -self._solve(X, q))   # for update's step length
+        r = -self._solve(X, q)
+        for (s, y, rho), alpha in zip(self.pairs, reversed(alphas)):
+            r += (alpha - rho * float(xp.vdot(y, r))) * s
+        self.direction = -r                 # for update's step length
         return self.direction
 
     def update(self, X_old, X_new, G_old, G_new):
-        if self.translation_pairs is not None:
-            # The components' mean moves and the change of their total gradients.
-            f64 = lambda A: A.astype(np.float64)
-            s_y = self.be.to_host(self.be.xp.stack([
-                self._component_mean(f64(X_new - X_old)),
-                self._component_sum(f64(G_new)) - self._component_sum(f64(G_old))]))
-            pair = secant_pair(HOST, *s_y)
-            if pair is not None:
-                s, y, sy = pair
-                self.translation_pairs.append((s, y, 1.0 / sy))
         if not self.memory:
             return
         step = X_new - X_old
