@@ -3,6 +3,7 @@ import itertools
 
 import numpy as np
 import pytest
+import scipy.sparse
 
 import gpuembed as ge
 from gpuembed.metrics import procrustes_error
@@ -128,6 +129,27 @@ def test_spectral_clustering_with_lll_is_perfect_on_separated_clusters():
                                 backend="cpu").fit_predict(X)
     assert adjusted_rand_score(y, exact) == 1.0
     assert adjusted_rand_score(y, lll) == 1.0
+
+
+def test_kmeans_is_a_lloyd_fixed_point_for_dense_and_sparse_rows(rng):
+    """At its end each centre is the mean of its points, each label the nearest
+    centre and the inertia their squared distances' sum (brute force); sparse rows
+    give the same clusters; k-means++'s distances to a row, from the squared
+    norms, are the differences' ones."""
+    from gpuembed.spectral.kmeans import _sqdist_to_row
+    X = rng.standard_normal((400, 6)) + 6.0 * rng.integers(0, 4, (400, 1))
+    labels, centres, inertia = kmeans(X, 4, n_init=3, random_state=0, tol=0)
+    D = ((X[:, None] - centres[None]) ** 2).sum(axis=-1)
+    np.testing.assert_array_equal(labels, D.argmin(axis=1))
+    np.testing.assert_allclose(centres, [X[labels == c].mean(axis=0) for c in range(4)],
+                               rtol=1e-12)
+    assert inertia == pytest.approx(D.min(axis=1).sum(), rel=1e-12)
+    sparse = kmeans(scipy.sparse.csr_matrix(X), 4, n_init=3, random_state=0, tol=0)
+    np.testing.assert_array_equal(sparse[0], labels)
+    np.testing.assert_allclose(sparse[1], centres, rtol=1e-12)
+    for rows in (X, scipy.sparse.csr_matrix(X)):
+        np.testing.assert_allclose(_sqdist_to_row(rows, 7, (X * X).sum(axis=1)),
+                                   ((X - X[7]) ** 2).sum(axis=1), rtol=1e-9, atol=1e-9)
 
 
 def test_kmeans_warm_start_matches_restarts(rng):
