@@ -20,14 +20,14 @@ def kmeans(X, n_clusters, *, n_init=10, max_iter=300, tol=1e-9, init=None, rando
     best = None
     runs = [init] if init is not None else [None] * n_init
     for start in runs:
-        centers = _plusplus(X, n_clusters, rng) if start is None else np.array(start, float)
+        centers = plusplus_seeds(X, n_clusters, rng) if start is None else np.array(start, float)
         result = _lloyd(X, centers, max_iter, tol)
         if best is None or result[2] < best[2]:
             best = result
     return best
 
 
-def _plusplus(X, k, rng):
+def plusplus_seeds(X, k, rng):
     """k-means++ seeding: each new center drawn with probability proportional to the
     squared distance to the nearest center so far."""
     n = X.shape[0]
