@@ -132,6 +132,9 @@ def test_kmeans_landmarks_find_each_separated_cluster():
                    for seed in range(20))
     assert covering("kmeans") >= 17
     assert covering("random") <= 3
+    np.testing.assert_array_equal(choose_landmarks(scipy.sparse.csr_matrix(X), 8, "kmeans",
+                                                   random_state=0),
+                                  choose_landmarks(X, 8, "kmeans", random_state=0))
 
 
 def test_spectral_clustering_with_lll_is_perfect_on_separated_clusters():
