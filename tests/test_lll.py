@@ -148,13 +148,16 @@ def test_spectral_clustering_with_lll_is_perfect_on_separated_clusters():
     assert adjusted_rand_score(y, lll) == 1.0
 
 
-def test_kmeans_is_a_lloyd_fixed_point_for_dense_and_sparse_rows(rng):
+def test_kmeans_is_a_lloyd_fixed_point_for_dense_and_sparse_rows(rng, monkeypatch):
     """At its end each centre is the mean of its points, each label the nearest
-    centre and the inertia their squared distances' sum (brute force); sparse rows
-    give the same clusters; k-means++'s distances to a row, from the squared
-    norms, are the differences' ones."""
-    from gpuembed.spectral.kmeans import _sqdist_to_row
+    centre and the inertia their squared distances' sum (brute force); the
+    compiled assignment (dense rows, few centre entries), the distance matrix's
+    GEMM and sparse rows give the same clusters; k-means++'s distances to a row,
+    from the squared norms, are the differences' ones."""
+    import importlib
+    km = importlib.import_module("gpuembed.spectral.kmeans")
     X = rng.standard_normal((400, 6)) + 6.0 * rng.integers(0, 4, (400, 1))
+    assert 4 * 6 <= km.COMPILED_MAX_CENTER_ENTRIES
     labels, centres, inertia = kmeans(X, 4, n_init=3, random_state=0, tol=0)
     D = ((X[:, None] - centres[None]) ** 2).sum(axis=-1)
     np.testing.assert_array_equal(labels, D.argmin(axis=1))
@@ -162,10 +165,20 @@ def test_kmeans_is_a_lloyd_fixed_point_for_dense_and_sparse_rows(rng):
                                rtol=1e-12)
     assert inertia == pytest.approx(D.min(axis=1).sum(), rel=1e-12)
     sparse = kmeans(scipy.sparse.csr_matrix(X), 4, n_init=3, random_state=0, tol=0)
-    np.testing.assert_array_equal(sparse[0], labels)
-    np.testing.assert_allclose(sparse[1], centres, rtol=1e-12)
+    monkeypatch.setattr(km, "COMPILED_MAX_CENTER_ENTRIES", 0)
+    gemm = kmeans(X, 4, n_init=3, random_state=0, tol=0)
+    for other in (sparse, gemm):
+        np.testing.assert_array_equal(other[0], labels)
+        np.testing.assert_allclose(other[1], centres, rtol=1e-12)
+        assert other[2] == pytest.approx(inertia, rel=1e-12)
+    # Equal distances go to the first centre, as argmin's.
+    labels2, nearest2 = np.empty(2, dtype=np.int64), np.empty(2)
+    km.assign(np.array([[0.0, 0.0], [1.0, 1.0]]), np.array([[1.0, 0.0], [0.0, 1.0]]),
+              labels2, nearest2)
+    np.testing.assert_array_equal(labels2, [0, 0])
+    np.testing.assert_array_equal(nearest2, [1.0, 1.0])
     for rows in (X, scipy.sparse.csr_matrix(X)):
-        np.testing.assert_allclose(_sqdist_to_row(rows, 7, (X * X).sum(axis=1)),
+        np.testing.assert_allclose(km._sqdist_to_row(rows, 7, (X * X).sum(axis=1)),
                                    ((X - X[7]) ** 2).sum(axis=1), rtol=1e-9, atol=1e-9)
 
 
