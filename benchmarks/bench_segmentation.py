@@ -75,18 +75,18 @@ def run(step=3, K=6, landmarks=(100, 200, 500, 1000, 2000), backend="cpu", name=
     print(f"{X.shape[0]} pixels: graph {t_graph:.1f} s, exact {t_exact:.1f} s", flush=True)
     runs, shown = [], {"exact": exact_labels}
     for L in landmarks:
-        for name, embed in (
+        for method, embed in (
             ("LLL", lambda: lll_spectral(X, W, d, L, random_state=0, backend=be)[0]),
             ("Nystrom", lambda: nystrom_le(X, d, n_neighbors=N_NEIGHBORS, n_landmarks=L,
                                            sigma=SIGMA, random_state=0, backend=be)),
         ):
             seconds, Y, labels = timed(embed)
-            runs.append({"method": name, "landmarks": L, "seconds": seconds,
+            runs.append({"method": method, "landmarks": L, "seconds": seconds,
                          "ari_vs_exact": adjusted_rand_score(exact_labels, labels),
                          "procrustes_error": procrustes_error(exact, Y)})
             print(runs[-1], flush=True)
             if L == landmarks[1]:
-                shown[f"{name}, L = {L}"] = labels
+                shown[f"{method}, L = {L}"] = labels
     plot(grey, shown, name)
     return {"image": "china.jpg", "shape": list(grey.shape), "pixels": X.shape[0],
             "clusters": K, "sigma_xy": SIGMA_XY, "sigma_i": SIGMA_I, "sigma": SIGMA,
