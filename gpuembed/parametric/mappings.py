@@ -113,9 +113,10 @@ class RBFMapping(_LinearInParameters):
     ``n_centers`` centres (default min(200, N)) by k-means (on at most
     ``max_kmeans_points`` points), sigma by default
     the root mean squared distance of the points to their nearest centre times
-    ``width`` (half that between neighbouring centres where every point is one); W by least squares, the minimum-norm solution (wide Gaussians
-    make the features nearly collinear), or by ridge regression with ``ridge``
-    > 0 (ridge x N on the features' weights).
+    ``width`` (half that between neighbouring centres where every point is one);
+    W by least squares, the minimum-norm solution (wide Gaussians make the
+    features nearly collinear), or by ridge regression with ``ridge`` > 0 (ridge
+    x N on the features' weights).
 
     ``fit`` takes a ``sample_weight`` (a float: every sample the same weight),
     as scikit-learn's regressors do; it scales the squared error, so the ridge
