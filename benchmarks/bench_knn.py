@@ -140,6 +140,7 @@ def run_float64(n=None, ks=(90, 20), repeat=2):
     ge.knn(X[:2000], 5, backend="cpu")                  # load the compiled code of both paths
     with mock.patch.object(neighbors, "MIXED_MIN_RATIO", 0):
         ge.knn(X[:2000], 5, backend="cpu")
+
     def timed(search):
         """(best seconds, result) of ``search`` with and without the float32 search."""
         t_mixed = t_float64 = np.inf

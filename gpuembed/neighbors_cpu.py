@@ -118,6 +118,7 @@ def centred_float32(X, mean):
         sq[i] = s
     return out, sq
 
+
 @njit(parallel=True, cache=True)
 def candidate_sqdist(Q, X, cand):
     """|q_i - x_j|^2 for every query row i and each of its candidates j = cand[i, e],

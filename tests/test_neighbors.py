@@ -10,7 +10,12 @@ def brute_knn(X, k):
     X = np.asarray(X, dtype=np.float64)
     D = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
     np.fill_diagonal(D, np.inf)
-    order = np.lexsort((np.broadcast_to(np.arange(len(X)), D.shape), D), axis=1)[:, :k]
+    return best_by_distance_then_index(D, k)
+
+
+def best_by_distance_then_index(D, k):
+    """(distances, columns) of each row's k smallest entries of D, ties by column."""
+    order = np.lexsort((np.broadcast_to(np.arange(D.shape[1]), D.shape), D), axis=1)[:, :k]
     return np.take_along_axis(D, order, axis=1), order
 
 
@@ -197,10 +202,9 @@ def test_mixed_precision_matches_brute_force(mixed_precision, rng, n, d, k):
     assert sqdist[7, 0] == 0.0 and idx[7, 0] == n // 2
     Q = np.concatenate([rng.standard_normal((30, d)) * 3 + 10, X[:5]])
     sqdist, idx = ge.neighbors.knn_query(Q, X, k, backend="cpu")
-    D = ((Q[:, None] - X[None]) ** 2).sum(-1)
-    order = np.lexsort((np.broadcast_to(np.arange(n), D.shape), D), axis=1)[:, :k]
+    ref_d, order = best_by_distance_then_index(((Q[:, None] - X[None]) ** 2).sum(-1), k)
     np.testing.assert_array_equal(idx, order)
-    np.testing.assert_allclose(sqdist, np.take_along_axis(D, order, 1), rtol=1e-13)
+    np.testing.assert_allclose(sqdist, ref_d, rtol=1e-13)
     assert (sqdist[-5:, 0] == 0).all() and list(idx[-5:, 0]) == [0, 1, 2, 3, 4]
     assert not mixed_precision          # float32 settles every row of such points
 
@@ -226,8 +230,7 @@ def test_mixed_precision_searches_unsettled_rows_again(mixed_precision, rng):
     # The same for queries: new points in the tight group, and one in the loose.
     Q = np.concatenate([tight[:3] + 1e-4, loose[:1]])
     sqdist, idx = ge.neighbors.knn_query(Q, X, k, backend="cpu")
-    D = ((Q[:, None] - X[None]) ** 2).sum(-1)
-    order = np.lexsort((np.broadcast_to(np.arange(len(X)), D.shape), D), axis=1)[:, :k]
+    _, order = best_by_distance_then_index(((Q[:, None] - X[None]) ** 2).sum(-1), k)
     np.testing.assert_array_equal(idx, order)
     np.testing.assert_array_equal(mixed_precision[1], [0, 1, 2])
 
@@ -261,8 +264,7 @@ def test_float64_points_take_the_mixed_search_by_default(rng, monkeypatch):
     X = rng.standard_normal((2700, 16)) * 3 + 10
     D = scipy.spatial.distance.cdist(X, X, "sqeuclidean")
     np.fill_diagonal(D, np.inf)
-    ref_i = np.lexsort((np.broadcast_to(np.arange(len(X)), D.shape), D), axis=1)[:, :5]
-    ref_d = np.take_along_axis(D, ref_i, axis=1)
+    ref_d, ref_i = best_by_distance_then_index(D, 5)
     sqdist, idx = ge.knn(X, 5, backend="cpu")
     assert calls == [1]
     np.testing.assert_array_equal(idx, ref_i)
@@ -275,6 +277,7 @@ def test_float64_points_take_the_mixed_search_by_default(rng, monkeypatch):
     ge.neighbors.knn_query(X[:499], X, 5, backend="cpu")
     ge.neighbors.knn_query(X, X[:2500], 5, backend="cpu")
     assert calls == [1, 1]
+
 
 @pytest.mark.parametrize("scale", [1e19, 1.5e18])   # past float32's squares; within 2x
 def test_mixed_precision_leaves_float32_range_alone(mixed_precision, rng, scale):
