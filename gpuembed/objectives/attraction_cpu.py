@@ -19,7 +19,7 @@ The array code's gathers and temporaries, six arrays of nnz values, took
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import get_thread_id, njit, prange
 
 from ..fastexp import logpos
 
@@ -27,20 +27,23 @@ FASTEXP_DIGEST = "0b1f32411deb462c"   # of fastexp.py, whose functions this file
 
 
 @njit(parallel=True, fastmath=True, cache=True)    # compiling takes ~3 s: cache it on disk
-def attraction(indptr, indices, p, XT, student, grad):
+def attraction(indptr, indices, p, XT, student, grad, buffers):
     """Adds G to ``grad`` (zeros, (N, d)) and returns sum p phi; XT: the layout
     transposed, (d, N) contiguous.
 
     Each row's squared distances and weights go through small 0-based buffers,
     one coordinate at a time: with them LLVM vectorizes the loops over the
     row's edges (gathers included).  Indexing the full arrays per edge, as
-    before, ran 2-3x slower."""
+    before, ran 2-3x slower.  The buffers are the thread's rows of ``buffers``
+    (numba.get_num_threads(), 2, the longest row): allocated per row, they cost
+    15% of the pass (t-SNE, Fashion-MNIST 20k: 5.55 ms against 4.70 ms)."""
     d, n = XT.shape
     part = np.zeros(n)
     for i in prange(n):
         lo, hi = np.int64(indptr[i]), np.int64(indptr[i + 1])
         cols, pe = indices[lo:hi], p[lo:hi]
-        d2 = np.zeros(hi - lo)
+        d2, w = buffers[get_thread_id(), 0, :hi - lo], buffers[get_thread_id(), 1, :hi - lo]
+        d2[:] = 0.0
         for c in range(d):
             xi, xc = XT[c, i], XT[c]
             for e in range(hi - lo):
@@ -48,7 +51,6 @@ def attraction(indptr, indices, p, XT, student, grad):
                 d2[e] += diff * diff
         acc = 0.0
         if student:
-            w = np.empty(hi - lo)
             for e in range(hi - lo):
                 q = 1.0 + d2[e]
                 w[e] = pe[e] / q

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 
+import numba
 import numpy as np
 
 from ..nbody import engine_sums
@@ -68,8 +69,14 @@ class PairSet:
             return self.attraction_arrays(X, student)
         grad = np.zeros(X.shape)
         value = attraction(self.P.indptr, self.P.indices, self._p64,
-                           np.ascontiguousarray(X.T, dtype=np.float64), student, grad)
+                           np.ascontiguousarray(X.T, dtype=np.float64), student, grad,
+                           np.empty((numba.get_num_threads(), 2, self._longest_row)))
         return float(value), grad.astype(X.dtype, copy=False)
+
+    @functools.cached_property
+    def _longest_row(self):
+        """Edges in P's longest row (the compiled pass's buffers)."""
+        return int(np.diff(self.P.indptr).max(initial=0))
 
     @functools.cached_property
     def _p64(self):
