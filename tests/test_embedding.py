@@ -78,6 +78,31 @@ def test_sd_solvers_agree(small):
                                atol=1e-8 * np.abs(chol).max())
 
 
+def test_cg_system_in_reverse_cuthill_mckee_order(rng):
+    """The CPU's CG solves B in the reverse Cuthill-McKee order of its graph: on a
+    path whose points come shuffled that order walks the path (bandwidth 1,
+    against about N before); the permuted matrix and diagonal are B's, entry for
+    entry, with sorted columns."""
+    from gpuembed.optim.directions import banded_system
+    n = 200
+    shuffled = rng.permutation(n)
+    W = scipy.sparse.csr_matrix((np.ones(n - 1), (shuffled[:-1], shuffled[1:])), shape=(n, n))
+    W = W + W.T
+    B = (scipy.sparse.diags(np.asarray(W.sum(axis=1)).ravel() + 0.5) - W).tocsr()
+    B = B.astype(np.float32)
+    B.indices = B.indices.astype(np.int32)
+    order, inverse, permuted, diag = banded_system(B, B.diagonal())
+    np.testing.assert_array_equal(order[inverse], np.arange(n))
+    coo = permuted.tocoo()
+    assert np.abs(coo.row - coo.col).max() == 1
+    assert np.abs(B.tocoo().row - B.tocoo().col).max() > n // 2
+    assert (permuted[inverse][:, inverse] != B).nnz == 0
+    np.testing.assert_array_equal(diag, B.diagonal()[order])
+    assert permuted.dtype == np.float32 and permuted.indices.dtype == np.int32
+    for i in range(n):
+        assert np.all(np.diff(permuted.indices[permuted.indptr[i]:permuted.indptr[i + 1]]) > 0)
+
+
 def test_sd_cg_runs_in_float32_at_loose_tolerances(small):
     """SD's CG takes float32 products from a tolerance of 1e-4 up (the default
     0.1), X's dtype below (float32 iterates stall near 1e-7); its direction

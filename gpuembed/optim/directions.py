@@ -55,6 +55,24 @@ def laplacian(be, W):
     return (be.sparse.diags(degree) - W).tocsr()
 
 
+def banded_system(B, diag):
+    """(order, its inverse, B and diag in that order) for the CPU's CG: the points
+    in reverse Cuthill-McKee order of B's graph, which puts each row's columns
+    near the row, so that the products' gathers of the iterate hit the cache.  On t-SNE's B of
+    Fashion-MNIST 70k (20.6 entries per row) a product took 1.21 ms against
+    1.51 ms in the data's order, a solve of 40-51 steps about 20% less; the
+    ordering and the permuted copy cost about 50 ms per rebuild of B (every 50
+    iterations)."""
+    order = scipy.sparse.csgraph.reverse_cuthill_mckee(B, symmetric_mode=True)
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(order.size, dtype=order.dtype)
+    permuted = B[order]
+    permuted.indices = inverse[permuted.indices].astype(B.indices.dtype)
+    permuted.has_sorted_indices = False     # the renumbered columns are out of order
+    permuted.sort_indices()
+    return order, inverse, permuted, np.ascontiguousarray(diag[order])
+
+
 def sparsify(W, kappa):
     """Keep each row's kappa largest weights of the host CSR W, then symmetrize
     by the maximum."""
@@ -470,6 +488,8 @@ class Spectral(Direction):
                           else factorize_cpu(self.B))
         else:
             self.B, self.diag = self.B.astype(self.cg_dtype), self.diag.astype(self.cg_dtype)
+            if not be.is_gpu:
+                self.cg_system = banded_system(self.B, self.diag)
         self.component_curvature = self.component_curvature.astype(X.dtype)
         self.pairs.clear()      # gathered with the old B as initial inverse Hessian
 
@@ -589,11 +609,19 @@ class Spectral(Direction):
                 P = -self.solve(np.ascontiguousarray(G))
         else:
             x0 = self.previous if self.previous is not None else -G / self.diag[:, None]
-            cast = lambda A: self.be.xp.ascontiguousarray(A, dtype=self.cg_dtype)
-            args = (self.B.indptr, self.B.indices, self.B.data, self.diag, cast(-G),
-                    cast(x0), self.cg_tol, self.cg_maxiter, np.finfo(self.cg_dtype).tiny)
-            P = (jacobi_pcg_gpu(self.be, *args) if self.be.is_gpu
-                 else jacobi_pcg(*args)).astype(G.dtype, copy=False)
+            tail = (self.cg_tol, self.cg_maxiter, np.finfo(self.cg_dtype).tiny)
+            if self.be.is_gpu:
+                cast = lambda A: self.be.xp.ascontiguousarray(A, dtype=self.cg_dtype)
+                P = jacobi_pcg_gpu(self.be, self.B.indptr, self.B.indices, self.B.data,
+                                   self.diag, cast(-G), cast(x0), *tail)
+            else:
+                order, inverse, B, diag = self.cg_system
+                # np.take: fancy indexing took 3.8 ms per solve at 70,000 points
+                take = lambda A, rows: np.take(A, rows, axis=0).astype(self.cg_dtype,
+                                                                       copy=False)
+                P = take(jacobi_pcg(B.indptr, B.indices, B.data, diag, -take(G, order),
+                                    take(x0, order), *tail), inverse)
+            P = P.astype(G.dtype, copy=False)
         self.previous = P = self._join(P, translation)
         return P
 
