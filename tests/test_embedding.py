@@ -103,6 +103,24 @@ def test_cg_system_in_reverse_cuthill_mckee_order(rng):
         assert np.all(np.diff(permuted.indices[permuted.indptr[i]:permuted.indptr[i + 1]]) > 0)
 
 
+def test_banded_system_made_by_the_first_cpu_solve_only(small):
+    """SD's CPU CG builds its banded copy of B at its first solve (and again after a
+    rebuild of B); SD-, whose products go through B as it is, never builds one."""
+    from gpuembed.optim import directions
+    X, _, A = small
+    obj = objectives.make_objective("tsne", A.P, ge.get_backend("cpu"), np.float64)
+    Y = np.random.default_rng(2).standard_normal((120, 2))
+    _, G = obj.value_and_grad(Y)
+    sd = directions.Spectral(obj, Y, solver="cg")
+    assert sd.cg_system is None
+    sd(Y, G)
+    order = sd.cg_system[0]
+    np.testing.assert_array_equal(np.sort(order), np.arange(120))
+    minus = directions.SpectralMinus(obj, Y)
+    minus(Y, G)
+    assert minus.cg_system is None
+
+
 def test_sd_cg_runs_in_float32_at_loose_tolerances(small):
     """SD's CG takes float32 products from a tolerance of 1e-4 up (the default
     0.1), X's dtype below (float32 iterates stall near 1e-7); its direction

@@ -488,8 +488,7 @@ class Spectral(Direction):
                           else factorize_cpu(self.B))
         else:
             self.B, self.diag = self.B.astype(self.cg_dtype), self.diag.astype(self.cg_dtype)
-            if not be.is_gpu:
-                self.cg_system = banded_system(self.B, self.diag)
+            self.cg_system = None       # banded_system(B), made by the CPU's first solve
         self.component_curvature = self.component_curvature.astype(X.dtype)
         self.pairs.clear()      # gathered with the old B as initial inverse Hessian
 
@@ -615,6 +614,8 @@ class Spectral(Direction):
                 P = jacobi_pcg_gpu(self.be, self.B.indptr, self.B.indices, self.B.data,
                                    self.diag, cast(-G), cast(x0), *tail)
             else:
+                if self.cg_system is None:
+                    self.cg_system = banded_system(self.B, self.diag)
                 order, inverse, B, diag = self.cg_system
                 # np.take: fancy indexing took 3.8 ms per solve at 70,000 points
                 take = lambda A, rows: np.take(A, rows, axis=0).astype(self.cg_dtype,
