@@ -42,7 +42,8 @@ def attraction(indptr, indices, p, XT, student, grad, buffers):
     for i in prange(n):
         lo, hi = np.int64(indptr[i]), np.int64(indptr[i + 1])
         cols, pe = indices[lo:hi], p[lo:hi]
-        d2, w = buffers[get_thread_id(), 0, :hi - lo], buffers[get_thread_id(), 1, :hi - lo]
+        buffer = buffers[get_thread_id()]
+        d2, w = buffer[0, :hi - lo], buffer[1, :hi - lo]
         d2[:] = 0.0
         for c in range(d):
             xi, xc = XT[c, i], XT[c]
