@@ -404,11 +404,12 @@ class Spectral(Direction):
     10 pairs 2.183 in 20.5 s (411; the classic optimizer: 2.264 in 24.1 s), 27.74
     in 11.0 s (214), 2.510 in 4.1 s (73); 50 clusters in 20-D (10,000 points):
     t-SNE 1.220 in 2.2 s against 1.588 in 18.0 s (classic 1.337 in 11.5 s), EE
-    15.66 in 4.0 s against 15.92 in 17.5 s.  Not the default: on a connected
-    graph the pairs gained nothing (Fashion-MNIST 20k, t-SNE: KL 1.806 in 9.5
-    s against 1.783 in 10.6 s), and on 10 rotating objects at perplexity 3 (4
-    components, crossing loops) s-SNE stalled at 0.871 and 10-NN accuracy
-    0.725 against 0.023 and 1.0 without them.
+    15.66 in 4.0 s against 15.92 in 17.5 s.  The default only for t-SNE where
+    the affinity graph splits, after an exaggerated stage (TSNE.SPLIT_GRAPH_PARAMS,
+    whose docstring says why): on a connected graph the pairs gained nothing
+    (Fashion-MNIST 20k, t-SNE: KL 1.806 in 9.5 s against 1.783 in 10.6 s), and
+    on 10 rotating objects at perplexity 3 (4 components, crossing loops) s-SNE
+    stalled at 0.871 and 10-NN accuracy 0.725 against 0.023 and 1.0 without them.
     """
 
     CHOLESKY_MAX_N = 20000
