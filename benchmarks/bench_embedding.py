@@ -36,9 +36,17 @@ the objects, written to embedding_coil<K>.json ("coil").
 
 ``--clusters N`` fits N points of 20 well-separated Gaussian clusters in 10-D
 (a graph of 20 components) with t-SNE, EE and s-SNE by the default SD and by
-SD with curvature pairs (``sd_memory=10``), and t-SNE by the classic
-optimizer: the same figures plus each layout's extent, written to
-embedding_clusters_n<N>.json ("clusters").
+SD with curvature pairs (``sd_memory=10``; for t-SNE, whose default SD takes
+them there with exaggeration, SD without either and with the pairs alone),
+and t-SNE by the classic optimizer: the same figures plus each layout's
+extent, written to embedding_clusters_n<N>.json ("clusters").
+
+``--split`` fits t-SNE to data whose affinity graph splits into components
+(SPLIT_GRAPHS: Gaussian clusters, rotating objects at small perplexities) by
+the default SD, which takes exaggeration and curvature pairs there
+(TSNE.SPLIT_GRAPH_PARAMS), by SD without them and by the classic optimizer:
+seconds, iterations, KL (exact sums), 10-NN accuracy, written to
+embedding_split.json ("split_graphs").
 
 ``--text N`` embeds N synthetic documents of 20 topics (common.topic_documents,
 sparse TF-IDF rows): gpuembed's default t-SNE on the sparse matrix against
@@ -52,6 +60,7 @@ import argparse
 import time
 
 import numpy as np
+import scipy.sparse.csgraph
 
 from common import RESULTS, pyplot, topic_documents, write_result
 import gpuembed as ge
@@ -282,22 +291,69 @@ def coil(n_objects, backend="cpu"):
 
 def clusters(n, n_clusters, dim, backend="cpu"):
     """Well-separated Gaussian clusters, whose graph has a component each: SD
-    with and without curvature pairs (sd_memory), and the classic optimizer."""
+    with and without curvature pairs (sd_memory), and the classic optimizer.
+    t-SNE's default SD takes exaggeration and pairs on such graphs
+    (TSNE.SPLIT_GRAPH_PARAMS): also without them, and with the pairs alone."""
     be = ge.get_backend(backend)
     X, y = ge.datasets.gaussian_clusters(n, n_clusters, dim, random_state=0)
-    fits = tuple((name, label, extra) for name in ("TSNE", "EE", "SSNE")
-                 for label, extra in (("sd (default)", {}), ("sd, sd_memory=10",
-                                                             {"sd_memory": 10})))
+    fits = (("TSNE", "sd (default)", {}),
+            ("TSNE", "sd, no exaggeration, no pairs", {"early_exaggeration": 1.0,
+                                                        "sd_memory": 0}),
+            ("TSNE", "sd, sd_memory=10, no exaggeration", {"early_exaggeration": 1.0,
+                                                           "sd_memory": 10}))
+    fits += tuple((name, label, extra) for name in ("EE", "SSNE")
+                  for label, extra in (("sd (default)", {}), ("sd, sd_memory=10",
+                                                              {"sd_memory": 10})))
     fits += (("TSNE", "classic", {"optimizer": "tsne"}),)
     return {"n": n, "n_clusters": n_clusters, "dim": dim, "perplexity": 30.0,
             "runs": fit_runs(X.astype(np.float32), y, fits, be)}
 
 
-def fit_runs(X, y, fits, be):
+# --split: (name, data, perplexity) of affinity graphs that split into components
+SPLIT_GRAPHS = (
+    ("30 clusters, 3,000 points in 5-D",
+     lambda: ge.datasets.gaussian_clusters(3000, 30, 5, random_state=0), 10.0),
+    ("30 clusters, 3,000 points in 5-D",
+     lambda: ge.datasets.gaussian_clusters(3000, 30, 5, random_state=0), 30.0),
+    ("10 clusters, 3,000 points in 50-D",
+     lambda: ge.datasets.gaussian_clusters(3000, 10, 50, random_state=0), 30.0),
+    ("20 clusters, 5,000 points in 10-D",
+     lambda: ge.datasets.gaussian_clusters(5000, 20, 10, random_state=1), 30.0),
+    ("50 clusters, 5,000 points in 20-D",
+     lambda: ge.datasets.gaussian_clusters(5000, 50, 20, random_state=2), 30.0),
+    ("200 clusters, 5,000 points in 10-D",
+     lambda: ge.datasets.gaussian_clusters(5000, 200, 10, random_state=3), 5.0),
+    ("10 rotating objects", ge.datasets.rotating_objects, 2.0),
+    ("10 rotating objects", ge.datasets.rotating_objects, 3.0),
+)
+
+
+def split_graphs(backend="cpu"):
+    """t-SNE where the affinity graph splits into components: the default SD (which
+    takes TSNE.SPLIT_GRAPH_PARAMS there), SD without them, and the classic
+    optimizer, each to its own stopping test."""
+    be = ge.get_backend(backend)
+    fits = (("TSNE", "sd, no exaggeration, no pairs", {"early_exaggeration": 1.0,
+                                                        "sd_memory": 0}),
+            ("TSNE", "sd (default)", {}),
+            ("TSNE", "classic", {"optimizer": "tsne"}))
+    rows = []
+    for name, data, perplexity in SPLIT_GRAPHS:
+        X, y = data()
+        A = ge.entropic_affinities(X, perplexity, backend=be)
+        n_components = scipy.sparse.csgraph.connected_components(be.to_host(A.P))[0]
+        print(name, "perplexity", perplexity, n_components, "components", flush=True)
+        rows.append({"data": name, "n": X.shape[0], "perplexity": perplexity,
+                     "components": int(n_components),
+                     "runs": fit_runs(X, y, fits, be, perplexity)})
+    return rows
+
+
+def fit_runs(X, y, fits, be, perplexity=30.0):
     """Each (estimator name, label, parameters) fitted to X from the same
-    perplexity-30 affinities: seconds, iterations, the exact objective of the
-    layout, its 10-NN accuracy and extent (the larger side of its bounding box)."""
-    A = ge.entropic_affinities(X, 30.0, backend=be)
+    affinities: seconds, iterations, the exact objective of the layout, its
+    10-NN accuracy and extent (the larger side of its bounding box)."""
+    A = ge.entropic_affinities(X, perplexity, backend=be)
     for name, _, extra in fits:             # compile on 500 points
         getattr(ge, name)(max_iter=3, backend=be, **{**extra, "kappa": 5}).fit(X[:500])
     exact = {name: ge.objectives.make_objective(name.lower(), A.P, be, np.float64,
@@ -305,7 +361,8 @@ def fit_runs(X, y, fits, be):
     runs = []
     for name, label, extra in fits:
         start = time.perf_counter()
-        model = getattr(ge, name)(affinities=A, backend=be, random_state=0, **extra).fit(X)
+        model = getattr(ge, name)(perplexity=perplexity, affinities=A, backend=be,
+                                  random_state=0, **extra).fit(X)
         layout = be.asarray(model.embedding_, np.float64)
         runs.append({"objective": name, "optimizer": label, "iterations": model.n_iter_,
                      "seconds": time.perf_counter() - start,
@@ -504,6 +561,8 @@ def main(argv=None):
     parser.add_argument("--coil", type=int, help="only the rotating-objects part, K objects")
     parser.add_argument("--clusters", type=int,
                         help="only the separated-clusters part: N points, 20 clusters in 10-D")
+    parser.add_argument("--split", action="store_true",
+                        help="only the t-SNE fits of affinity graphs that split into components")
     parser.add_argument("--subsets", type=int,
                         help="only the sd vs classic accuracy comparison on this many subsets "
                              "(of --large points: the default fits)")
@@ -520,6 +579,10 @@ def main(argv=None):
     if args.coil:
         write_result("embedding", {"coil": coil(args.coil, args.backend)},
                      args.suffix or f"_coil{args.coil}", merge=True)
+        return
+    if args.split:
+        write_result("embedding", {"split_graphs": split_graphs(args.backend)},
+                     args.suffix or "_split", merge=True)
         return
     if args.clusters:
         write_result("embedding", {"clusters": clusters(args.clusters, 20, 10, args.backend)},

@@ -706,19 +706,19 @@ class TSNE(_Embedding):
     Except where the affinity graph splits into components (well-separated
     groups; a component of a k-NN graph holds at least k + 1 points): there SD
     takes SPLIT_GRAPH_PARAMS for those of them not given, exaggeration 2 for 200
-    iterations and 10 curvature pairs.  B has no curvature for the components'
-    placement, which SD's FP translations only guess: the components hardly
-    moved, grew in place and crowded the centre, and the default SD ended far
-    above the classic optimizer (30 Gaussian clusters, 3,000 points in 5-D, at
-    perplexity 10: KL 1.331 in 4.1 s against 0.854; at 30: 0.675 in 6.6 s
-    against 0.533; 20 clusters, 5,000 in 10-D: 1.531 in 8.4 s against 1.261 in
-    4.8 s; 50 in 20-D: 1.012 against 0.815).  With these parameters 0.950 (2.1 s),
-    0.490, 1.216 (1.8 s) and 0.722: the exaggeration forms compact groups
-    before they spread, and the pairs move them.  Either alone fell short
-    (pairs from the PCA start: 1.452 at perplexity 10, and 10 rotating objects at
-    perplexity 2, 10 loops, ran off to 1e10 units, KL 1.670 against 0.744;
-    exaggeration alone: 1.235); together those loops end at 0.671.  On connected
-    graphs (Fashion-MNIST) SD reaches the classic's KL sooner without them."""
+    iterations and 10 curvature pairs (``early_exaggeration=1``: no exaggerated
+    stage).  B has no curvature for the components' placement, which SD's FP
+    translations only guess: the components hardly moved, grew in place and
+    crowded the centre, and SD ended far above the classic optimizer.  The
+    exaggeration forms compact groups before they spread, and the pairs move
+    them; either alone fell short (pairs from the PCA start ran 10 rotating
+    objects at perplexity 2, 10 loops, off to 1e10 units, KL 1.670 against
+    0.744).  KL without them / with them / the classic optimizer
+    (benchmarks/results/embedding_split.json): 30 Gaussian clusters, 3,000
+    points in 5-D, perplexity 10: 1.381 / 0.993 / 0.854; perplexity 30: 0.666 /
+    0.469 / 0.533; 20 clusters, 5,000 points in 10-D: 1.537 in 8.2 s / 1.223
+    in 1.8 s / 1.267 in 4.9 s.  On connected graphs (Fashion-MNIST) SD reaches
+    the classic's KL sooner without them."""
 
     objective_name = "tsne"
     optimizers = tuple(DIRECTIONS) + ("tsne",)
