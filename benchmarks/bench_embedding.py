@@ -42,7 +42,7 @@ and t-SNE by the classic optimizer: the same figures plus each layout's
 extent, written to embedding_clusters_n<N>.json ("clusters").
 
 ``--split`` fits t-SNE to data whose affinity graph splits into components
-(SPLIT_GRAPHS: Gaussian clusters, rotating objects at small perplexities) by
+(SPLIT_CLUSTERS: Gaussian clusters; rotating objects at small perplexities) by
 the default SD, which takes exaggeration and curvature pairs there
 (TSNE.SPLIT_GRAPH_PARAMS), by SD without them and by the classic optimizer:
 seconds, iterations, KL (exact sums), 10-NN accuracy, written to
@@ -309,23 +309,21 @@ def clusters(n, n_clusters, dim, backend="cpu"):
             "runs": fit_runs(X.astype(np.float32), y, fits, be)}
 
 
-# --split: (name, data, perplexity) of affinity graphs that split into components
-SPLIT_GRAPHS = (
-    ("30 clusters, 3,000 points in 5-D",
-     lambda: ge.datasets.gaussian_clusters(3000, 30, 5, random_state=0), 10.0),
-    ("30 clusters, 3,000 points in 5-D",
-     lambda: ge.datasets.gaussian_clusters(3000, 30, 5, random_state=0), 30.0),
-    ("10 clusters, 3,000 points in 50-D",
-     lambda: ge.datasets.gaussian_clusters(3000, 10, 50, random_state=0), 30.0),
-    ("20 clusters, 5,000 points in 10-D",
-     lambda: ge.datasets.gaussian_clusters(5000, 20, 10, random_state=1), 30.0),
-    ("50 clusters, 5,000 points in 20-D",
-     lambda: ge.datasets.gaussian_clusters(5000, 50, 20, random_state=2), 30.0),
-    ("200 clusters, 5,000 points in 10-D",
-     lambda: ge.datasets.gaussian_clusters(5000, 200, 10, random_state=3), 5.0),
-    ("10 rotating objects", ge.datasets.rotating_objects, 2.0),
-    ("10 rotating objects", ge.datasets.rotating_objects, 3.0),
-)
+# --split: Gaussian clusters (points, clusters, dimensions, seed, perplexity) and
+# 10 rotating objects at small perplexities, whose affinity graphs split
+SPLIT_CLUSTERS = ((3000, 30, 5, 0, 10.0), (3000, 30, 5, 0, 30.0), (3000, 10, 50, 0, 30.0),
+                  (5000, 20, 10, 1, 30.0), (5000, 50, 20, 2, 30.0), (5000, 200, 10, 3, 5.0))
+SPLIT_LOOPS = (2.0, 3.0)
+
+
+def split_graph_data():
+    """(name, X, labels, perplexity) of the --split fits."""
+    for n, n_clusters, dim, seed, perplexity in SPLIT_CLUSTERS:
+        yield ((f"{n_clusters} clusters, {n:,} points in {dim}-D",)
+               + ge.datasets.gaussian_clusters(n, n_clusters, dim, random_state=seed)
+               + (perplexity,))
+    for perplexity in SPLIT_LOOPS:
+        yield ("10 rotating objects",) + ge.datasets.rotating_objects() + (perplexity,)
 
 
 def split_graphs(backend="cpu"):
@@ -338,8 +336,7 @@ def split_graphs(backend="cpu"):
             ("TSNE", "sd (default)", {}),
             ("TSNE", "classic", {"optimizer": "tsne"}))
     rows = []
-    for name, data, perplexity in SPLIT_GRAPHS:
-        X, y = data()
+    for name, X, y, perplexity in split_graph_data():
         A = ge.entropic_affinities(X, perplexity, backend=be)
         n_components = scipy.sparse.csgraph.connected_components(be.to_host(A.P))[0]
         print(name, "perplexity", perplexity, n_components, "components", flush=True)
