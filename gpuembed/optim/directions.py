@@ -242,7 +242,11 @@ class DiagonalHessian(FixedPoint):
 # 1.719 after 1,000, the classic optimizer 1.380).  A higher threshold also resets
 # where the pairs still help: on 20 clusters of 20,000 points 1e-3 reset 7 times and
 # 1e-2 43 times, ending lower (KL 2.099, 2.130 against 2.173) with points stranded
-# 2,300-5,900 units out, against 22 without resets.
+# 2,300-5,900 units out, against 22 without resets.  The plain direction after a
+# reset starts its line search at step 1: from the step accepted along the pairs'
+# one (3e-5), s-SNE of 10 rotating objects at perplexity 3 (4 components) crept on
+# at such steps, resetting each time, to 0.944 after 1,000 iterations (plain SD
+# 0.044); with the restart 0.038.
 MEMORY_RESET_STEP = 1e-4
 # B with at least N^2 / DENSE_FACTOR_MIN_FILL nonzeros is factorized dense (below).
 DENSE_FACTOR_MIN_FILL = 10
@@ -408,13 +412,15 @@ class Spectral(Direction):
     the affinity graph splits, after an exaggerated stage (TSNE.SPLIT_GRAPH_PARAMS,
     whose docstring says why): on a connected graph the pairs gained nothing
     (Fashion-MNIST 20k, t-SNE: KL 1.806 in 9.5 s against 1.783 in 10.6 s), and
-    on 10 rotating objects at perplexity 3 (4 components, crossing loops) s-SNE
-    stalled at 0.871 and 10-NN accuracy 0.725 against 0.023 and 1.0 without them.
+    on 10 rotating objects at perplexity 3 (4 components, crossing loops) SNE
+    stopped at 351 against 72 without them (s-SNE crept there to 0.944 against
+    0.044 until the restart after a reset, MEMORY_RESET_STEP; now 0.038).
     """
 
     CHOLESKY_MAX_N = 20000
     FULL_LAPLACIAN_MAX_N = 2000
     rebuilt = False                   # whether this call rebuilt B (see retry_step)
+    restart = False                   # whether the pairs were just dropped (initial_step)
     single_precision_cg = True        # see SINGLE_CG_MIN_TOL
     AUTO_KAPPA = 15
     REFRESH = 50
@@ -552,6 +558,12 @@ class Spectral(Direction):
         # from a rebuilt one: where it fails, the new B's own step 1 comes next.
         return 1.0 if self.rebuilt else None
 
+    def initial_step(self, previous, grow):
+        if self.restart:                # see MEMORY_RESET_STEP
+            self.restart = False
+            return 1.0
+        return super().initial_step(previous, grow)
+
     def _quasi_newton(self, X, G):
         """-H G by L-BFGS's two-loop recursion over the held curvature pairs with
         the solve by B as the initial inverse Hessian (the plain direction
@@ -582,6 +594,7 @@ class Spectral(Direction):
         step = X_new - X_old
         if self.pairs and self._step_length(step) < MEMORY_RESET_STEP:
             self.pairs.clear()
+            self.restart = True
             return
         pair = secant_pair(self.be, step, G_new - G_old)
         if pair is not None:
