@@ -716,8 +716,8 @@ class TSNE(_Embedding):
     0.744).  KL without them / with them / the classic optimizer
     (benchmarks/results/embedding_split.json): 30 Gaussian clusters, 3,000
     points in 5-D, perplexity 10: 1.381 / 0.993 / 0.854; perplexity 30: 0.666 /
-    0.469 / 0.533; 20 clusters, 5,000 points in 10-D: 1.537 in 8.2 s / 1.223
-    in 1.8 s / 1.267 in 4.9 s.  On connected graphs (Fashion-MNIST) SD reaches
+    0.469 / 0.533; 20 clusters, 5,000 points in 10-D: 1.537 in 8.7 s / 1.221
+    in 3.2 s / 1.267 in 5.2 s.  On connected graphs (Fashion-MNIST) SD reaches
     the classic's KL sooner without them."""
 
     objective_name = "tsne"
