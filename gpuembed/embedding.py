@@ -115,7 +115,7 @@ class _Embedding(Params):
         init = check_init(self.init, n, d, be, INITS)
         self._check_method_params()
         objective_params = self._objective_params(n)
-        self._exaggeration_stage(max_iter, self._method_params)
+        self._exaggeration_stage(max_iter, self._method_params)     # checked before the affinities
         dtype = check_dtype(self.dtype, be)
         nbody = resolve_method(self.nbody, n, d, OBJECTIVES[self.objective_name].kernel, be)
         accuracy = check_accuracy(nbody, self._method_params.get("accuracy"))
