@@ -123,7 +123,8 @@ class _Embedding(Params):
         P = self._affinity_matrix(X, be)
         start = _stage(self.verbose, start, f"affinities: {n} points, {int(P.nnz)} pairs"
                        + ("" if self.affinities is None else " (given)"))
-        chosen = self._graph_params(P, be)
+        chosen = {k: v for k, v in self._graph_params(P, be).items()
+                  if k not in self._method_params}
         self._fit_params = {**chosen, **self._method_params}
         self._exaggeration = self._exaggeration_stage(max_iter, self._fit_params)
         objective = make_objective(self.objective_name, P, be, dtype, nbody=nbody,

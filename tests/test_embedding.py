@@ -352,12 +352,14 @@ def test_tsne_sd_on_a_split_graph_exaggerates_and_keeps_pairs():
     assert free.direction_params["memory"] == 0
 
 
-def test_tsne_split_graph_params_on_each_backend(backend):
+def test_tsne_split_graph_params_on_each_backend(backend, capsys):
     """The components are counted on the host copy of P (cupyx's CSR on the GPU),
-    and the exaggerated stage and the curvature pairs run on the backend's arrays."""
+    and the exaggerated stage and the curvature pairs run on the backend's arrays;
+    verbose names the parameters chosen."""
     X, _ = ge.datasets.gaussian_clusters(600, 6, 5, random_state=0)
     model = ge.TSNE(perplexity=20.0, exaggeration_iter=3, max_iter=6, tol=0, random_state=0,
-                    backend=backend).fit(X)
+                    backend=backend, verbose=True).fit(X)
+    assert "sd, N-body engine exact, early_exaggeration=2, sd_memory=10" in capsys.readouterr().out
     assert model._fit_params == {**ge.TSNE.SPLIT_GRAPH_PARAMS, "exaggeration_iter": 3}
     assert [h.get("exaggeration") for h in model.history_[3:5]] == [2.0, 1.0]
     assert model.n_iter_ == 6 and np.isfinite(model.embedding_).all()
