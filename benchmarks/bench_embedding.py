@@ -342,15 +342,16 @@ def split_graphs(backend="cpu"):
         print(name, "perplexity", perplexity, n_components, "components", flush=True)
         rows.append({"data": name, "n": X.shape[0], "perplexity": perplexity,
                      "components": int(n_components),
-                     "runs": fit_runs(X, y, fits, be, perplexity)})
+                     "runs": fit_runs(X, y, fits, be, perplexity, A)})
     return rows
 
 
-def fit_runs(X, y, fits, be, perplexity=30.0):
+def fit_runs(X, y, fits, be, perplexity=30.0, affinities=None):
     """Each (estimator name, label, parameters) fitted to X from the same
-    affinities: seconds, iterations, the exact objective of the layout, its
-    10-NN accuracy and extent (the larger side of its bounding box)."""
-    A = ge.entropic_affinities(X, perplexity, backend=be)
+    affinities (``affinities``, or computed at ``perplexity``): seconds,
+    iterations, the exact objective of the layout, its 10-NN accuracy and extent
+    (the larger side of its bounding box)."""
+    A = ge.entropic_affinities(X, perplexity, backend=be) if affinities is None else affinities
     for name, _, extra in fits:             # compile on 500 points
         getattr(ge, name)(max_iter=3, backend=be, **{**extra, "kappa": 5}).fit(X[:500])
     exact = {name: ge.objectives.make_objective(name.lower(), A.P, be, np.float64,

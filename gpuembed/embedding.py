@@ -728,8 +728,7 @@ class TSNE(_Embedding):
     def _graph_params(self, P, be):
         if self.optimizer != "sd" or set(self.SPLIT_GRAPH_PARAMS) <= set(self._method_params):
             return {}
-        pattern = scipy.sparse.csr_matrix(be.to_host(P))
-        n_components = scipy.sparse.csgraph.connected_components(pattern, directed=False)[0]
+        n_components = scipy.sparse.csgraph.connected_components(be.to_host(P), directed=False)[0]
         return dict(self.SPLIT_GRAPH_PARAMS) if n_components > 1 else {}
 
 
