@@ -96,6 +96,22 @@ def check_int(value, name, low=None, high=None):
     return value
 
 
+def check_bool(value, name):
+    """True or False (NumPy's bool too): a string such as "no" would read as True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_verbose(value):
+    """``verbose``: True, False or a non-negative integer (scikit-learn's levels)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if not isinstance(value, numbers.Integral) or value < 0:
+        raise TypeError(f"verbose must be True, False or an integer >= 0, got {value!r}")
+    return int(value)
+
+
 def _range_text(low, high, low_open, high_open):
     """The allowed range as text: 'in [low, high]', or '>= low' / '<= high' where
     a side is unbounded (not 'in [1, None]'); an open side is strict."""

@@ -20,8 +20,9 @@ import scipy.sparse
 import scipy.sparse.csgraph
 import scipy.sparse.linalg
 
-from ._checks import (check_callbacks, check_choice, check_data, check_dtype, check_features,
-                      check_fitted, check_float, check_int, check_random_state)
+from ._checks import (check_bool, check_callbacks, check_choice, check_data, check_dtype,
+                      check_features, check_fitted, check_float, check_int, check_random_state,
+                      check_verbose)
 from ._params import Params
 from ._sparse import is_sparse
 from .affinities import EntropicAffinities, entropic_affinities
@@ -29,7 +30,7 @@ from .affinities.entropic import conditional_affinities
 from .backend import get_backend
 from .nbody import check_accuracy, engine_sums, resolve_method
 from .neighbors import knn_query
-from .objectives import OBJECTIVES, default_lambda, make_objective
+from .objectives import OBJECTIVES, check_affinity_values, default_lambda, make_objective
 from .optim import (DIRECTIONS, Monitor, Result, accuracy_schedule, homotopy, homotopy_path,
                     minimize, tsne_classic)
 from .optim.directions import Spectral, check_refresh
@@ -112,6 +113,7 @@ class _Embedding(Params):
         check_choice(self.optimizer, "optimizer", self.optimizers)
         check_random_state(self.random_state)
         check_callbacks(self.callbacks)
+        check_verbose(self.verbose)
         init = check_init(self.init, n, d, be, INITS)
         self._check_method_params()
         objective_params = self._objective_params(n)
@@ -299,9 +301,7 @@ class _Embedding(Params):
         # initialization see one matrix; the caller's stays as it is.
         P = be.sparse.csr_matrix(P if hasattr(P, "tocsr") else be.asarray(P), copy=True)
         P.sum_duplicates()
-        data = P.data
-        if not bool(be.xp.isfinite(data).all()) or bool((data < 0).any()):
-            raise ValueError("affinities must be finite and non-negative")
+        check_affinity_values(be.xp, P.data)
         self._perplexity_used = self.perplexity
         return P
 
@@ -766,6 +766,7 @@ class EE(_Embedding):
 
     def _check_method_params(self):
         super()._check_method_params()
+        check_bool(self.homotopy, "homotopy")
         check_int(self.homotopy_steps, "homotopy_steps", 1)
 
     def _optimize(self, objective, X0, max_iter, tol, monitor):
@@ -859,6 +860,8 @@ class MultiscaleSNE(Params):
         kappa = check_float(self.kappa, "kappa", 0.0, 1.0, low_open=True, high_open=True)
         check_random_state(self.random_state)
         check_callbacks(self.callbacks)
+        check_verbose(self.verbose)
+        check_bool(self.fit_exponent, "fit_exponent")
         init = check_init(self.init, n, d, be, INITS[:2])
         dtype = check_dtype(self.dtype, be)
         nbody = resolve_method(self.nbody, n, d, "gaussian", be, EXACT_BELOW.get(be.name))

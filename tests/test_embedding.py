@@ -1259,6 +1259,12 @@ def test_bad_arguments(small, make, match):
      "either accuracy"),
     (lambda: ge.SNE(dtype=np.float16), ValueError, "dtype"),
     (lambda: ge.MultiscaleSNE(dtype=np.int32), ValueError, "dtype"),
+    # A string such as "no" would read as True.
+    (lambda: ge.EE(homotopy="no"), TypeError, r"^homotopy must be True or False, got 'no'$"),
+    (lambda: ge.TSNE(verbose="no"), TypeError, r"^verbose must be True, False or an integer"),
+    (lambda: ge.SSNE(verbose=-1), TypeError, "verbose"),
+    (lambda: ge.MultiscaleSNE(verbose="yes"), TypeError, "verbose"),
+    (lambda: ge.MultiscaleSNE(fit_exponent="no"), TypeError, "fit_exponent"),
 ])
 def test_parameters_are_checked_before_the_affinities(small, make, error, match,
                                                       monkeypatch):

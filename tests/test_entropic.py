@@ -375,6 +375,13 @@ def test_bad_arguments(kwargs, match):
         ge.entropic_affinities(X, backend="cpu", **kwargs)
 
 
+@pytest.mark.parametrize("affinities", [ge.entropic_affinities, ge.multiscale_affinities])
+def test_symmetrize_must_be_a_bool(affinities):
+    X = np.random.default_rng(0).random((50, 3))
+    with pytest.raises(TypeError, match="symmetrize must be True or False, got 'no'"):
+        affinities(X, 5.0, symmetrize="no", backend="cpu")
+
+
 def test_bad_data_and_neighbors():
     X = np.random.default_rng(0).random((50, 3))
     X[4, 0] = np.nan

@@ -160,5 +160,17 @@ def test_bad_arguments(problem):
         objectives.make_objective("ee", P[:, :-1], ge.get_backend("cpu"), np.float64)
     with pytest.raises(ValueError, match="NaN"):
         objectives.value_and_grad("tsne", np.full_like(Y, np.nan), P)
+
+
+@pytest.mark.parametrize("name", ["ee", "ssne", "tsne", "sne"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -1.0])
+def test_affinities_with_a_bad_entry(problem, name, bad):
+    """A NaN made the sum test say "no positive entry"; a negative pair weight
+    (symmetric, so every structure test passed) went into EE's value unnoticed."""
+    P, Pc, Y = problem
+    P = (Pc if name == "sne" else P).tolil()
+    P[0, 1] = P[1, 0] = bad * P[0, 1]
+    with pytest.raises(ValueError, match="affinities must be finite and non-negative"):
+        objectives.value_and_grad(name, Y, P.tocsr())
     with pytest.raises(ValueError, match="kernel"):
         ge.nbody.kernel_sums(Y, "cauchy", backend="cpu")

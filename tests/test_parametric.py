@@ -596,6 +596,8 @@ def test_bad_input():
         make_mapping("tree")
     with pytest.raises(TypeError, match="embedding"):
         ge.ParametricEmbedding(embedding="ee").fit(X)
+    with pytest.raises(TypeError, match="verbose"):
+        ge.ParametricEmbedding(ge.EE(backend="cpu"), verbose="no").fit(X)
     pe = ge.ParametricEmbedding(ge.EE(backend="cpu", max_iter=20), n_mu=2).fit(X)
     with pytest.raises(ValueError, match="features"):
         pe.transform(X[:, :3])

@@ -69,3 +69,7 @@ def test_bad_graph():
         assert "isolated" in str(exc)
     else:
         raise AssertionError("an isolated point must raise")
+    W = scipy.sparse.csr_matrix(np.ones((6, 6)) - np.eye(6))
+    for flag in ("drop_first", "shift_invert"):
+        with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+            spectral_embedding(W, 2, backend="cpu", **{flag: "no"})

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_choice, check_data, check_float, check_int, warn
+from .._checks import check_bool, check_choice, check_data, check_float, check_int, warn
 from ..backend import get_backend
 from ..neighbors import knn
 from . import orders as _orders
@@ -76,6 +76,7 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
     if isinstance(order, str):           # before the k-NN; a sequence is checked after it
         _orders.check_order(order, None)
     tol = check_float(tol, "tol", 0.0, low_open=True)
+    check_bool(symmetrize, "symmetrize")
     perplexity = _perplexity_values(be.to_host(perplexity))   # may live on the device
     sqdist, indices = _neighbors(X, neighbors, perplexity, n_neighbors, be)
     n, k = sqdist.shape

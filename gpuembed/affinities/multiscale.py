@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse
 
-from .._checks import check_float, check_int
+from .._checks import check_bool, check_float, check_int
 from ..backend import get_backend
 from .entropic import _calibrate, _neighbors
 
@@ -105,6 +105,7 @@ def multiscale_affinities(X=None, perplexity=2.0, *, n_scales=None, n_neighbors=
     """
     be = get_backend(backend)
     xp = be.xp
+    check_bool(symmetrize, "symmetrize")
     n = (X if X is not None else neighbors[0]).shape[0]
     scales = scale_perplexities(n, perplexity, n_scales)
     if n_neighbors is None and neighbors is None:

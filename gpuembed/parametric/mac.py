@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from .._checks import (check_data, check_features, check_fitted, check_float, check_int,
-                       check_random_state, warn)
+                       check_random_state, check_verbose, warn)
 from .._params import Params
 from .._sparse import is_sparse
 from ..objectives.penalty import Penalized
@@ -173,6 +173,7 @@ class ParametricEmbedding(Params):
         mapping = make_mapping(self.mapping, self.mapping_params,
                                check_random_state(self.random_state))
         max_inner = check_int(self.max_inner, "max_inner", 1)
+        check_verbose(self.verbose)
         tol = check_float(self.tol, "tol", 0.0)
         z_max_iter = check_int(self.z_max_iter, "z_max_iter", 1)
         z_tol = check_float(self.z_tol, "z_tol", 0.0)

@@ -5,7 +5,7 @@ import numpy as np
 import scipy.sparse
 import scipy.sparse.linalg
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from ..backend import get_backend
 
 # Graphs of points of at most this many coordinates are solved with
@@ -54,6 +54,8 @@ def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_
     if W.shape != (n, n):
         raise ValueError(f"W must be square, got shape {W.shape}")
     n_components = check_int(n_components, "n_components", 1, n - 2)
+    check_bool(drop_first, "drop_first")
+    check_bool(shift_invert, "shift_invert")
     degree = xp.asarray(W.sum(axis=1)).ravel()
     if bool((degree <= 0).any()):
         raise ValueError("W has a row without any affinity (isolated point)")
