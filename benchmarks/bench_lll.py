@@ -79,7 +79,7 @@ def landmark_sweep(be, X, W, d, sigma, landmarks, verbose=True):
         for name, fn in (
             ("LLL", lambda: lll_spectral(X, W, d, L, random_state=0, backend=be)[0]),
             ("LE(Z)", lambda: le_landmarks_only(X, d, n_neighbors=N_NEIGHBORS, sigma=sigma, **kw)),
-            ("Nystrom", lambda: nystrom_le(X, d, n_neighbors=N_NEIGHBORS, sigma=sigma, **kw)),
+            ("Nystrom", lambda: nystrom_le(X, d, sigma=sigma, **kw)),
         ):
             seconds, Y = best_time(fn)
             rows.append({"method": name, "landmarks": L, "seconds": seconds,

@@ -77,8 +77,8 @@ def run(step=3, K=6, landmarks=(100, 200, 500, 1000, 2000), backend="cpu", name=
     for L in landmarks:
         for method, embed in (
             ("LLL", lambda: lll_spectral(X, W, d, L, random_state=0, backend=be)[0]),
-            ("Nystrom", lambda: nystrom_le(X, d, n_neighbors=N_NEIGHBORS, n_landmarks=L,
-                                           sigma=SIGMA, random_state=0, backend=be)),
+            ("Nystrom", lambda: nystrom_le(X, d, n_landmarks=L, sigma=SIGMA,
+                                           random_state=0, backend=be)),
         ):
             seconds, Y, labels = timed(embed)
             runs.append({"method": method, "landmarks": L, "seconds": seconds,

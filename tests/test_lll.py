@@ -208,6 +208,16 @@ def test_bad_arguments(make, match):
         make().fit(X)
 
 
+def test_bad_arguments_of_the_functions():
+    from gpuembed.spectral import kernel_pca_lll, landmark_basis
+
+    X = np.random.default_rng(0).standard_normal((100, 3))
+    with pytest.raises(ValueError, match="d must be >= 1, got 0"):
+        landmark_basis(X, 0, 20)
+    with pytest.raises(ValueError, match="block must be >= 1, got 0"):
+        kernel_pca_lll(X, 2, sigma=1.0, n_landmarks=20, block=0)
+
+
 def test_nan_and_transform_errors():
     X = np.random.default_rng(0).standard_normal((100, 3))
     Xn = X.copy()
@@ -437,7 +447,7 @@ def test_lll_beats_landmark_only_baselines(roll):
     kw = dict(n_landmarks=200, random_state=0)
     lll = ge.LaplacianEigenmaps(2, n_neighbors=20, sigma=1.5, backend="cpu", **kw).fit_transform(X)
     lez = le_landmarks_only(X, 2, n_neighbors=20, sigma=1.5, **kw)
-    nys = nystrom_le(X, 2, n_neighbors=20, sigma=1.5, **kw)
+    nys = nystrom_le(X, 2, sigma=1.5, **kw)
     errors = [procrustes_error(exact, Y) for Y in (lll, lez, nys)]
     print("Procrustes error LLL, LE(Z), Nystrom:", errors)
     assert errors[0] < 0.5 * min(errors[1:])
@@ -494,7 +504,7 @@ def test_landmark_functions_gpu_equal_cpu(digits):
                lambda b: lda_lll(X, y, 2, kz=10, backend=b, **kw),
                lambda b: kernel_pca_lll(X, 2, sigma=30.0, kz=10, backend=b, **kw),
                lambda b: le_landmarks_only(X, 2, n_neighbors=10, sigma=20.0, backend=b, **kw),
-               lambda b: nystrom_le(X, 2, n_neighbors=10, sigma=20.0, backend=b, **kw)):
+               lambda b: nystrom_le(X, 2, sigma=20.0, backend=b, **kw)):
         cpu, gpu = fn("cpu"), fn("gpu")
         assert isinstance(gpu, np.ndarray)
         assert procrustes_error(cpu, gpu) < 1e-8

@@ -598,6 +598,12 @@ def test_bad_input():
         ge.ParametricEmbedding(embedding="ee").fit(X)
     with pytest.raises(TypeError, match="verbose"):
         ge.ParametricEmbedding(ge.EE(backend="cpu"), verbose="no").fit(X)
+    with pytest.raises(TypeError, match="augmented must be True or False"):
+        ge.ParametricEmbedding(ge.EE(backend="cpu"), augmented="no").fit(X)
+    with pytest.raises(TypeError, match="mu must be a sequence of numbers"):
+        ge.ParametricEmbedding(ge.EE(backend="cpu"), mu="fast").fit(X)
+    with pytest.raises(TypeError, match="mapping_params must be a dict, got str"):
+        ge.ParametricEmbedding(ge.EE(backend="cpu"), mapping="rbf", mapping_params="x").fit(X)
     pe = ge.ParametricEmbedding(ge.EE(backend="cpu", max_iter=20), n_mu=2).fit(X)
     with pytest.raises(ValueError, match="features"):
         pe.transform(X[:, :3])

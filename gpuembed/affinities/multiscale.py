@@ -67,8 +67,8 @@ def scale_perplexities(n, perplexity=2.0, n_scales=None):
     elif isinstance(n_scales, str):
         if n_scales != "all":
             raise ValueError(f"n_scales must be an integer, 'all' or None, got {n_scales!r}")
-    else:
-        H = min(H, check_int(n_scales, "n_scales", 1))
+    else:       # more scales than N holds would be silently fewer
+        H = check_int(n_scales, f"n_scales (N = {n}, perplexity {K:g})", 1, H)
     return K * 2.0 ** np.arange(H)
 
 

@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-from .._checks import (check_data, check_features, check_fitted, check_float, check_int,
-                       check_random_state, check_verbose, warn)
+from .._checks import (check_bool, check_data, check_features, check_fitted, check_float,
+                       check_int, check_random_state, check_verbose, warn)
 from .._params import Params
 from .._sparse import is_sparse
 from ..objectives.penalty import Penalized
@@ -149,7 +149,10 @@ class ParametricEmbedding(Params):
         """(penalties, scaled): the user's mu as given, or the default mu_start
         factor^k, which fit multiplies by E's curvature along the path."""
         if self.mu is not None:
-            mu = np.asarray(self.mu, dtype=np.float64).ravel()
+            try:
+                mu = np.asarray(self.mu, dtype=np.float64).ravel()
+            except (TypeError, ValueError):
+                raise TypeError(f"mu must be a sequence of numbers, got {self.mu!r}") from None
             if mu.size == 0 or not np.all(np.isfinite(mu)) or np.any(mu <= 0):
                 raise ValueError(f"mu must be positive and finite, got {self.mu!r}")
             if np.any(np.diff(mu) <= 0):
@@ -174,6 +177,7 @@ class ParametricEmbedding(Params):
                                check_random_state(self.random_state))
         max_inner = check_int(self.max_inner, "max_inner", 1)
         check_verbose(self.verbose)
+        check_bool(self.augmented, "augmented")
         tol = check_float(self.tol, "tol", 0.0)
         z_max_iter = check_int(self.z_max_iter, "z_max_iter", 1)
         z_tol = check_float(self.z_tol, "z_tol", 0.0)

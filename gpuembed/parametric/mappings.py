@@ -482,6 +482,8 @@ def make_mapping(mapping, params=None, random_state=None):
         if mapping not in MAPPINGS:
             raise ValueError(f"mapping must be one of {tuple(MAPPINGS)} or an object with "
                              f"fit and predict, got {mapping!r}")
+        if params is not None and not isinstance(params, dict):
+            raise TypeError(f"mapping_params must be a dict, got {type(params).__name__}")
         params = dict(params or {})
         if mapping != "linear":
             params.setdefault("random_state", random_state)

@@ -106,6 +106,7 @@ def kernel_pca_lll(Y, n_components, *, sigma, n_landmarks=None, kz=None, landmar
     is stored."""
     d = check_int(n_components, "n_components", 1)
     sigma = check_float(sigma, "sigma", 0.0, low_open=True)
+    block = check_int(block, "block", 1)
     Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
                               basis)
     be = get_backend(backend)
@@ -140,11 +141,13 @@ def le_landmarks_only(Y, n_components, *, n_neighbors, n_landmarks=None, kz=None
                                              shift_invert=points_suit_shift_invert(Y)))
 
 
-def nystrom_le(Y, n_components, *, n_neighbors, n_landmarks, sigma, landmarks="random",
+def nystrom_le(Y, n_components, *, n_landmarks, sigma, landmarks="random",
                random_state=None, backend="auto"):
     """Baseline: Nystrom extension of Laplacian eigenmaps from landmarks.
 
-    The normalized Gaussian affinities M = D^-1/2 W D^-1/2 restricted to the
+    Of the full Gaussian kernel (no k-NN graph: a sparse one among a few
+    landmarks leaves them in pieces, dissertation section 4.8).  The normalized
+    Gaussian affinities M = D^-1/2 W D^-1/2 restricted to the
     landmarks give eigenvectors U (leading, the trivial one dropped); every point
     is extended by u(y) = M(y, landmarks) U / lambda, with the degrees estimated
     from the N x L cross-affinities (Fowlkes et al.'s one-shot variant), on

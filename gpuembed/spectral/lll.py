@@ -133,6 +133,7 @@ def landmark_basis(X, d, n_landmarks, kz=None, landmarks="random", random_state=
     depends on the data and the landmarks alone (section 4.5), so one basis
     serves every affinity graph of a parameter sweep (:func:`fit_grid`)."""
     n = X.shape[0]
+    d = check_int(d, "d", 1)
     L = check_int(n_landmarks, "n_landmarks", d + 2, n)
     kz = default_kz(d) if kz is None else check_int(kz, "kz", 1, L)
     idx = choose_landmarks(X, L, landmarks, random_state)
