@@ -800,9 +800,10 @@ class MultiscaleSNE(Params):
     make the largest perplexity about N / 2 and the k-NN graph (3 x that) dense;
     ``n_scales=H`` keeps the H smallest scales (more than N holds is an error).  The
     default drops the two largest (perplexity above N / 8: as good in AUC, 1.3-1.65x
-    faster on digits, rotating_objects and Fashion-MNIST 2k) and keeps no more than fit a k-NN graph of 2e7 entries (seven scales, up to
-    perplexity 128, at 2,000 points; six, up to 64, at 70,000), so large N stays
-    sparse.  ``transform`` maps new points into the fitted layout.
+    faster on digits, rotating_objects and Fashion-MNIST 2k) and keeps no more than
+    fit a k-NN graph of 2e7 entries (seven scales, up to perplexity 128, at 2,000
+    points; six, up to 64, at 70,000), so large N stays sparse.  ``transform`` maps
+    new points into the fitted layout.
     """
 
     optimizers = ("lbfgs", "cg", "gd")

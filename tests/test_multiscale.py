@@ -36,7 +36,8 @@ def test_default_scales_fit_the_neighbour_budget():
         scale_perplexities(100, 2.0, n_scales="most")
     # 100 points hold 5 scales from perplexity 2 (up to 32); more is an error, not 5.
     np.testing.assert_array_equal(scale_perplexities(100, 2.0, n_scales=5), [2, 4, 8, 16, 32])
-    with pytest.raises(ValueError, match=r"^n_scales \(N = 100, perplexity 2\) must be in \[1, 5\]"):
+    with pytest.raises(ValueError,
+                       match=r"^n_scales \(N = 100, perplexity 2\) must be in \[1, 5\]"):
         scale_perplexities(100, 2.0, n_scales=6)
 
 

@@ -147,8 +147,8 @@ def nystrom_le(Y, n_components, *, n_landmarks, sigma, landmarks="random",
 
     Of the full Gaussian kernel (no k-NN graph: a sparse one among a few
     landmarks leaves them in pieces, dissertation section 4.8).  The normalized
-    Gaussian affinities M = D^-1/2 W D^-1/2 restricted to the
-    landmarks give eigenvectors U (leading, the trivial one dropped); every point
+    Gaussian affinities M = D^-1/2 W D^-1/2 restricted to the landmarks give
+    eigenvectors U (leading, the trivial one dropped); every point
     is extended by u(y) = M(y, landmarks) U / lambda, with the degrees estimated
     from the N x L cross-affinities (Fowlkes et al.'s one-shot variant), on
     ``backend`` in Y's dtype.  Returns a host array."""
