@@ -30,7 +30,7 @@ from .affinities.entropic import conditional_affinities
 from .backend import get_backend
 from .nbody import check_accuracy, engine_sums, resolve_method
 from .neighbors import knn_query
-from .objectives import OBJECTIVES, check_affinity_values, default_lambda, make_objective
+from .objectives import OBJECTIVES, default_lambda, make_objective
 from .optim import (DIRECTIONS, Monitor, Result, accuracy_schedule, homotopy, homotopy_path,
                     minimize, tsne_classic)
 from .optim.directions import Spectral, check_refresh
@@ -300,8 +300,7 @@ class _Embedding(Params):
         # the caller's entries come in, so that the objective and a spectral
         # initialization see one matrix; the caller's stays as it is.
         P = be.sparse.csr_matrix(P if hasattr(P, "tocsr") else be.asarray(P), copy=True)
-        P.sum_duplicates()
-        check_affinity_values(be.xp, P.data)
+        P.sum_duplicates()         # its values are checked by make_objective (check_affinities)
         self._perplexity_used = self.perplexity
         return P
 

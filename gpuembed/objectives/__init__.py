@@ -24,13 +24,6 @@ def make_objective(name, P, backend, dtype, nbody="exact", **params):
     return OBJECTIVES[name](P, backend, dtype, nbody=nbody, **params)
 
 
-def check_affinity_values(xp, data):
-    """The stored entries of P are finite and non-negative (before any sum, which a
-    NaN or a negative entry would make misleading)."""
-    if not bool(xp.isfinite(data).all()) or bool((data < 0).any()):
-        raise ValueError("affinities must be finite and non-negative")
-
-
 def check_affinities(be, name, P):
     """P has the structure objective ``name``'s formula assumes: symmetric for
     ee, ssne and tsne (their gradient 4 X L takes W+ symmetric), summing to 1 for
@@ -38,7 +31,9 @@ def check_affinities(be, name, P):
     distributions), row-stochastic for sne.  The tolerances pass float32 sums."""
     xp = be.xp
     S = be.sparse.csr_matrix(P if hasattr(P, "tocsr") else be.asarray(P))
-    check_affinity_values(xp, S.data)
+    # The entries first: a NaN or a negative one would make the sums' messages wrong.
+    if not bool(xp.isfinite(S.data).all()) or bool((S.data < 0).any()):
+        raise ValueError("affinities must be finite and non-negative")
     total = float(S.sum())
     if S.nnz == 0 or not total > 0:
         raise ValueError("the affinities P have no positive entry")
