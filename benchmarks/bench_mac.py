@@ -28,7 +28,7 @@
 The time of the free embedding (shared by all) is excluded from the curves.
 ``--backend gpu`` runs all of it on the GPU in its default float32 (the CPU:
 float64).
-Writes results/mac[_<suffix>].json (the parts run now replace their earlier
+Writes results/mac[_<suffix>].json after each part (the parts run now replace their earlier
 figures, the others are kept) and results/mac_<part>.png.
 """
 from __future__ import annotations
@@ -244,16 +244,22 @@ def main():
     be = get_backend(args.backend)
     parts = args.parts.split(",")
     figures = {}
+
+    def record(key, data):
+        # Written after each part, so a device call cut by its limit keeps the parts done.
+        figures[key] = data
+        write_result("mac", figures, args.suffix, merge=True)
+
     if "cost" in parts:
         sizes = [n for n in (1000, 2000, 5000, 10000, 20000, 50000) if n <= args.max_n]
         rows, slopes = cost(be, sizes, args.exact_max_n)
-        figures["cost"] = {"rows": rows, "slopes": slopes}
+        record("cost", {"rows": rows, "slopes": slopes})
     if "linear" in parts:
         X, _ = ge.datasets.rotating_objects()
         data = curves(pca(X, 15), ge.EE(backend=be, random_state=0), "linear",
                       {"MAC": {"mu_start": 1.0}, "MAC (penalty)": {"augmented": False}},
                       ("exact",), 300, "gd")
-        figures["linear_ee_rotating_objects"] = data
+        record("linear_ee_rotating_objects", data)
         plot(data, RESULTS / f"mac_linear{args.suffix}.png", "linear EE, rotating_objects")
     if "linear-fmnist" in parts:
         X, _ = ge.datasets.fashion_mnist()
@@ -261,7 +267,7 @@ def main():
         data = curves(Y, ge.EE(backend=be, nbody="fgt", random_state=0), "linear",
                       {"MAC": {"mu_start": 0.1}, "MAC (penalty)": {"augmented": False}},
                       ("fgt", "exact"), args.chain_iter, "gd")
-        figures["linear_ee_fashion_mnist"] = {"n": args.linear_n, **data}
+        record("linear_ee_fashion_mnist", {"n": args.linear_n, **data})
         plot(data, RESULTS / f"mac_linear_fmnist{args.suffix}.png",
              f"linear EE, Fashion-MNIST {args.linear_n}")
     if "rbf" in parts:
@@ -271,7 +277,7 @@ def main():
         data = curves(Y, ge.TSNE(backend=be, random_state=0), "rbf",
                       {"MAC": mac, "MAC (penalty)": {**mac, "augmented": False}},
                       ("bh",), args.chain_iter * 10, "lbfgs", args.repeats)
-        figures["tsne_rbf_fashion_mnist"] = {"n": args.rbf_n, **data}
+        record("tsne_rbf_fashion_mnist", {"n": args.rbf_n, **data})
         plot(data, RESULTS / f"mac_rbf{args.suffix}.png",
              f"t-SNE + RBF network, Fashion-MNIST {args.rbf_n}")
     if "mlp" in parts:
@@ -281,15 +287,14 @@ def main():
         data = curves(Y, ge.TSNE(backend=be, nbody="bh", random_state=0, max_iter=200), "mlp",
                       {"MAC": mac, "MAC (penalty)": {**mac, "augmented": False}},
                       ("bh",), 100, "gd", args.repeats)
-        figures["tsne_mlp_fashion_mnist"] = {"n": args.mlp_n, **data}
+        record("tsne_mlp_fashion_mnist", {"n": args.mlp_n, **data})
         plot(data, RESULTS / f"mac_mlp{args.suffix}.png",
              f"t-SNE + MLP, Fashion-MNIST {args.mlp_n}")
     if "msne" in parts:
         X, labels = ge.datasets.fashion_mnist()
         Y = pca(X[: args.msne_n].astype(np.float64), 50)
-        figures["parametric_msne_fashion_mnist"] = {"n": args.msne_n, **parametric_vs_free(
-            Y, labels[: args.msne_n], be, MLP, MLP_MAC)}
-    write_result("mac", figures, args.suffix, merge=True)
+        record("parametric_msne_fashion_mnist", {"n": args.msne_n, **parametric_vs_free(
+            Y, labels[: args.msne_n], be, MLP, MLP_MAC)})
 
 
 if __name__ == "__main__":
