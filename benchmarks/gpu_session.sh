@@ -27,7 +27,8 @@
 # seven t-SNE optimizers: 185 s, before SD's CG kernels), large over 285 s (its
 # FGT and SD's CG since replaced; now without the FP run), msne over 190 s.  On
 # the H200 at 9790d63: tests 276 s, bench 89 s, spectral 58 s, mac 90 s, msne
-# 112 s.  GPUEMBED_RESULTS_COPY puts a copy of each JSON in $OUT as it is
+# 112 s; on the H100 at 782df67: tests 326 s (no kernel cache), tsne and mac 113 s,
+# embedding 167 s.  GPUEMBED_RESULTS_COPY puts a copy of each JSON in $OUT as it is
 # written, and bench_embedding and bench_nbody write theirs after each fit or
 # run, so a call cut by its limit still brings back what they finished.
 #
