@@ -29,8 +29,8 @@
 # the H200 at 9790d63: tests 276 s, bench 89 s, spectral 58 s, mac 90 s, msne
 # 112 s; on the H100 at 782df67: tests 326 s (no kernel cache), tsne and mac 113 s,
 # embedding 167 s.  GPUEMBED_RESULTS_COPY puts a copy of each JSON in $OUT as it is
-# written, and bench_embedding and bench_nbody write theirs after each fit or
-# run, so a call cut by its limit still brings back what they finished.
+# written, and bench_embedding, bench_nbody and bench_mac write theirs after each fit,
+# run or part, so a call cut by its limit still brings back what they finished.
 #
 # Fashion-MNIST travels with the working tree: before the first call, here,
 #   mkdir -p .fmnist && cp /usr/share/datasets/fashion-mnist/*.gz .fmnist/
