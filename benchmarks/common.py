@@ -29,13 +29,22 @@ def cpu_name():
 
 
 def git_commit():
-    """HEAD, or $GPUEMBED_COMMIT where set: the device machine's copy of the
-    repository reported the commit its session began at for every run."""
+    """HEAD, marked "-dirty" where tracked files outside benchmarks/results differ
+    from it, or $GPUEMBED_COMMIT where set.  The device machine's copy of the
+    repository keeps the git state its session began at under the latest files:
+    unmarked, its results named that first commit."""
     if os.environ.get("GPUEMBED_COMMIT"):
         return os.environ["GPUEMBED_COMMIT"]
+    root = Path(__file__).parent.parent
+
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=root,
+                              check=True).stdout.strip()
+
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                      ":(exclude)benchmarks/results")
+        return git("rev-parse", "HEAD") + ("-dirty" if changed else "")
     except (OSError, subprocess.CalledProcessError):
         return None
 
