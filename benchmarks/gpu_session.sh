@@ -40,7 +40,8 @@
 # compilation (about a minute of the first call's gpu tests).
 # The device's copy of the repository reported the session's first commit for
 # every run: start the command with GPUEMBED_COMMIT=<this checkout's HEAD>, which
-# the result JSON records instead.
+# the result JSON records instead (the hash written out here: $(git rev-parse HEAD)
+# would run there). Without it the JSON records that first commit marked "-dirty".
 # Logs and result JSON go to $OUT when it is set (the device tool), else to /tmp.
 set -uo pipefail
 cd "$(dirname "$0")/.."
