@@ -809,8 +809,8 @@ class MultiscaleSNE(Params):
 
     def __init__(self, n_components=2, *, perplexity=2.0, cost="js", kappa=0.5,
                  fit_exponent=True, optimizer="lbfgs", max_iter=100, tol=1e-7, init="pca",
-                 n_scales=None, n_neighbors=None, nbody="auto", random_state=None, backend="auto", dtype=None,
-                 verbose=False, callbacks=None):
+                 n_scales=None, n_neighbors=None, nbody="auto", random_state=None,
+                 backend="auto", dtype=None, verbose=False, callbacks=None):
         self.n_components = n_components
         self.perplexity = perplexity
         self.cost = cost
