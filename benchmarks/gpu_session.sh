@@ -11,6 +11,8 @@
 #   bash benchmarks/gpu_session.sh spectral   # LLL / LE(Z) / Nystrom vs exact LE, segmentation
 #   bash benchmarks/gpu_session.sh mac        # parametric embeddings: MAC vs chain rule
 #   bash benchmarks/gpu_session.sh msne       # multi-scale SNE vs t-SNE, R_NX AUC
+#   bash benchmarks/gpu_session.sh profile    # cProfile of the default t-SNE fit of
+#                                             # Fashion-MNIST 70k (SD's refreshes apart)
 #
 # Before spending device time, the same scripts' GPU branches can run here on the
 # CUDA emulator at small sizes, e.g.
@@ -101,8 +103,12 @@ msne)
      python3 bench_msne.py --backend gpu --n 2000,5000,10000,20000 --suffix _gpu) 2>&1 \
         | tee "$out/gpu_msne.log"
     ;;
+profile)
+    (cd benchmarks &&
+     python3 profile_fit.py --backend gpu --n 70000) 2>&1 | tee "$out/gpu_profile.log"
+    ;;
 *)
-    echo "usage: $0 tests|bench|large|embedding|tsne|spectral|mac|msne [more parts]" >&2
+    echo "usage: $0 tests|bench|large|embedding|tsne|spectral|mac|msne|profile [more parts]" >&2
     exit 2
     ;;
 esac
