@@ -8,7 +8,7 @@
 //   __syncthreads()       waits for every thread of the block;
 //   __shfl_*_sync(...), __ballot_sync(...), __syncwarp()
 //                         wait for the 32 lanes of its warp (full masks only).
-// The atomics (atomicMin of unsigned long long, atomicAdd of unsigned int) are
+// The atomics (atomicMin of unsigned long long and int, atomicAdd of unsigned int) are
 // plain read-modify-writes: no fiber switches inside them; __threadfence() is
 // a no-op, since blocks run one after another.
 // Misuse that is undefined behaviour on a GPU is reported, not guessed at:
@@ -353,6 +353,11 @@ inline int __ffs(int x) { return __builtin_ffs(x); }
 // Fibers switch only at barriers and shuffles, so a plain read-modify-write is atomic.
 inline unsigned long long atomicMin(unsigned long long* address, unsigned long long value) {
     const unsigned long long old = *address;
+    if (value < old) *address = value;
+    return old;
+}
+inline int atomicMin(int* address, int value) {
+    const int old = *address;
     if (value < old) *address = value;
     return old;
 }

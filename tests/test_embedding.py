@@ -433,7 +433,7 @@ def test_sd_refresh_rebuilds_b_from_the_layout(small):
     np.testing.assert_allclose(never.B.toarray(), 4 * (np.diag(P.sum(1)) - P), atol=1e-12)
 
 
-def test_connected_sparsify_doubles_kappa_until_the_graph_holds_together():
+def test_connected_sparsify_doubles_kappa_until_the_graph_holds_together(backend):
     """Two groups of 20 points, each a clique, linked only by each row's smallest
     weights: the 5 largest per row split them, and kappa doubles until they are
     linked: at 20 (19 within the group, then a link to the other)."""
@@ -444,13 +444,16 @@ def test_connected_sparsify_doubles_kappa_until_the_graph_holds_together():
     W = np.where(group[:, None] == group[None], 1.0 + rng.random((n, n)), 0.01)
     W = np.triu(W, 1)
     W = scipy.sparse.csr_matrix(W + W.T)
-    kept, kappa, (n_comp, labels) = connected_sparsify(W, 5, grow=True)
+    W_dev = backend.sparse.csr_matrix(backend.asarray(W.toarray()))
+    kept, kappa, (n_comp, labels) = connected_sparsify(backend, W_dev, 5, grow=True)
     assert (kappa, n_comp) == (20, 1)
-    assert (kept != sparsify(W, 20)).nnz == 0
-    kept, kappa, (n_comp, labels) = connected_sparsify(W, 5, grow=False)
+    np.testing.assert_array_equal(backend.to_host(kept.toarray()), sparsify(
+        ge.get_backend("cpu"), W, 20).toarray())
+    kept, kappa, (n_comp, labels) = connected_sparsify(backend, W_dev, 5, grow=False)
     assert (kappa, n_comp) == (5, 2)
-    np.testing.assert_array_equal(labels, group)
-    assert (kept != sparsify(W, 5)).nnz == 0
+    np.testing.assert_array_equal(backend.to_host(labels), group)
+    np.testing.assert_array_equal(backend.to_host(kept.toarray()), sparsify(
+        ge.get_backend("cpu"), W, 5).toarray())
 
 
 def test_sd_default_kappa_keeps_the_loops_linked(loops, monkeypatch):
@@ -596,7 +599,7 @@ def test_gpu_jacobi_cg_equals_the_array_code(rng, k):
             np.testing.assert_array_equal(run(), got)
 
 
-def test_sparsify_keeps_each_rows_largest_weights(rng):
+def test_sparsify_keeps_each_rows_largest_weights(backend, rng):
     """Against a dense per-row reference: rows shorter than kappa kept whole, ties
     (weights drawn from a few values) resolved to the earlier column, then the
     symmetric maximum."""
@@ -613,15 +616,19 @@ def test_sparsify_keeps_each_rows_largest_weights(rng):
         top = cols[np.argsort(-dense[i, cols], kind="stable")[:kappa]]
         S[i, top] = dense[i, top]
     expected = np.maximum(S, S.T)
-    got = sparsify(W, kappa)
-    np.testing.assert_array_equal(got.toarray(), expected)
+    W_dev = backend.sparse.csr_matrix((backend.asarray(W.data), backend.asarray(W.indices),
+                                       backend.asarray(W.indptr)), shape=W.shape)
+    got = sparsify(backend, W_dev, kappa)
+    np.testing.assert_array_equal(backend.to_host(got.toarray()), expected)
     assert np.diff(W.indptr).min() < kappa < np.diff(W.indptr).max()
 
 
 @pytest.mark.parametrize("kappa", [1, 7, 40])
-def test_largest_per_row_equals_a_stable_sort_of_each_row(rng, kappa):
-    # Long rows of few distinct values (many ties at the cut) and rows shorter than kappa.
+def test_largest_per_row_equals_a_stable_sort_of_each_row(backend, rng, kappa):
+    # Long rows of few distinct values (many ties at the cut) and rows shorter than
+    # kappa; on the GPU kernels/graph.cu's kernel, in float32 and float64.
     from gpuembed.optim.sparse_cpu import largest_per_row
+    from gpuembed.optim.sparse_gpu import largest_per_row_gpu
     lengths = rng.integers(0, 120, size=300)
     indptr = np.concatenate([[0], np.cumsum(lengths)])
     data = rng.choice([0.5, 1.0, 2.0, 3.0], size=indptr[-1]) * rng.choice([1.0, 1e-3], size=300
@@ -629,7 +636,32 @@ def test_largest_per_row_equals_a_stable_sort_of_each_row(rng, kappa):
     expected = np.zeros(len(data), dtype=bool)
     for lo, hi in zip(indptr[:-1], indptr[1:]):
         expected[lo + np.argsort(-data[lo:hi], kind="stable")[:kappa]] = True
-    np.testing.assert_array_equal(largest_per_row(indptr, data, kappa), expected)
+    if not backend.is_gpu:
+        np.testing.assert_array_equal(largest_per_row(indptr, data, kappa), expected)
+        return
+    for dtype in (np.float32, np.float64):
+        keep = largest_per_row_gpu(backend, backend.asarray(indptr.astype(np.int32)),
+                                   backend.asarray(data.astype(dtype)), kappa)
+        np.testing.assert_array_equal(backend.to_host(keep), expected)
+
+
+@pytest.mark.gpu
+def test_connected_components_kernel_numbers_them_as_scipy(rng):
+    """kernels/graph.cu's components against SciPy's, labels included: random
+    sparse graphs with isolated points and a long path (many hooking passes)."""
+    from gpuembed.optim.sparse_gpu import connected_components_gpu
+    be = ge.get_backend("gpu")
+    n = 3000
+    line = np.arange(999)                                           # points 0-999 in a path
+    path = scipy.sparse.coo_matrix((np.ones(999), (line, line + 1)), shape=(n, n))
+    for density in (0.0, 2e-4, 5e-4, 2e-3):
+        A = scipy.sparse.random(n, n, density=density, random_state=rng.integers(1 << 30))
+        for G in (A + A.T, A + A.T + path + path.T):
+            G = scipy.sparse.csr_matrix(G)
+            expected = scipy.sparse.csgraph.connected_components(G, directed=False)
+            got = connected_components_gpu(be, be.sparse.csr_matrix(G))
+            assert got[0] == expected[0]
+            np.testing.assert_array_equal(be.to_host(got[1]), expected[1])
 
 
 @pytest.mark.parametrize("library", ["cholmod", "superlu", "dense"])

@@ -40,7 +40,7 @@ import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
 from .sparse_cpu import csr_times, jacobi_pcg, largest_per_row
-from .sparse_gpu import jacobi_pcg_gpu
+from .sparse_gpu import connected_components_gpu, jacobi_pcg_gpu, largest_per_row_gpu
 
 try:
     import cholespy as _cholespy
@@ -73,31 +73,43 @@ def banded_system(B, diag):
     return order, inverse, permuted, np.ascontiguousarray(diag[order])
 
 
-def sparsify(W, kappa):
-    """Keep each row's kappa largest weights of the host CSR W, then symmetrize
-    by the maximum."""
-    if kappa is None or kappa >= np.diff(W.indptr).max():
+def sparsify(be, W, kappa):
+    """Keep each row's kappa largest weights of the CSR W (the backend's), then
+    symmetrize by the maximum."""
+    xp = be.xp
+    lengths = xp.diff(W.indptr)
+    if kappa is None or kappa >= int(lengths.max()):
         return W
-    keep = largest_per_row(W.indptr, W.data, kappa)
+    keep = (largest_per_row_gpu(be, W.indptr, W.data, kappa) if be.is_gpu
+            else largest_per_row(W.indptr, W.data, kappa))
     # Row n keeps min(its length, kappa) entries, in W's order.
-    indptr = np.concatenate([[0], np.cumsum(np.minimum(np.diff(W.indptr), kappa))])
-    S = scipy.sparse.csr_matrix((W.data[keep], W.indices[keep], indptr), shape=W.shape)
+    indptr = xp.concatenate([xp.zeros(1, dtype=lengths.dtype),
+                             xp.cumsum(xp.minimum(lengths, kappa))])
+    S = be.sparse.csr_matrix((W.data[keep], W.indices[keep], indptr), shape=W.shape)
     return S.maximum(S.T)
 
 
-def connected_sparsify(W, kappa, grow):
-    """(kept weights, kappa, (number of components, labels)) of the host CSR W
-    sparsified by :func:`sparsify`; with ``grow`` kappa doubles until the kept
-    graph has no more connected components than W's own."""
-    components = lambda G: scipy.sparse.csgraph.connected_components(G, directed=False)
-    kept = sparsify(W, kappa)
-    split = components(kept)
+def connected_components(be, G):
+    """(number, labels) of the connected components of the symmetric graph G,
+    numbered by their first points (SciPy's numbering on both backends)."""
+    if be.is_gpu:
+        return connected_components_gpu(be, G)
+    return scipy.sparse.csgraph.connected_components(G, directed=False)
+
+
+def connected_sparsify(be, W, kappa, grow):
+    """(kept weights, kappa, (number of components, labels)) of the CSR W (the
+    backend's) sparsified by :func:`sparsify`; with ``grow`` kappa doubles until
+    the kept graph has no more connected components than W's own.  On the GPU
+    all of it stays on the device (kernels/graph.cu)."""
+    kept = sparsify(be, W, kappa)
+    split = connected_components(be, kept)
     if grow and split[0] > 1:
-        whole = components(W)[0]
+        whole = connected_components(be, W)[0]
         while split[0] > whole:
             kappa *= 2
-            kept = sparsify(W, kappa)
-            split = components(kept)
+            kept = sparsify(be, W, kappa)
+            split = connected_components(be, kept)
     return kept, kappa, split
 
 
@@ -466,8 +478,7 @@ class Spectral(Direction):
         see :func:`connected_sparsify`)."""
         be = self.be
         W, self.kappa, (n_comp, labels) = connected_sparsify(
-            scipy.sparse.csr_matrix(be.to_host(W)), self.kappa, grow_kappa)
-        W = be.sparse.csr_matrix(W)
+            be, be.sparse.csr_matrix(W), self.kappa, grow_kappa)
         # Assembled in float64 whatever X's dtype: mu = 1e-10 min diag vanishes
         # against the diagonal in float32, and the factor of a Laplacian without
         # it is singular (CHOLMOD: "not positive definite").
@@ -480,7 +491,7 @@ class Spectral(Direction):
         # curvature; those modes get the FP (mean degree) curvature instead of mu
         # (_split).
         self.labels = be.asarray(labels)
-        self.counts = be.asarray(np.bincount(labels, minlength=n_comp).astype(np.float64))
+        self.counts = be.xp.bincount(self.labels, minlength=n_comp).astype(np.float64)
         self.component_curvature = floor_zero_curvature(
             be.xp, self._component_mean(self.diag[:, None])[:, 0])
         # mu over the smallest positive degree: a point without affinities has 0.

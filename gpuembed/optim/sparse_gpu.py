@@ -1,5 +1,7 @@
 """The spectral direction's CG on the GPU (kernels/cg.cu), the twin of
 sparse_cpu.jacobi_pcg; directions.pcg is the array-code reference of both.
+And the refreshes' sparsification and connected components (kernels/graph.cu),
+the twins of sparse_cpu.largest_per_row and SciPy's connected_components.
 
 As array code (directions.pcg on CuPy) a CG step was about 19 CuPy calls and a
 host read of the residual norms, and on an H100 SD's iterations on
@@ -48,3 +50,38 @@ def jacobi_pcg_gpu(be, indptr, indices, data, diag, B, X0, rtol, maxiter, tiny):
         kernels["cg_update"](grid, block, (P, AP, diag, X, R, n, step, rtol, tiny, *reduction))
         kernels["cg_direction"](grid, block, (R, diag, P, n, step, rtol, tiny, sums))
     return X
+
+
+def largest_per_row_gpu(be, indptr, data, kappa):
+    """sparse_cpu.largest_per_row on the device: a boolean mask over the entries,
+    each row's ``kappa`` largest values (all of a shorter row), among equal
+    values the earlier stored ones."""
+    xp = be.xp
+    n = indptr.shape[0] - 1
+    keep = xp.empty(data.shape[0], dtype=xp.bool_)
+    kernel = be.kernel("graph.cu", "largest_per_row", data.dtype)
+    kernel((-(-n // BLOCK),), (BLOCK,), (xp.ascontiguousarray(indptr, dtype=xp.int32),
+                                         xp.ascontiguousarray(data), np.int32(kappa), keep,
+                                         np.int32(n)))
+    return keep
+
+
+def connected_components_gpu(be, G):
+    """(number of components, labels) of the symmetric sparse graph G, numbered as
+    SciPy's connected_components numbers them (by each component's first point)."""
+    xp = be.xp
+    n = G.shape[0]
+    indptr, indices = (xp.ascontiguousarray(a, dtype=xp.int32) for a in (G.indptr, G.indices))
+    hook, compress = (be.kernel("graph.cu", name, G.dtype)
+                      for name in ("hook_components", "compress_labels"))
+    labels = xp.arange(n, dtype=xp.int32)
+    changed = xp.zeros(1, dtype=xp.int32)
+    grid, block, n = (-(-n // BLOCK),), (BLOCK,), np.int32(n)
+    while True:
+        changed.fill(0)
+        hook(grid, block, (indptr, indices, labels, changed, n))
+        compress(grid, block, (labels, n))
+        if not int(changed[0]):
+            break
+    roots, labels = xp.unique(labels, return_inverse=True)
+    return int(roots.size), labels.astype(xp.int32, copy=False)
