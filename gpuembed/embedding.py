@@ -17,7 +17,6 @@ from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse
-import scipy.sparse.csgraph
 import scipy.sparse.linalg
 
 from ._checks import (check_bool, check_callbacks, check_choice, check_data, check_dtype,
@@ -33,7 +32,7 @@ from .neighbors import knn_query
 from .objectives import OBJECTIVES, default_lambda, make_objective
 from .optim import (DIRECTIONS, Monitor, Result, accuracy_schedule, homotopy, homotopy_path,
                     minimize, tsne_classic)
-from .optim.directions import Spectral, check_refresh
+from .optim.directions import Spectral, check_refresh, connected_components
 from .optim.loop import TRUST_RADIUS
 
 __all__ = ["TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE"]
@@ -727,7 +726,7 @@ class TSNE(_Embedding):
     def _graph_params(self, P, be):
         if self.optimizer != "sd" or set(self.SPLIT_GRAPH_PARAMS) <= set(self._method_params):
             return {}
-        n_components = scipy.sparse.csgraph.connected_components(be.to_host(P), directed=False)[0]
+        n_components = connected_components(be, be.sparse.csr_matrix(P))[0]  # no host copy
         return dict(self.SPLIT_GRAPH_PARAMS) if n_components > 1 else {}
 
 
