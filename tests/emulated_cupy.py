@@ -446,6 +446,22 @@ class DeviceSparse:
     def __neg__(self):
         return DeviceSparse(-self._m)
 
+    def _extremum(self, other, name):
+        """cupyx's csr maximum and minimum take a scalar, a dense array or another
+        CSR matrix; any other sparse format raises NotImplementedError (SciPy
+        converts it, so S.maximum(S.T) passed here and failed on a GPU)."""
+        if (self._m.format == "csr" and isinstance(other, DeviceSparse)
+                and other._m.format != "csr"):
+            raise NotImplementedError(f"cupyx csr_matrix.{name} of a {other._m.format} matrix")
+        count("calls")
+        return _wrap(getattr(self._m, name)(_device(other, f"sparse {name}")))
+
+    def maximum(self, other):
+        return self._extremum(other, "maximum")
+
+    def minimum(self, other):
+        return self._extremum(other, "minimum")
+
 
 for _name in ("add", "sub", "mul", "truediv", "matmul", "radd", "rsub", "rmul", "rmatmul"):
     def _sparse_op(self, other, _method=f"__{_name}__"):

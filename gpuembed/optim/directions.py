@@ -86,7 +86,7 @@ def sparsify(be, W, kappa):
     indptr = xp.concatenate([xp.zeros(1, dtype=lengths.dtype),
                              xp.cumsum(xp.minimum(lengths, kappa))])
     S = be.sparse.csr_matrix((W.data[keep], W.indices[keep], indptr), shape=W.shape)
-    return S.maximum(S.T)
+    return S.maximum(S.T.tocsr())          # cupyx's maximum takes no CSC matrix
 
 
 def connected_components(be, G):
