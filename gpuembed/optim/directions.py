@@ -82,9 +82,10 @@ def sparsify(be, W, kappa):
         return W
     keep = (largest_per_row_gpu(be, W.indptr, W.data, kappa) if be.is_gpu
             else largest_per_row(W.indptr, W.data, kappa))
-    # Row n keeps min(its length, kappa) entries, in W's order.
-    indptr = xp.concatenate([xp.zeros(1, dtype=lengths.dtype),
-                             xp.cumsum(xp.minimum(lengths, kappa))])
+    # Row n keeps min(its length, kappa) entries, in W's order; W's index type
+    # (cupyx: int32, as its indices).
+    indptr = xp.concatenate([xp.zeros(1, dtype=W.indptr.dtype),
+                             xp.cumsum(xp.minimum(lengths, kappa), dtype=W.indptr.dtype)])
     S = be.sparse.csr_matrix((W.data[keep], W.indices[keep], indptr), shape=W.shape)
     return S.maximum(S.T.tocsr())          # cupyx's maximum takes no CSC matrix
 
