@@ -5,7 +5,7 @@ then the next ``--m`` are mapped into that layout with the training embedding
 fixed: gpuembed's TSNE, EE and MultiscaleSNE ``transform`` (each new point
 minimizes its own terms of the objective), openTSNE's ``TSNEEmbedding.transform``
 and umap-learn's ``UMAP.transform``, side by side in one run (two threads each).  Reported per
-method: seconds to fit and to transform, and the held-out accuracy: a 10-NN
+method: seconds to fit and to transform (the best of 3), and the held-out accuracy: a 10-NN
 classifier trained on the training layout and its labels, scored on the mapped
 points.
 
@@ -23,6 +23,7 @@ import gpuembed as ge
 
 K = 10
 WARM_UP = 5000
+TRANSFORM_REPEATS = 3
 
 
 def gpuembed_method(make, warm_up=None):
@@ -79,10 +80,15 @@ def run(name, X, y, n, m):
     start = time.perf_counter()
     model, Y = fit(X[:n])
     fit_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    Z = transform(model, X[n:n + m])
-    row = {"method": name, "fit_seconds": fit_seconds,
-           "transform_seconds": time.perf_counter() - start,
+    # The best of TRANSFORM_REPEATS: one transform takes well under a second, where
+    # the machine's noise (a single run of TSNE.transform: 0.40-0.63 s) decides.
+    seconds = []
+    for _ in range(TRANSFORM_REPEATS):
+        start = time.perf_counter()
+        Z = transform(model, X[n:n + m])
+        seconds.append(time.perf_counter() - start)
+    row = {"method": name, "fit_seconds": fit_seconds, "transform_seconds": min(seconds),
+           "transform_seconds_all": seconds,
            "heldout_knn_accuracy": heldout_accuracy(Y, y[:n], Z, y[n:n + m], K),
            "train_knn_accuracy": ge.metrics.knn_accuracy(Y, y[:n], k=K)}
     print(row, flush=True)

@@ -352,6 +352,7 @@ class _OutOfSample:
         self.student = name == "tsne"
         self.nbody, self.accuracy = objective.nbody, objective.accuracy
         self.sources = {}           # the engine's structures of the fixed training layout
+        self.compiled = True        # attraction_cpu.out_of_sample_attraction; False: the array code
 
     def sums(self, X, kernels):
         """Sums over the training points at the new points X: O(M + N) with fgt / bh."""
@@ -364,31 +365,57 @@ class _OutOfSample:
         scales it (FP).  The line search's trials take the objective alone (t-SNE:
         one Student-t sum instead of the pair)."""
         xp = self.be.xp
-        W = self.W[rows]
-        diff = X[:, None, :] - self.Y[self.idx[rows]]          # (M, k, d)
-        d2 = (diff * diff).sum(axis=2)
+        terms = (self._compiled_attraction if self.compiled and not self.be.is_gpu
+                 else self._array_attraction)
+        attract, g_att, curvature = terms(X, rows, grad)
         if self.student:
-            attract = (W * xp.log1p(d2)).sum(axis=1)
             if not grad:
                 (S1, _), = self.sums(X, ("student",))
                 return attract + xp.log(S1)
-            w = W / (1.0 + d2)
-            g_att = 2.0 * (w[:, :, None] * diff).sum(axis=1)
             (S1, _), (S2, SX2) = self.sums(X, ("student", "student2"))
             return (attract + xp.log(S1), g_att - 2.0 * (S2[:, None] * X - SX2) / S1[:, None],
-                    2.0 * w.sum(axis=1))
-        attract = (W * d2).sum(axis=1)
+                    curvature)
         (S, SX), = self.sums(X, ("gaussian",))
         ee = self.name == "ee"
         value = attract / self.n + self.lambda_ * S if ee else attract + xp.log(S)
         if not grad:
             return value
-        g_att = 2.0 * (W[:, :, None] * diff).sum(axis=1)
-        curvature = 2.0 * W.sum(axis=1)
         if ee:
             return (value, g_att / self.n - 2.0 * self.lambda_ * (S[:, None] * X - SX),
                     curvature / self.n)
         return value, g_att - 2.0 * (S[:, None] * X - SX) / S[:, None], curvature
+
+    def _array_attraction(self, X, rows, grad):
+        """(sum_j w_j phi(d_j^2), 2 sum_j w'_j (x - y_j), 2 sum_j w'_j) of ``rows`` at
+        X, phi = log(1 + d^2) and w' = w / (1 + d^2) for t-SNE, else d^2 and w: the
+        GPU path and the CPU's reference (no gradient without ``grad``)."""
+        xp = self.be.xp
+        W = self.W[rows]
+        diff = X[:, None, :] - self.Y[self.idx[rows]]          # (M, k, d)
+        d2 = (diff * diff).sum(axis=2)
+        if self.student:
+            attract = (W * xp.log1p(d2)).sum(axis=1)
+            if grad:
+                W = W / (1.0 + d2)
+        else:
+            attract = (W * d2).sum(axis=1)
+        if not grad:
+            return attract, None, None
+        return attract, 2.0 * (W[:, :, None] * diff).sum(axis=1), 2.0 * W.sum(axis=1)
+
+    def _compiled_attraction(self, X, rows, grad):
+        """:meth:`_array_attraction` by attraction_cpu.out_of_sample_attraction: one
+        compiled pass per row, where the array code's (M, k, d) temporaries took
+        most of a transform."""
+        from .objectives.attraction_cpu import out_of_sample_attraction
+
+        M, d = X.shape
+        attract, g, curvature = (np.empty(shape, X.dtype) for shape in (M, (M, d), M))
+        out_of_sample_attraction(np.ascontiguousarray(X), self.Y,
+                                 np.ascontiguousarray(self.idx[rows]),
+                                 np.ascontiguousarray(self.W[rows]), self.student, grad,
+                                 attract, g, curvature)
+        return (attract, g, curvature) if grad else (attract, None, None)
 
     def minimize(self, X, max_iter, tol=1e-10, first=0):
         """Quasi-Newton steps with a per-point Armijo backtracking line search:

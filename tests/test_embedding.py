@@ -1,4 +1,6 @@
 """Estimators and optimizers (seed 002 sections 2-3; dissertation 5.3 for transform)."""
+import types
+
 import numpy as np
 import scipy.linalg
 import scipy.sparse
@@ -960,7 +962,6 @@ def test_lbfgs_compact_form_equals_the_two_loop_recursion(rng, m):
     the m newest accepted pairs, before and after the memory wraps around (8
     pairs, one rejected); float64 to 1e-10."""
     from gpuembed.optim.directions import LBFGS
-    import types
 
     d = LBFGS(types.SimpleNamespace(be=ge.get_backend("cpu")), np.zeros((50, 2)), m=m)
     G = rng.standard_normal((50, 2))
@@ -980,7 +981,6 @@ def test_lbfgs_gpu_matches_cpu(rng):
     """The same pairs and gradient on both backends (float64 to 1e-10, float32
     to 1e-4), after the memory wrapped around."""
     from gpuembed.optim.directions import LBFGS
-    import types
 
     steps, G = _lbfgs_pairs(rng, 8), rng.standard_normal((50, 2))
     out = {}
@@ -1001,7 +1001,6 @@ def test_lbfgs_and_cg_survive_vanishing_float32_vectors():
     """In float32 a gradient difference of 1e-30 squares to 0 while s.y does not:
     L-BFGS kept the pair and divided by y.y = 0; nonlinear CG divided by a previous
     gradient of exactly 0 (both on separated clusters)."""
-    import types
 
     from gpuembed.backend import get_backend
     from gpuembed.optim.directions import LBFGS, NonlinearCG
@@ -1129,6 +1128,38 @@ def test_transform_other_objectives(small, cls):
     assert Z.shape == (30, 2) and np.all(np.isfinite(Z))
     nearest = np.argmin(((Z[:, None] - model.embedding_[None]) ** 2).sum(-1), axis=1)
     assert (y[nearest] == y[:30]).mean() >= 0.9
+
+
+@pytest.mark.parametrize("name", ["tsne", "ee", "ssne"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compiled_out_of_sample_terms_equal_the_array_code(rng, name, dtype):
+    """The CPU's compiled attraction of new points (attraction_cpu.
+    out_of_sample_attraction) against the array code, its reference and the GPU
+    path: value, gradient and curvature of a subset of rows, with and without
+    the gradient; a row's terms are the same bits alone or in a batch."""
+    from gpuembed.embedding import _OutOfSample
+    n, m, k = 300, 40, 12
+    Y = (3 * rng.standard_normal((n, 2))).astype(dtype)
+    idx = rng.integers(0, n, (m, k))
+    W = rng.random((m, k))
+    W = (W / W.sum(axis=1, keepdims=True)).astype(dtype)
+    objective = types.SimpleNamespace(nbody="exact", accuracy=None, lambda_=0.5)
+    mapping = _OutOfSample(name, Y, idx, W, objective, ge.get_backend("cpu"))
+    X, rows = (2 * rng.standard_normal((25, 2))).astype(dtype), rng.choice(m, 25, replace=False)
+    rtol = 1e-10 if dtype == np.float64 else 1e-5
+    for grad in (True, False):
+        mapping.compiled = False
+        want = mapping.evaluate(X, rows, grad)
+        mapping.compiled = True
+        got = mapping.evaluate(X, rows, grad)
+        for a, b in zip(*((got, want) if grad else ((got,), (want,)))):
+            assert a.dtype == b.dtype
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * np.abs(b).max())
+    batch = mapping._compiled_attraction(X, rows, True)
+    for i in (0, 7, 24):
+        alone = mapping._compiled_attraction(X[i:i + 1], rows[i:i + 1], True)
+        for a, b in zip(alone, batch):
+            np.testing.assert_array_equal(a[0], b[i])
 
 
 def test_bfgs_update_of_the_out_of_sample_mapping(rng):

@@ -84,3 +84,41 @@ def edge_sqdist(indptr, indices, XT):
                 diff = xi - xc[indices[e]]
                 out[e] += diff * diff
     return out
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def out_of_sample_attraction(X, Y, idx, W, student, grad_needed, value, grad, curvature):
+    """The attractive terms of new points (embedding._OutOfSample, whose array
+    code is the reference and the GPU path): row i of X (M, d) against its
+    training neighbours Y[idx[i]] (idx (M, k)) with affinities W (M, k).  Fills
+    ``value`` with sum_j W_ij phi(d_ij^2) and, with ``grad_needed``, ``grad``
+    with 2 sum_j w_ij (x_i - y_j) and ``curvature`` with 2 sum_j w_ij (phi and w
+    as in :func:`attraction`).  Each row is summed alone, in one order, so a
+    point's terms do not depend on the rows evaluated with it."""
+    M, k = idx.shape
+    dim = X.shape[1]
+    for i in prange(M):
+        acc = 0.0
+        wsum = 0.0
+        if grad_needed:
+            grad[i, :] = 0.0
+        for j in range(k):
+            y = idx[i, j]
+            d2 = 0.0
+            for c in range(dim):
+                diff = X[i, c] - Y[y, c]
+                d2 += diff * diff
+            if student:
+                q = 1.0 + d2
+                acc += W[i, j] * logpos(q)
+                w = W[i, j] / q
+            else:
+                acc += W[i, j] * d2
+                w = W[i, j]
+            if grad_needed:
+                wsum += w
+                for c in range(dim):
+                    grad[i, c] += 2.0 * w * (X[i, c] - Y[y, c])
+        value[i] = acc
+        if grad_needed:
+            curvature[i] = 2.0 * wsum
