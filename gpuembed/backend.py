@@ -57,6 +57,30 @@ class Backend:
     def is_gpu(self):
         return self.name == "gpu"
 
+    @property
+    def can_capture(self):
+        """Whether :meth:`capture` records CUDA graphs here (CuPy on CUDA)."""
+        return self.is_gpu and not self.xp.cuda.runtime.is_hip
+
+    def capture(self, work):
+        """``work()``'s device work recorded once as a CUDA graph, not run; the
+        returned object's ``launch()`` replays it on the current stream, on the
+        arrays ``work`` touched (their contents at launch).  ``work`` must not read
+        device values on the host (no host synchronization during capture), and
+        every host value it passes to the device is frozen into the graph.  What
+        it allocates comes from a memory pool of the graph's own, kept as long as
+        the graph: temporaries freed during capture are not reused elsewhere while
+        the graph may still write them."""
+        cupy = self.xp
+        stream, pool = cupy.cuda.Stream(non_blocking=True), cupy.cuda.MemoryPool()
+        with cupy.cuda.using_allocator(pool.malloc), stream:
+            stream.begin_capture()
+            try:
+                work()
+            finally:
+                graph = stream.end_capture()
+        return CapturedGraph(graph, pool)
+
     def asarray(self, a, dtype=None):
         """Move ``a`` (numpy, cupy or list) to this backend's device."""
         if self.is_gpu:
@@ -115,6 +139,17 @@ class Backend:
         defines_key = tuple(sorted((defines or {}).items()))
         module = _raw_module(device, filename, name, defines_key)
         return module.get_function(f"{name}<{ctype}>")
+
+
+class CapturedGraph:
+    """A CUDA graph from :meth:`Backend.capture` with the memory pool it uses."""
+
+    def __init__(self, graph, pool):
+        self._graph, self._pool = graph, pool
+
+    def launch(self):
+        """Replay the graph on the current stream (after the work queued there)."""
+        self._graph.launch()
 
 
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}

@@ -7,12 +7,16 @@
 //   g <- g + decay p;  m <- beta1 m + (1 - beta1) g;  v <- beta2 v + (1 - beta2) g^2
 //   p <- p - lr (m / bias1) / (sqrt(v / bias2) + eps)
 // with bias1 = 1 - beta1^t, bias2 = 1 - beta2^t; arithmetic in T as the
-// reference's, one thread per element (grid-stride).
+// reference's, one thread per element (grid-stride).  The step's scalars
+// (lr, bias1, bias2, decay) are read from device memory, not passed by value, so
+// that a CUDA graph of many steps (MLPMapping.fit's segments) replays with the
+// scalars written before each replay.
 
 template <typename T>
 __global__ void adam_step(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m,
-                          T* __restrict__ v, long long n, double lr, double beta1, double beta2,
-                          double bias1, double bias2, double eps, double decay) {
+                          T* __restrict__ v, long long n, const double* __restrict__ scalars,
+                          double beta1, double beta2, double eps) {
+    const double lr = scalars[0], bias1 = scalars[1], bias2 = scalars[2], decay = scalars[3];
     const T b1 = (T)beta1, b2 = (T)beta2, c1 = (T)(1.0 - beta1), c2 = (T)(1.0 - beta2);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
@@ -25,8 +29,7 @@ __global__ void adam_step(T* __restrict__ p, const T* __restrict__ g, T* __restr
     }
 }
 
-template __global__ void adam_step<float>(float*, const float*, float*, float*, long long, double,
-                                          double, double, double, double, double, double);
+template __global__ void adam_step<float>(float*, const float*, float*, float*, long long,
+                                          const double*, double, double, double);
 template __global__ void adam_step<double>(double*, const double*, double*, double*, long long,
-                                           double, double, double, double, double, double,
-                                           double);
+                                           const double*, double, double, double);

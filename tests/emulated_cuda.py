@@ -58,6 +58,28 @@ class EmulatedBackend(Backend):
         ctype = _CTYPES[np.dtype(dtype)]
         return _kernel(filename, name, ctype, tuple(sorted((defines or {}).items())))
 
+    can_capture = True
+
+    def capture(self, work):
+        return EmulatedGraph(work)
+
+
+class EmulatedGraph:
+    """Backend.capture's graph: capture runs nothing, and each launch runs
+    ``work`` again, refusing host reads of device values and uploads of host data
+    as stream capture does.  It checks the bookkeeping around a graph, not that
+    the host values ``work`` passes stay what the capture froze."""
+
+    def __init__(self, work):
+        self._work = work
+
+    def launch(self):
+        emulated_cupy.capturing = True
+        try:
+            self._work()
+        finally:
+            emulated_cupy.capturing = False
+
 
 def install():
     """Make :class:`EmulatedBackend` what ``get_backend("gpu")`` (and "auto")

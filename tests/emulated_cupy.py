@@ -94,7 +94,15 @@ def counting(sites=False):
         _sites = None
 
 
+# Set while an emulated CUDA graph runs (tests/emulated_cuda.py): stream capture
+# refuses what waits on the host, a read of a device value or an upload of host data.
+capturing = False
+
+
 def count(kind):
+    if capturing and kind in ("reads", "uploads"):
+        raise RuntimeError(f"operation not permitted when stream is capturing ({kind[:-1]} "
+                           "between host and device in a captured CUDA graph)")
     COUNTS[kind] += 1
     if _sites is not None:
         _sites[kind, _caller()] += 1

@@ -119,6 +119,29 @@ def test_gpu_backend_round_trip():
     np.testing.assert_array_equal(be.to_host(out), [4.0, 0.0, 2.0])
 
 
+@pytest.mark.gpu
+def test_a_captured_graph_replays_on_the_contents_at_launch(rng):
+    """Backend.capture records without running, and each launch runs the work on
+    the arrays' contents then: a cuBLAS product, a reduction into a preallocated
+    output, an in-place update and a temporary (from the graph's own pool)."""
+    be = ge.get_backend("gpu")
+    xp = be.xp
+    A, B = be.asarray(rng.normal(size=(50, 30))), be.asarray(rng.normal(size=(30, 20)))
+    out, col = xp.zeros((50, 20)), xp.zeros(20)
+
+    def work():
+        xp.matmul(A, B, out=out)
+        out.sum(axis=0, out=col)
+        col[...] = col * 2.0 + 1.0
+    graph = be.capture(work)
+    np.testing.assert_array_equal(be.to_host(col), 0.0)         # nothing ran
+    for _ in range(2):
+        graph.launch()
+        want = 2.0 * (be.to_host(A) @ be.to_host(B)).sum(axis=0) + 1.0
+        np.testing.assert_allclose(be.to_host(col), want, rtol=1e-10, atol=1e-10)
+        A[...] = -A
+
+
 def test_minimize_runs_blas_on_one_thread(rng):
     """OpenBLAS workers that busy-wait between the loop's dot products slowed
     numba's parallel sweeps 2x; minimize holds BLAS at one thread, and gives the

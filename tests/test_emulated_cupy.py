@@ -142,3 +142,22 @@ def test_sparse_details_follow_cupyx():
     N.sum_duplicates()
     np.testing.assert_array_equal(M.get().toarray(), host.toarray())
     np.testing.assert_array_equal(N.get().toarray(), host.toarray())
+
+
+def test_an_emulated_graph_refuses_what_stream_capture_refuses(a):
+    """Backend.capture's stand-in runs its work at each launch, device work
+    only: a host read of a device value or an upload of host data raises, as
+    stream capture does, and leaves the emulator out of capture."""
+    from emulated_cuda import EmulatedGraph
+
+    def add_one():
+        a[...] += 1.0
+    graph = EmulatedGraph(add_one)
+    np.testing.assert_array_equal(a.get(), np.arange(5.0))     # capture runs nothing
+    graph.launch()
+    graph.launch()
+    np.testing.assert_array_equal(a.get(), np.arange(5.0) + 2)
+    for work in (lambda: float(a.sum()), lambda: a.get(), lambda: xp.asarray(np.ones(2))):
+        with pytest.raises(RuntimeError, match="capturing"):
+            EmulatedGraph(work).launch()
+        assert not emulated_cupy.capturing

@@ -212,6 +212,37 @@ def test_mlp_copies_and_pickles_train_their_own_parameters(rng):
     assert not np.allclose(m.predict(Y), before)
 
 
+def test_mlp_segments_of_an_epoch_change_nothing(rng, monkeypatch):
+    """An epoch's minibatches gathered a segment at a time give the bits of one
+    segment per epoch: segments of 2 minibatches (the last one short, with a short
+    minibatch) over a cold fit and warm starts with another weight decay."""
+    import gpuembed.parametric.mappings as mappings
+    Y, Z = rng.normal(size=(250, 4)), rng.normal(size=(250, 2))
+    fits = []
+    for steps in (mappings.SEGMENT_STEPS, 2):
+        monkeypatch.setattr(mappings, "SEGMENT_STEPS", steps)
+        m = MLPMapping(hidden=(7, 5), initial_epochs=3, epochs=2, batch_size=32,
+                       weight_decay=0.01, random_state=0).fit(Y, Z)
+        m.fit(Y, 2 * Z, warm_start=True, sample_weight=3.0)
+        assert m._buffers.rows == min(steps * 32, 250)
+        fits.append(m.predict(Y))
+    np.testing.assert_array_equal(fits[1], fits[0])
+
+
+def test_mlp_keeps_its_buffers_over_warm_starts_only(rng):
+    """Warm starts on data of the same shape train through the same buffers (and
+    on the GPU the same graphs); a cold fit or other shapes get new ones, and a
+    copy builds its own."""
+    import copy
+    Y, Z = rng.normal(size=(90, 3)), rng.normal(size=(90, 2))
+    m = MLPMapping(hidden=(6,), initial_epochs=1, epochs=1, random_state=0).fit(Y, Z)
+    first = m._buffers
+    assert m.fit(Y, 3 * Z, warm_start=True)._buffers is first
+    assert m.fit(Y[:80], Z[:80], warm_start=True)._buffers is not first
+    assert m.fit(Y, Z)._buffers is not first
+    assert not hasattr(copy.deepcopy(m), "_buffers")
+
+
 def test_mlp_backpropagation_matches_finite_differences(rng):
     Y, Z = rng.normal(size=(40, 3)), rng.normal(size=(40, 2))
     m = MLPMapping(hidden=(8, 5), initial_epochs=0, random_state=0).fit(Y, Z)
@@ -232,7 +263,7 @@ def test_mlp_backpropagation_matches_finite_differences(rng):
             p += h * V
             assert (g * V).sum() == pytest.approx((up - down) / (2 * h), rel=1e-6)
     # fit's path through buffers allocated once, on a short (last) minibatch
-    buffers = _MinibatchBuffers(np, m._sizes, 40, m._theta)
+    buffers = _MinibatchBuffers(np, m._sizes, 40, 40, (m._theta, *m._adam[:2]))
     buffered = m._layers(buffers.gradient)
     m._minibatch_gradient(np, m.weights_, U[:25], T[:25], buffered, buffers)
     m._minibatch_gradient(np, m.weights_, U[:25], T[:25], grads)
@@ -641,14 +672,14 @@ def test_adam_step_on_the_cpu_matches_the_formula(rng, dtype, rel, weight_decay)
     formula over 5 steps from zero moments (the corrections change each step) with
     gradients of both signs, a float64 gradient into float32 parameters (float32
     stays float32), and the first step's closed form."""
-    from gpuembed.parametric.mappings import adam_step
+    from gpuembed.parametric.mappings import adam_scalars, adam_step
     n = 1001
     arrays = [rng.normal(size=n).astype(dtype), np.zeros(n, dtype), np.zeros(n, dtype)]
     want = [a.astype(np.float64) for a in arrays]
     for step in range(1, 6):
         g = rng.normal(size=n)
         start = arrays[0].astype(np.float64)
-        adam_step(arrays[0], g, *arrays[1:], 0.01, step, weight_decay=weight_decay)
+        adam_step(arrays[0], g, *arrays[1:], adam_scalars(0.01, step, weight_decay=weight_decay))
         want = adam_reference(want[0], g.astype(dtype), *want[1:], 0.01, step, weight_decay)
         if step == 1:       # the first step: lr against the gradient's sign (eps aside)
             first = g.astype(dtype) + weight_decay * start
@@ -668,7 +699,7 @@ def test_adam_step_kernel_matches_the_cpu(rng, dtype, rel, weight_decay):
     than the launch's threads (the grid-stride loop), gradients of both signs and
     moments from zero.  A float32 parameter's five steps can cancel to nothing."""
     from gpuembed.parametric.mappings import (ELEMENTWISE_BLOCK, ELEMENTWISE_MAX_BLOCKS,
-                                              adam_step)
+                                              adam_scalars, adam_step)
     gpu = get_backend("gpu")
     n = ELEMENTWISE_BLOCK * ELEMENTWISE_MAX_BLOCKS + 37
     host = [rng.normal(size=n).astype(dtype), np.zeros(n, dtype), np.zeros(n, dtype)]
@@ -676,9 +707,12 @@ def test_adam_step_kernel_matches_the_cpu(rng, dtype, rel, weight_decay):
     start = host[0].copy()
     for step in range(1, 6):
         g = rng.normal(size=n).astype(dtype)
-        adam_step(*host[:1], g, *host[1:], 0.01, step, weight_decay=weight_decay)
-        adam_step(*device[:1], gpu.asarray(g), *device[1:], 0.01, step,
-                  weight_decay=weight_decay)
+        scalars = adam_scalars(0.01, step, weight_decay=weight_decay)
+        adam_step(*host[:1], g, *host[1:], scalars)
+        # The scalars as the host's tuple (copied over) and as a device row, which
+        # the kernel reads when it runs (a captured graph's schedule).
+        adam_step(*device[:1], gpu.asarray(g), *device[1:],
+                  scalars if step % 2 else gpu.asarray(np.array(scalars)))
     for want, got in zip(host, device):
         assert got.dtype == dtype
         np.testing.assert_allclose(gpu.to_host(got), want, rtol=rel, atol=rel * np.abs(want).max())
@@ -731,6 +765,50 @@ def test_mlp_mapping_gpu_matches_cpu(rng):
     np.testing.assert_allclose(gpu.to_host(got), want, rtol=1e-7, atol=1e-7)
     for g_want, g_got in zip(want_grads, got_grads):
         np.testing.assert_allclose(gpu.to_host(g_got), g_want, rtol=1e-7, atol=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mlp_graph_replays_equal_the_calls(rng, monkeypatch, dtype):
+    """MLPMapping.fit on the GPU with its segments replayed from CUDA graphs against
+    the same fit with every call made from Python: a cold fit and warm starts with
+    other targets and weight decays, segments of 3 minibatches (two lengths: two
+    graphs, the short one with a short minibatch).  Same kernels on the same
+    arrays, so the same numbers.  Had a replay missed the schedule's rewrite
+    (Adam's bias corrections, or the rate and decay, frozen at capture), the
+    outputs would move by 33% and 24% of their largest (measured on the CPU)."""
+    import gpuembed.parametric.mappings as mappings
+    gpu = get_backend("gpu")
+    monkeypatch.setattr(mappings, "SEGMENT_STEPS", 3)
+    Y, Z = (gpu.asarray(rng.normal(size=(250, 5)), dtype=dtype) for _ in range(2))
+    Z = Z[:, :2].copy()
+
+    def fit():
+        m = MLPMapping(hidden=(16, 8), initial_epochs=3, epochs=2, batch_size=32,
+                       weight_decay=0.01, random_state=0).fit(Y, Z)
+        m.fit(Y, 1.5 * Z, warm_start=True, sample_weight=2.0)
+        m.fit(Y, 0.5 * Z, warm_start=True)
+        return m
+
+    replayed = fit()
+    assert sorted(replayed._buffers._graphs) == [58, 96]
+    assert all(g not in (None, False) for g in replayed._buffers._graphs.values())
+    monkeypatch.setattr(type(gpu), "can_capture", False)
+    called = fit()
+    assert all(g is False for g in called._buffers._graphs.values())
+    want = gpu.to_host(called.predict(Y))
+    np.testing.assert_allclose(gpu.to_host(replayed.predict(Y)), want,
+                               rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    # A capture that CUDA refuses: a warning, and the steps run as calls.
+    monkeypatch.setattr(type(gpu), "can_capture", True)
+
+    def refuse(self, work):
+        raise RuntimeError("cudaErrorStreamCaptureUnsupported")
+    monkeypatch.setattr(type(gpu), "capture", refuse)
+    with pytest.warns(RuntimeWarning, match="capture failed"):
+        refused = fit()
+    np.testing.assert_allclose(gpu.to_host(refused.predict(Y)), want,
+                               rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
 @pytest.mark.gpu

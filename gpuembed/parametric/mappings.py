@@ -14,7 +14,9 @@ the MLP's weights) so an F step is cheap.
 """
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import numpy as np
 
@@ -201,20 +203,29 @@ def _launch(name, filename, arrays, scalars=()):
         (blocks,), (ELEMENTWISE_BLOCK,), (*arrays, np.int64(first.size), *scalars))
 
 
-def adam_step(p, g, m, v, lr, step, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+def adam_scalars(lr, step, beta1=0.9, beta2=0.999, weight_decay=0.0):
+    """The scalars of Adam's step ``step`` = t >= 1: (lr, bias1, bias2, weight
+    decay), with the bias corrections bias1 = 1 - beta1^t, bias2 = 1 - beta2^t."""
+    return (lr, 1.0 - beta1**step, 1.0 - beta2**step, weight_decay)
+
+
+def adam_step(p, g, m, v, scalars, beta1=0.9, beta2=0.999, eps=1e-8):
     """One Adam step, in place on the parameters ``p`` and the moments ``m``, ``v``,
-    from the gradient ``g`` (``step`` = t >= 1 sets the bias corrections): one
-    pass over the vector, compiled on the CPU (mlp_cpu.adam_update), one launch of
-    kernels/adam.cu on the GPU instead of 14 CuPy calls."""
-    bias1, bias2 = 1.0 - beta1**step, 1.0 - beta2**step
+    from the gradient ``g``, with :func:`adam_scalars`' four ``scalars``: one pass
+    over the vector, compiled on the CPU (mlp_cpu.adam_update), one launch of
+    kernels/adam.cu on the GPU instead of 14 CuPy calls.  On the GPU the scalars
+    may be a float64 device array, which the kernel reads when it runs (a row of
+    MLPMapping.fit's schedule, rewritten before each replay of a captured graph);
+    host values are copied over."""
     if array_module(p) is np:
-        scalars = (beta1, beta2, lr / bias1, 1.0 / math.sqrt(bias2), eps, weight_decay)
-        adam_update(p, np.ascontiguousarray(g, dtype=p.dtype), m, v,
-                    *map(p.dtype.type, scalars))
+        lr, bias1, bias2, weight_decay = map(float, scalars)
+        adam_update(p, np.ascontiguousarray(g, dtype=p.dtype), m, v, *map(p.dtype.type, (
+            beta1, beta2, lr / bias1, 1.0 / math.sqrt(bias2), eps, weight_decay)))
         return
-    g = get_backend("gpu").xp.ascontiguousarray(g, dtype=p.dtype)
-    _launch("adam_step", "adam.cu", (p, g, m, v), tuple(map(
-        np.float64, (lr, beta1, beta2, bias1, bias2, eps, weight_decay))))
+    xp = get_backend("gpu").xp
+    scalars = xp.asarray(scalars, dtype=np.float64)
+    g = xp.ascontiguousarray(g, dtype=p.dtype)
+    _launch("adam_step", "adam.cu", (p, g, m, v), (scalars, *map(np.float64, (beta1, beta2, eps))))
 
 
 def bias_activation(H, b, activate):
@@ -250,21 +261,51 @@ def scaled_residual(O, Z, scale):
     _launch("scaled_residual", "mlp.cu", (O, Z), (np.float64(scale),))
 
 
+# Minibatches per segment of an epoch.  A segment's rows are gathered into fixed
+# buffers and its Adam scalars written to a fixed schedule, so that on the GPU one
+# CUDA graph of its steps replays every segment of the same length: an epoch is
+# a few launches instead of 21 CuPy calls per minibatch.
+SEGMENT_STEPS = 256
+
+
 class _MinibatchBuffers:
-    """Every array a minibatch step of MLPMapping.fit writes, allocated once per
-    fit: the layers' outputs, the hidden layers' back-propagated gradients, the
-    parameters' gradient and (on the CPU) the scratch of tanh_backward.
+    """Every array MLPMapping.fit's minibatch steps read or write, allocated once
+    and kept over warm starts of the same shapes and parameter vector: a
+    segment's inputs and targets, its steps' Adam scalars (adam_scalars), the
+    layers' outputs, the hidden layers' back-propagated gradients, the
+    parameters' gradient, (on the CPU) the scratch of tanh_backward, and (on the
+    GPU) the CUDA graphs of the segments.
     Allocated per minibatch, arrays of a few hundred KB went back to
     the OS and came back as fresh pages (glibc's malloc): an epoch of a net
     3-100-500-2 on 20,000 points took 0.19-0.52 s on a 2-core EPYC, as the
     allocator happened to keep memory or not, and takes 0.18 s with the buffers.
-    A short last minibatch uses the first rows of each (batch, width) array."""
+    A short segment or minibatch uses the first rows of each array."""
 
-    def __init__(self, xp, sizes, batch, theta):
+    def __init__(self, xp, sizes, n, batch, parameters):
+        theta = parameters[0]
+        self.shape = (n, batch, sizes)
+        self.parameters = parameters                # theta, m, v: what the graphs update
+        steps = min(SEGMENT_STEPS, -(-n // batch))
+        self.rows = min(steps * batch, n)
+        self.inputs = xp.empty((self.rows, sizes[0]), dtype=theta.dtype)
+        self.targets = xp.empty((self.rows, sizes[-1]), dtype=theta.dtype)
+        self.schedule = np.empty((steps, 4))
+        self.device_schedule = None if xp is np else xp.empty(self.schedule.shape)
         self.outputs = [xp.empty((batch, w), dtype=theta.dtype) for w in sizes[1:]]
         self.deltas = [xp.empty((batch, w), dtype=theta.dtype) for w in sizes[1:-1]]
         self.gradient = xp.empty_like(theta)
         self._scratch = np.empty(batch * max(sizes[1:]), dtype=theta.dtype) if xp is np else None
+        self._xp = xp
+        # A segment's row count -> its graph; None: ran once, to be captured;
+        # False: no graphs (the CPU, or a capture CUDA refused).
+        self._graphs = {}
+        self._can_capture = xp is not np and get_backend("gpu").can_capture
+
+    def serve(self, n, batch, sizes, parameters):
+        """Whether these buffers serve a fit of n rows in minibatches of ``batch``
+        rows of a net of layer ``sizes`` with these parameters and moments."""
+        return self.shape == (n, batch, sizes) and all(
+            a is b for a, b in zip(self.parameters, parameters))
 
     def scratch(self, shape):
         """A contiguous host array of ``shape`` (at most the widest layer's); None
@@ -272,6 +313,46 @@ class _MinibatchBuffers:
         if self._scratch is None:
             return None
         return self._scratch[:shape[0] * shape[1]].reshape(shape)
+
+    def load(self, U, T, rows, scalars):
+        """The segment of the rows ``rows`` of U and T (a device index array on the
+        GPU) and its steps' Adam scalars (one row each)."""
+        xp, count = self._xp, len(rows)
+        xp.take(U, rows, axis=0, out=self.inputs[:count])
+        xp.take(T, rows, axis=0, out=self.targets[:count])
+        self.schedule[:len(scalars)] = scalars
+        if self.device_schedule is not None:
+            self.device_schedule[...] = xp.asarray(self.schedule)
+
+    def step_scalars(self, j):
+        """Step j's row of the schedule, where adam_step reads it."""
+        return self.schedule[j] if self.device_schedule is None else self.device_schedule[j]
+
+    def run(self, count, train):
+        """``train()``, the steps of a segment of ``count`` rows.  On the GPU the
+        first segment of each length runs as it is (compiling kernels and setting
+        cuBLAS up); the second is captured as a CUDA graph (backend.capture), which
+        that run and all later ones replay."""
+        if self._graphs.get(count, False) is None:
+            self._graphs[count] = self._capture(train)
+        else:
+            self._graphs.setdefault(count, None if self._can_capture else False)
+        graph = self._graphs[count]
+        if graph is None or graph is False:
+            train()
+        else:
+            graph.launch()
+
+    @staticmethod
+    def _capture(train):
+        """train()'s graph, or False where CUDA refuses the capture (the steps
+        then run as calls)."""
+        try:
+            return get_backend("gpu").capture(train)
+        except RuntimeError as exc:
+            warnings.warn(f"MLPMapping: CUDA graph capture failed ({exc}); its minibatch "
+                          "steps run without graphs", RuntimeWarning)
+            return False
 
 
 # (epochs, least minibatch steps) of MLPMapping's default warm and cold fits.
@@ -314,11 +395,13 @@ class MLPMapping:
 
     All weights and biases are views of one vector, and so are their gradients
     and Adam's moments: a minibatch's update is one Adam step over the vector
-    (on the GPU one launch, not one per array), and each epoch permutes the
-    inputs once so that a minibatch is a slice.  A minibatch of a net with two
-    hidden layers is 21 GPU calls and launches, 38 with one Adam launch per array
-    and a gather per minibatch (benchmarks/gpu_call_counts.py).  Every array a
-    minibatch writes is allocated once per fit (_MinibatchBuffers).
+    (on the GPU one launch, not one per array).  Each epoch permutes the inputs
+    and gathers them a segment (SEGMENT_STEPS minibatches) at a time, so that a
+    minibatch is a slice.  A minibatch of a net with two hidden layers is 21 GPU
+    calls and launches, 38 with one Adam launch per array and a gather per
+    minibatch (benchmarks/gpu_call_counts.py).  Every array a minibatch reads or
+    writes is allocated once and kept over warm starts (_MinibatchBuffers), and on
+    the GPU a segment's calls are captured once as a CUDA graph and replayed.
     """
 
     def __init__(self, hidden=(100,), epochs=None, initial_epochs=None, batch_size=100,
@@ -333,6 +416,13 @@ class MLPMapping:
         self.power_t = power_t
         self.weight_decay = weight_decay
         self.random_state = random_state
+
+    def __getstate__(self):
+        # The next fit rebuilds the minibatch buffers: a copy trains its own
+        # parameter vector, and CUDA graphs do not pickle.
+        state = dict(self.__dict__)
+        state.pop("_buffers", None)
+        return state
 
     @property
     def weights_(self):
@@ -389,29 +479,43 @@ class MLPMapping:
         lr = check_float(self.learning_rate, "learning_rate", 0.0, low_open=True)
         power_t = check_float(self.power_t, "power_t", 0.0)
         self.learning_rate_ = lr = lr / (1.0 + self.n_warm_starts_) ** power_t
-        U = (Y - self.y_mean_) / self.y_std_
-        T = (Z - self.z_mean_) / self.z_std_
-        n = Y.shape[0]
-        layers = self.weights_
-        buffers = _MinibatchBuffers(xp, self._sizes, min(batch, n), self._theta)
-        layer_gradients = self._layers(buffers.gradient)
+        # In the parameters' dtype, that of the buffers they are gathered into.
+        U = ((Y - self.y_mean_) / self.y_std_).astype(self._theta.dtype, copy=False)
+        T = ((Z - self.z_mean_) / self.z_std_).astype(self._theta.dtype, copy=False)
+        n, batch = Y.shape[0], min(batch, Y.shape[0])
         # Adam's state carries over warm starts: restarting it (bias-corrected first
         # steps of size ~lr whatever the gradient) shook a converged net at every
         # F step, and P(F) rose late on the MAC path (Fashion-MNIST 5k: best P 1.85
         # restarting, see benchmarks/results/mac.json for the carried state).
         m, v, step = self._adam
+        buffers = getattr(self, "_buffers", None)
+        if buffers is None or not buffers.serve(n, batch, self._sizes, (self._theta, m, v)):
+            buffers = self._buffers = _MinibatchBuffers(xp, self._sizes, n, batch,
+                                                        (self._theta, m, v))
         for _ in range(epochs):
             order = xp.asarray(self._rng.permutation(n))
-            U_epoch, T_epoch = U[order], T[order]
-            for start in range(0, n, batch):
-                self._minibatch_gradient(xp, layers, U_epoch[start:start + batch],
-                                         T_epoch[start:start + batch], layer_gradients,
-                                         buffers)
-                step += 1
-                adam_step(self._theta, buffers.gradient, m, v, lr, step,
-                          weight_decay=weight_decay)
+            for start in range(0, n, buffers.rows):
+                rows = order[start:start + buffers.rows]
+                steps = -(-len(rows) // batch)
+                buffers.load(U, T, rows, [adam_scalars(lr, step + j, weight_decay=weight_decay)
+                                          for j in range(1, steps + 1)])
+                buffers.run(len(rows), functools.partial(self._train_segment, xp, buffers,
+                                                         len(rows), batch))
+                step += steps
         self._adam = (m, v, step)
         return self
+
+    def _train_segment(self, xp, buffers, count, batch):
+        """Minibatch steps over the first ``count`` rows of the buffers' segment, each
+        an Adam step with its row of the schedule.  What it touches stays fixed
+        while the buffers serve (a CUDA graph of it replays on the same arrays)."""
+        layers, gradients = self.weights_, self._layers(buffers.gradient)
+        theta, m, v = buffers.parameters
+        for j, start in enumerate(range(0, count, batch)):
+            stop = min(start + batch, count)
+            self._minibatch_gradient(xp, layers, buffers.inputs[start:stop],
+                                     buffers.targets[start:stop], gradients, buffers)
+            adam_step(theta, buffers.gradient, m, v, buffers.step_scalars(j))
 
     def _epochs(self, warm, steps_per_epoch):
         """The epochs of a warm or cold fit (None: WARM_FIT's or COLD_FIT's epochs,
