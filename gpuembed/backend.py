@@ -66,8 +66,9 @@ class Backend:
         """``work()``'s device work recorded once as a CUDA graph, not run; the
         returned object's ``launch()`` replays it on the current stream, on the
         arrays ``work`` touched (their contents at launch).  ``work`` must not read
-        device values on the host (no host synchronization during capture), and
-        every host value it passes to the device is frozen into the graph.  What
+        device values on the host (no host synchronization during capture) nor call
+        cuBLAS (CuPy raises NotImplementedError), and every host value it passes to
+        the device is frozen into the graph.  What
         it allocates comes from a memory pool of the graph's own, kept as long as
         the graph: temporaries freed during capture are not reused elsewhere while
         the graph may still write them."""

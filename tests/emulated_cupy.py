@@ -95,8 +95,11 @@ def counting(sites=False):
 
 
 # Set while an emulated CUDA graph runs (tests/emulated_cuda.py): stream capture
-# refuses what waits on the host, a read of a device value or an upload of host data.
+# refuses what waits on the host, a read of a device value or an upload of host data,
+# and CuPy refuses cuBLAS calls (NotImplementedError, seen on an H100 with CuPy 14).
 capturing = False
+CUBLAS_CALLS = {"cupy.matmul", "cupy.dot", "cupy.tensordot", "cupy.inner", "cupy.vdot",
+                "cupy.einsum", "the operator matmul"}
 
 
 def count(kind):
@@ -176,6 +179,9 @@ def _strict(function, where, params, host_input=False, sequences=True):
     @functools.wraps(function)
     def call(*args, **kwargs):
         _check_parameters(where, params, args, kwargs)
+        if capturing and (where in CUBLAS_CALLS or where.startswith("cupy.linalg.")):
+            raise NotImplementedError(f"{where}: calling cuBLAS API during stream capture is "
+                                      "currently unsupported")
         if not host_input:
             count("calls")
             args = tuple(_device(a, where, sequences) for a in args)

@@ -122,16 +122,18 @@ def test_gpu_backend_round_trip():
 @pytest.mark.gpu
 def test_a_captured_graph_replays_on_the_contents_at_launch(rng):
     """Backend.capture records without running, and each launch runs the work on
-    the arrays' contents then: a cuBLAS product, a reduction into a preallocated
-    output, an in-place update and a temporary (from the graph's own pool)."""
+    the arrays' contents then: RawKernels (the MLP's product and column sums into
+    preallocated outputs), CuPy's elementwise arithmetic with a temporary (from
+    the graph's own pool) and an in-place update.  (CuPy refuses cuBLAS calls
+    during capture.)"""
+    from gpuembed.parametric.mappings import column_sums, gemm
     be = ge.get_backend("gpu")
     xp = be.xp
     A, B = be.asarray(rng.normal(size=(50, 30))), be.asarray(rng.normal(size=(30, 20)))
     out, col = xp.zeros((50, 20)), xp.zeros(20)
 
     def work():
-        xp.matmul(A, B, out=out)
-        out.sum(axis=0, out=col)
+        column_sums(gemm(A, B, out), col)
         col[...] = col * 2.0 + 1.0
     graph = be.capture(work)
     np.testing.assert_array_equal(be.to_host(col), 0.0)         # nothing ran

@@ -147,7 +147,8 @@ def test_sparse_details_follow_cupyx():
 def test_an_emulated_graph_refuses_what_stream_capture_refuses(a):
     """Backend.capture's stand-in runs its work at each launch, device work
     only: a host read of a device value or an upload of host data raises, as
-    stream capture does, and leaves the emulator out of capture."""
+    stream capture does, and so does a cuBLAS call, as CuPy does; the emulator
+    is left out of capture."""
     from emulated_cuda import EmulatedGraph
 
     def add_one():
@@ -161,3 +162,7 @@ def test_an_emulated_graph_refuses_what_stream_capture_refuses(a):
         with pytest.raises(RuntimeError, match="capturing"):
             EmulatedGraph(work).launch()
         assert not emulated_cupy.capturing
+    M = xp.ones((3, 3))
+    for work in (lambda: M @ M, lambda: xp.matmul(M, M), lambda: xp.dot(M, M)):
+        with pytest.raises(NotImplementedError, match="cuBLAS"):
+            EmulatedGraph(work).launch()

@@ -748,6 +748,29 @@ def test_mlp_elementwise_kernels_match_numpy(rng, dtype, rel):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype,rel", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_mlp_gemm_and_column_sums_kernels_match_numpy(rng, dtype, rel):
+    """kernels/mlp.cu's product on shapes that its 16 x 16 tiles do not divide
+    (one row, two columns, a minibatch against a 256-wide layer), each operand as
+    stored and as the transposed view of its transpose (back-propagation's A^T and
+    W^T, read in place), and its column sums."""
+    from gpuembed.parametric.mappings import column_sums, gemm
+    gpu = get_backend("gpu")
+    for M, K, N in ((37, 53, 29), (100, 256, 256), (1, 5, 3), (300, 17, 2)):
+        A, B = rng.normal(size=(M, K)).astype(dtype), rng.normal(size=(K, N)).astype(dtype)
+        want = A @ B
+        As, Bs = gpu.asarray(A), gpu.asarray(B)
+        At, Bt = gpu.asarray(A.T.copy()).T, gpu.asarray(B.T.copy()).T
+        for a, b in ((As, Bs), (At, Bs), (As, Bt), (At, Bt)):
+            got = gemm(a, b, gpu.xp.empty((M, N), dtype=dtype))
+            np.testing.assert_allclose(gpu.to_host(got), want, rtol=rel,
+                                       atol=rel * np.abs(want).max())
+    D = rng.normal(size=(70, 300)).astype(dtype)
+    got = column_sums(gpu.asarray(D), gpu.xp.empty(300, dtype=dtype))
+    np.testing.assert_allclose(gpu.to_host(got), D.sum(axis=0), rtol=rel, atol=rel * 10)
+
+
+@pytest.mark.gpu
 def test_mlp_mapping_gpu_matches_cpu(rng):
     """Two hidden layers, warm starts and weight decay: the fit, predict and
     backward of the flat parameter vector on device arrays equal the CPU's (to

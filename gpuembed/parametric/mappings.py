@@ -240,6 +240,42 @@ def bias_activation(H, b, activate):
     _launch("bias_activation", "mlp.cu", (H, b), (np.int64(H.shape[1]), np.int32(activate)))
 
 
+# kernels/mlp.cu's product tile (GEMM_TILE there).
+GEMM_TILE = 16
+
+
+def gemm(A, B, out):
+    """out <- A @ B for 2-D A (M x K) and B (K x N) and a C-contiguous out (M x N);
+    A and B may be transposed views.  On the GPU one launch of kernels/mlp.cu,
+    which a CUDA graph can capture (CuPy refuses cuBLAS calls while a stream
+    captures); np.matmul on the CPU."""
+    if array_module(out) is np:
+        return np.matmul(A, B, out=out)
+    (M, K), N = A.shape, B.shape[1]
+    # Each operand by its element strides, passed as the contiguous array its
+    # view reads (the kernel takes a pointer, and transposing moves none).
+    operands = []
+    for X in (A, B):
+        operands += [X if X.flags.c_contiguous else X.T,
+                     *(np.int64(stride // X.itemsize) for stride in X.strides)]
+    get_backend("gpu").kernel("mlp.cu", "gemm", out.dtype)(
+        (-(-N // GEMM_TILE), -(-M // GEMM_TILE)), (GEMM_TILE, GEMM_TILE),
+        (*operands, out, np.int32(M), np.int32(N), np.int32(K)))
+    return out
+
+
+def column_sums(D, out):
+    """out <- D.sum(axis=0) for a C-contiguous D; one launch of kernels/mlp.cu on
+    the GPU (capturable, as :func:`gemm`)."""
+    if array_module(D) is np:
+        return D.sum(axis=0, out=out)
+    rows, cols = D.shape
+    get_backend("gpu").kernel("mlp.cu", "column_sums", D.dtype)(
+        (-(-cols // ELEMENTWISE_BLOCK),), (ELEMENTWISE_BLOCK,),
+        (D, out, np.int32(rows), np.int32(cols)))
+    return out
+
+
 def tanh_backward(D, A, scratch=None):
     """D <- D (1 - A^2) in place: back through a tanh whose output is A (on the
     CPU through ``scratch``, an array shaped as A, allocated when None)."""
@@ -460,7 +496,7 @@ class MLPMapping:
         activations = [U]
         last = len(layers) - 1
         for i, (W, b) in enumerate(layers):
-            U = U @ W if outputs is None else xp.matmul(U, W, out=outputs[i][:len(U)])
+            U = U @ W if outputs is None else gemm(U, W, outputs[i][:len(U)])
             bias_activation(U, b, i < last)
             activations.append(U)
         return activations
@@ -541,14 +577,18 @@ class MLPMapping:
         rows = len(delta)
         for i in range(len(layers) - 1, -1, -1):
             dW, db = gradients[i]
-            xp.matmul(acts[i].T, delta, out=dW)
-            delta.sum(axis=0, out=db)
+            if buffers is None:
+                xp.matmul(acts[i].T, delta, out=dW)
+                delta.sum(axis=0, out=db)
+            else:       # a minibatch step: kernels a CUDA graph can capture
+                gemm(acts[i].T, delta, dW)
+                column_sums(delta, db)
             if i:
                 W = layers[i][0]
                 if buffers is None:
                     delta, scratch = delta @ W.T, None
                 else:
-                    delta = xp.matmul(delta, W.T, out=buffers.deltas[i - 1][:rows])
+                    delta = gemm(delta, W.T, buffers.deltas[i - 1][:rows])
                     scratch = buffers.scratch(delta.shape)
                 tanh_backward(delta, acts[i], scratch)
 
