@@ -11,7 +11,8 @@ Host time per iteration is at least calls x (5-10 us): the floor under each
 iteration's time that no kernel speed removes, to compare with the GPU's
 measured times.  Counts per iteration are the difference between fits of
 FIRST and LAST iterations (setup excluded); the affinities and k-NN are
-counted per call, the MLP mapping (MAC's F step) per minibatch.
+counted per call, the MLP mapping (MAC's F step) per minibatch, with and without
+its CUDA graphs (a graph's launch is one call of the host's, whatever it replays).
 
     python benchmarks/gpu_call_counts.py      # writes results/gpu_call_counts.json
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from unittest import mock
 from pathlib import Path
 
 here = Path(__file__).resolve().parent
@@ -72,14 +74,18 @@ def per_iteration(cls, params, X, affinities, be):
     return row
 
 
-def mlp_minibatch(be, X):
+def mlp_minibatch(be, X, graphs):
     """One minibatch step of MAC's F step with an MLP (3-256-256-2, batch 100):
-    the counts of one warm-started epoch over its minibatches."""
+    the counts of one warm-started epoch over its minibatches, its segments
+    replayed from CUDA graphs (``graphs``; the cold fit's epoch runs the calls
+    once) or made as calls."""
     from gpuembed.parametric import MLPMapping
 
     Z = X[:, :2]
-    mlp = MLPMapping(hidden=(256, 256), initial_epochs=1, epochs=1, random_state=0).fit(X, Z)
-    _, counts, sites = counted(lambda: mlp.fit(X, Z, warm_start=True))
+    with mock.patch.object(type(be), "can_capture", graphs):
+        mlp = MLPMapping(hidden=(256, 256), initial_epochs=1, epochs=1,
+                         random_state=0).fit(X, Z)
+        _, counts, sites = counted(lambda: mlp.fit(X, Z, warm_start=True))
     batches = -(-X.shape[0] // mlp.batch_size)
     return {**{k: v / batches for k, v in counts.items()},
             "top_call_sites": top(sites, "calls", batches)}
@@ -98,7 +104,8 @@ def run(n):
             **counts, "top_call_sites": top(sites, "calls")}
     _, counts, _ = counted(lambda: ge.knn(X, 90, backend=be))
     figures["per_call"]["knn k=90"] = counts
-    figures["per_call"]["MLP mapping minibatch"] = mlp_minibatch(be, X)
+    figures["per_call"]["MLP mapping minibatch"] = mlp_minibatch(be, X, graphs=True)
+    figures["per_call"]["MLP mapping minibatch, no graphs"] = mlp_minibatch(be, X, graphs=False)
     affinities = ge.entropic_affinities(X, 30.0, backend=be)
     for label, (cls, params) in ESTIMATORS.items():
         figures["per_iteration"][label] = row = per_iteration(cls, params, X, affinities, be)

@@ -66,19 +66,24 @@ class EmulatedBackend(Backend):
 
 class EmulatedGraph:
     """Backend.capture's graph: capture runs nothing, and each launch runs
-    ``work`` again, refusing host reads of device values and uploads of host data
-    as stream capture does.  It checks the bookkeeping around a graph, not that
-    the host values ``work`` passes stay what the capture froze."""
+    ``work`` again, refusing host reads of device values, uploads of host data
+    and cuBLAS calls as stream capture does.  It checks the bookkeeping around a
+    graph, not that the host values ``work`` passes stay what the capture froze.
+    The host makes one call per launch, which is what emulated_cupy.counting
+    counts ("graphs"), not the work's calls and kernels."""
 
     def __init__(self, work):
         self._work = work
 
     def launch(self):
+        counts, sites = emulated_cupy.COUNTS.copy(), emulated_cupy.sites_copy()
         emulated_cupy.capturing = True
         try:
             self._work()
         finally:
             emulated_cupy.capturing = False
+            emulated_cupy.restore_counts(counts, sites)
+        emulated_cupy.count("graphs")
 
 
 def install():

@@ -75,8 +75,9 @@ SPARSE_CLASSES = {"csr": "csr_matrix", "csc": "csc_matrix", "coo": "coo_matrix"}
 
 # Counted while counting() is active: "calls" (cupy functions, operators,
 # advanced indexing, assignments), "uploads" (host data to cupy.asarray),
-# "kernels" (RawKernel launches, by tests/emulated_cuda.py) and "reads" (the
-# host reading a device value: float(), int(), bool(), .get(), .item()).
+# "kernels" (RawKernel launches, by tests/emulated_cuda.py), "reads" (the
+# host reading a device value: float(), int(), bool(), .get(), .item()) and
+# "graphs" (launches of captured CUDA graphs, whose work the host does not make).
 COUNTS = collections.Counter()
 _sites = None
 
@@ -100,6 +101,20 @@ def counting(sites=False):
 capturing = False
 CUBLAS_CALLS = {"cupy.matmul", "cupy.dot", "cupy.tensordot", "cupy.inner", "cupy.vdot",
                 "cupy.einsum", "the operator matmul"}
+
+
+def sites_copy():
+    return None if _sites is None else _sites.copy()
+
+
+def restore_counts(counts, sites):
+    """Put back what COUNTS (and the per-site counts) held before an emulated
+    graph's work ran (its calls are the device's, not the host's)."""
+    COUNTS.clear()
+    COUNTS.update(counts)
+    if _sites is not None:
+        _sites.clear()
+        _sites.update(sites)
 
 
 def count(kind):

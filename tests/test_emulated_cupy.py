@@ -155,8 +155,10 @@ def test_an_emulated_graph_refuses_what_stream_capture_refuses(a):
         a[...] += 1.0
     graph = EmulatedGraph(add_one)
     np.testing.assert_array_equal(a.get(), np.arange(5.0))     # capture runs nothing
-    graph.launch()
-    graph.launch()
+    with emulated_cupy.counting() as (counts, _):
+        graph.launch()
+        graph.launch()
+    assert dict(counts) == {"graphs": 2}           # the host's calls, not the work's
     np.testing.assert_array_equal(a.get(), np.arange(5.0) + 2)
     for work in (lambda: float(a.sum()), lambda: a.get(), lambda: xp.asarray(np.ones(2))):
         with pytest.raises(RuntimeError, match="capturing"):
