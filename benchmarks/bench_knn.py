@@ -3,8 +3,9 @@
 Both run on the same float32 data, alternating, each timed ``repeat`` times; the
 figure quoted is the ratio of the best times.  Alongside, gpuembed's query path
 on the points themselves (``knn_query(X, X, k + 1)``: full rows of the distance
-matrix, what ``knn`` did on the CPU before it took the upper triangle only).  On a GPU, gpuembed's GPU path is
-timed too (after one warm-up call that compiles the kernel), and where its time
+matrix, what ``knn`` did on the CPU before it took the upper triangle only).  On a
+GPU, gpuembed's GPU path is timed too (after one warm-up call that compiles the
+kernel), and where its time
 goes for ``--stages-n`` random 50-D points (the selection kernel, the candidates'
 finish, the rest: the GEMM blocks and their bookkeeping).
 

@@ -205,7 +205,8 @@ def parametric_vs_free(X, labels, backend, mlp, mac_params):
         start = time.perf_counter()
         Z_held = pe.transform(held)
         rows[f"parametric {name}"] = {
-            "free_objective": pe.free_objective_, "direct_fit_objective": pe.history_[0]["objective"],
+            "free_objective": pe.free_objective_,
+            "direct_fit_objective": pe.history_[0]["objective"],
             "objective": pe.objective_, "fit_seconds": fit,
             "transform_seconds": time.perf_counter() - start, **scores(pe.embedding_, Z_held)}
         for key in (name, f"parametric {name}"):

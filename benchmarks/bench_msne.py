@@ -143,7 +143,8 @@ def scaling(sizes, n_scales, exact_max, backend):
         X = X_all[:n].astype(np.float64)
         start = time.perf_counter()
         M = ge.multiscale_affinities(X, 2.0, n_scales=n_scales, symmetrize=False, backend=be)
-        row = {"n": n, "scales": len(M.perplexities), "affinities_seconds": time.perf_counter() - start}
+        row = {"n": n, "scales": len(M.perplexities),
+               "affinities_seconds": time.perf_counter() - start}
         Y = initial_layout("pca", X, 2, be, dtype, np.sqrt(n) / 2, 0)
         p = ld_precisions(M.perplexities, be.to_host(Y))
         for engine in ("fgt", "exact"):

@@ -112,8 +112,8 @@ def accuracy_sweep(be, n):
     X = be.asarray(points(n, seed=1), be.default_float)
     (S0, SX0), = engine_sums(be, "exact", X, ("gaussian",))
     rows = []
-    for method, name, values in (("fgt", "p", range(1, 13)), ("bh", "theta", (0.1, 0.2, 0.3, 0.5,
-                                                                                 0.7, 1.0, 1.5, 2.0))):
+    thetas = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0)
+    for method, name, values in (("fgt", "p", range(1, 13)), ("bh", "theta", thetas)):
         for value in values:
             seconds, ((S, SX),) = best_time(   # twice: the first call may compile
                 lambda: engine_sums(be, method, X, ("gaussian",), accuracy={name: value}),

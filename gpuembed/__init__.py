@@ -11,6 +11,6 @@ from .spectral import LaplacianEigenmaps, SpectralClustering
 __version__ = "0.1.0"
 
 __all__ = ["Backend", "BackendUnavailable", "NotFittedError", "get_backend", "knn",
-           "entropic_affinities", "multiscale_affinities", "TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE",
-           "ParametricEmbedding", "LaplacianEigenmaps", "SpectralClustering", "datasets",
-           "metrics", "nbody", "objectives", "optim", "parametric", "__version__"]
+           "entropic_affinities", "multiscale_affinities", "TSNE", "SSNE", "EE", "SNE",
+           "MultiscaleSNE", "ParametricEmbedding", "LaplacianEigenmaps", "SpectralClustering",
+           "datasets", "metrics", "nbody", "objectives", "optim", "parametric", "__version__"]

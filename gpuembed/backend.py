@@ -216,7 +216,8 @@ def _gpu_backend():
     try:
         n_devices = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # CUDA driver missing or broken
-        raise BackendUnavailable(f"backend='gpu': CuPy is installed but CUDA failed: {exc}") from exc
+        raise BackendUnavailable(
+            f"backend='gpu': CuPy is installed but CUDA failed: {exc}") from exc
     if n_devices < 1:
         raise BackendUnavailable("backend='gpu': CuPy is installed but no CUDA device is visible")
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)

@@ -56,7 +56,8 @@ def test_kernel_sources_are_found(name):
 
 def test_every_kernel_file_is_listed():
     # The repository's kernels/ must match what the tests know about.
-    shipped = sorted(p.name for d in backend_module.kernel_dirs() if d.is_dir() for p in d.glob("*.cu"))
+    shipped = sorted(p.name for d in backend_module.kernel_dirs() if d.is_dir()
+                     for p in d.glob("*.cu"))
     assert sorted(set(shipped)) == sorted(KERNEL_FILES)
 
 
@@ -115,7 +116,8 @@ def test_gpu_backend_round_trip():
     a = be.asarray(np.arange(5.0))
     assert hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray)
     np.testing.assert_array_equal(be.to_host(a), np.arange(5.0))
-    out = be.scatter_add(be.xp.zeros(3), be.asarray(np.array([0, 2, 0])), be.asarray([1.0, 2.0, 3.0]))
+    out = be.scatter_add(be.xp.zeros(3), be.asarray(np.array([0, 2, 0])),
+                         be.asarray([1.0, 2.0, 3.0]))
     np.testing.assert_array_equal(be.to_host(out), [4.0, 0.0, 2.0])
 
 

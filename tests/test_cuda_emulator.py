@@ -99,7 +99,8 @@ def test_undefined_behaviour_is_reported(rng):
     with pytest.raises(RuntimeError, match="do not exist"):
         warp_sum((1,), (48,), (x, np.int32(0), np.zeros_like(x)))
     with pytest.raises(RuntimeError, match="__syncthreads"):
-        compile_kernel(EXIT_BEFORE_SYNC, "exit_before_sync")((1,), (64,), (np.zeros(64, np.float32),))
+        compile_kernel(EXIT_BEFORE_SYNC, "exit_before_sync")((1,), (64,),
+                                                             (np.zeros(64, np.float32),))
 
 
 def test_launches_are_checked_like_a_gpu_would_fail(rng):

@@ -91,7 +91,8 @@ def test_fashion_mnist_corrupt_file(tmp_path):
         datasets.fashion_mnist(tmp_path)
 
 
-@pytest.mark.skipif(not datasets.FASHION_MNIST_PATH.is_dir(), reason="dataset-fashion-mnist not installed")
+@pytest.mark.skipif(not datasets.FASHION_MNIST_PATH.is_dir(),
+                    reason="dataset-fashion-mnist not installed")
 def test_fashion_mnist_real_files():
     X, y = datasets.fashion_mnist()
     assert X.shape == (70000, 784) and np.bincount(y).tolist() == [7000] * 10

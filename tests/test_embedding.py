@@ -761,9 +761,8 @@ def test_sd_does_not_fling_a_weakly_linked_point(solver):
 
 def test_same_seed_same_result(small):
     X, _, A = small
-    a = ge.TSNE(init="random", random_state=1, max_iter=15, affinities=A, backend="cpu").fit_transform(X)
-    b = ge.TSNE(init="random", random_state=1, max_iter=15, affinities=A, backend="cpu").fit_transform(X)
-    c = ge.TSNE(init="random", random_state=2, max_iter=15, affinities=A, backend="cpu").fit_transform(X)
+    a, b, c = (ge.TSNE(init="random", random_state=seed, max_iter=15, affinities=A,
+                       backend="cpu").fit_transform(X) for seed in (1, 1, 2))
     np.testing.assert_array_equal(a, b)
     assert not np.allclose(a, c)
 

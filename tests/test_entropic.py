@@ -83,7 +83,8 @@ def test_bounds_contain_the_root_property(rng):
         elif kind == 1:
             d = rng.gamma(rng.uniform(0.1, 5), 1.0, (200, k)) ** 2
         elif kind == 2:   # a few very close points, the rest far (two clusters)
-            d = np.where(rng.random((200, k)) < 0.1, rng.random((200, k)), 1e3 + rng.random((200, k)))
+            d = np.where(rng.random((200, k)) < 0.1, rng.random((200, k)),
+                         1e3 + rng.random((200, k)))
         else:             # duplicates (exact zeros) and an offset
             d = rng.random((200, k)) * 5 + 7
             d[:, : max(1, k // 10)] = 7.0
@@ -159,7 +160,8 @@ def test_all_methods_and_orders_agree_on_beta(clusters, order):
 
 
 def test_warm_starts_need_fewer_evaluations(clusters):
-    n_eval = {order: ge.entropic_affinities(clusters, 15.0, order=order, backend="cpu").n_iter.mean()
+    n_eval = {order: ge.entropic_affinities(clusters, 15.0, order=order,
+                                            backend="cpu").n_iter.mean()
               for order in orders.ORDERS}
     for order in ("dk", "mst", "msp"):
         assert n_eval[order] < n_eval["bounds"] - 0.5, n_eval
@@ -566,7 +568,8 @@ def test_gpu_kernel_equals_array_reference(clusters, method):
     ref = rootfinding.solve(np, shifted, LOG(K), alpha0, lo.copy(), hi.copy(), method, 1e-10)
     rows = xp.arange(len(clusters))
     out = rootfinding.solve_kernel(be, be.asarray(shifted), rows, be.asarray(LOG(K)),
-                                   be.asarray(alpha0), be.asarray(lo), be.asarray(hi), method, 1e-10)
+                                   be.asarray(alpha0), be.asarray(lo), be.asarray(hi), method,
+                                   1e-10)
     np.testing.assert_allclose(be.to_host(out[0]), ref[0], rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(be.to_host(out[1]), LOG(K), atol=1e-10)
     # Identical steps, so identical evaluation counts except for rare last-bit ties.

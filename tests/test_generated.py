@@ -133,7 +133,7 @@ def test_modules_inlining_fastexp_carry_its_digest():
     importers = sorted(
         ".".join(path.relative_to(package.parent).with_suffix("").parts)
         for path in package.rglob("*.py")
-        if "from ..fastexp import" in path.read_text() or "from .fastexp import" in path.read_text())
+        if any(f"from {dots}fastexp import" in path.read_text() for dots in ("..", ".")))
     assert len(importers) == 4
     for name in importers:
         assert importlib.import_module(name).FASTEXP_DIGEST == fastexp_digest(), (

@@ -115,8 +115,8 @@ def test_pruned_landmarks_are_more_spread_out(rng):
         D = ((Y[idx, None] - Y[None, idx]) ** 2).sum(-1)
         np.fill_diagonal(D, np.inf)
         return np.sqrt(D.min(axis=1)).mean()
-    gaps = [min_gap(choose_landmarks(Y, 100, m, random_state=s)) for m in ("random", "random-pruned")
-            for s in range(5)]
+    gaps = [min_gap(choose_landmarks(Y, 100, m, random_state=s))
+            for m in ("random", "random-pruned") for s in range(5)]
     assert np.mean(gaps[5:]) > np.mean(gaps[:5])
 
 
@@ -196,7 +196,8 @@ def test_kmeans_warm_start_matches_restarts(rng):
     (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=500), "n_landmarks"),
     (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=50, kz=0), "kz"),
     (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=50, kz=51), "kz"),
-    (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, landmarks="grid", n_landmarks=50), "landmarks"),
+    (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, landmarks="grid", n_landmarks=50),
+     "landmarks"),
     (lambda: ge.SpectralClustering(400, n_neighbors=10), "n_clusters"),
     (lambda: ge.LaplacianEigenmaps(2, n_neighbors=0), "n_neighbors"),
     (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, sigma=-1.0), "sigma"),

@@ -622,8 +622,9 @@ def test_multiscale_sne_bad_arguments(kwargs, match):
 
 def test_fused_sweep_gives_the_same_bits_compiled_or_loaded_from_the_cache(tmp_path):
     """msne_cpu.fused_exact (and out_of_sample_rows, transform's) is cached on disk;
-    compiled in a process or loaded from numba's cache it must sum in one order (with fastmath's reassociation the two
-    differed in the last bits, so a first run would not have repeated later)."""
+    compiled in a process or loaded from numba's cache it must sum in one order (with
+    fastmath's reassociation the two differed in the last bits, so a first run would
+    not have repeated later)."""
     import os
     import subprocess
     import sys

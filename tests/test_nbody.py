@@ -1,8 +1,9 @@
 """N-body engines against brute-force N x N sums.
 
 Relative errors stated per engine: exact ~ machine precision (1e-11 here,
-GEMM distances; 1e-14 for the compiled CPU kernel's Gaussian); FGT below its bound (5.5)-(5.7) relative to sum |q| and
-decreasing with p (about 1e-8 at p = 10); Barnes-Hut equal to exact at
+GEMM distances; 1e-14 for the compiled CPU kernel's Gaussian); FGT below its bound
+(5.5)-(5.7) relative to sum |q| and decreasing with p (about 1e-8 at p = 10);
+Barnes-Hut equal to exact at
 theta = 0, error growing with theta.
 """
 import numpy as np

@@ -413,8 +413,8 @@ def test_gpu_selection_of_many_columns(rng, m, dtype, warps):
 def test_knn_query_matches_brute_force(backend, rng):
     X = rng.standard_normal((300, 7))
     Q = np.concatenate([rng.standard_normal((40, 7)), X[:5]])   # includes training points
-    sqdist, idx = (backend.to_host(a) for a in
-                   ge.neighbors.knn_query(backend.asarray(Q), backend.asarray(X), 6, backend=backend))
+    sqdist, idx = (backend.to_host(a) for a in ge.neighbors.knn_query(
+        backend.asarray(Q), backend.asarray(X), 6, backend=backend))
     D = ((Q[:, None] - X[None]) ** 2).sum(-1)
     order = np.lexsort((np.broadcast_to(np.arange(300), D.shape), D), axis=1)[:, :6]
     np.testing.assert_array_equal(idx, order)

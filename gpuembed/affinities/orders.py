@@ -18,7 +18,8 @@ the solution of points solved before it:
 A sequential order does not parallelize as is.  A *schedule* is a list of
 waves ``(rows, sources)``: all rows of a wave are solved together, each started
 from the mean log beta of its (already solved) ``sources`` (-1: no source, use
-the bracket midpoint; ``sources`` None: none for the whole wave).  ``parallel=True`` builds few large waves:
+the bracket midpoint; ``sources`` None: none for the whole wave).  ``parallel=True``
+builds few large waves:
 
 - sequences (dk, msp, a given sequence): a coarse subsample of the sequence
   first, then the midpoints between solved positions, halving the spacing each

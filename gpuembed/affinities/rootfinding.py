@@ -148,7 +148,8 @@ def solve(xp, shifted, log_perplexity, alpha0, lo, hi, method="newton", tol=1e-1
         # Too high an entropy means beta is too small: the root lies right of a.
         l = xp.where(f > 0, a, l)
         h = xp.where(f < 0, a, h)
-        done = (xp.abs(f) <= tol) | (h - l <= 4 * np.finfo(a.dtype).eps * xp.maximum(1.0, xp.abs(a)))
+        resolution = 4 * np.finfo(a.dtype).eps * xp.maximum(1.0, xp.abs(a))
+        done = (xp.abs(f) <= tol) | (h - l <= resolution)
         alpha[active], entropy[active], lo[active], hi[active] = a, H, l, h
         keep = ~done
         if not bool(keep.any()):
@@ -208,7 +209,8 @@ def solve_kernel(be, shifted, rows, log_perplexity, alpha0, lo, hi, method="newt
     threads = 128
     blocks = (m * 32 + threads - 1) // threads
     args = (xp.ascontiguousarray(shifted), np.int64(k), xp.ascontiguousarray(rows, dtype=xp.int64),
-            np.int64(m), *(xp.ascontiguousarray(v, dtype=f64) for v in (alpha0, lo, hi, log_perplexity)),
+            np.int64(m),
+            *(xp.ascontiguousarray(v, dtype=f64) for v in (alpha0, lo, hi, log_perplexity)),
             np.int32(METHODS.index(method)), np.float64(tol), np.int32(MAX_INNER),
             np.int32(MAX_EVALUATIONS), alpha, entropy, n_eval)
     kernel((blocks,), (threads,), args)

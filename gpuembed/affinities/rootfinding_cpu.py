@@ -19,7 +19,8 @@ from numba import njit, prange
 from ..fastexp import negexp
 from .rootfinding import MAX_EVALUATIONS, MAX_INNER, METHODS
 
-FASTEXP_DIGEST = "0b1f32411deb462c"   # of fastexp.py, whose functions this file's cached code holds (_generated.py)
+# Of fastexp.py, whose functions this file's cached code holds (_generated.py).
+FASTEXP_DIGEST = "0b1f32411deb462c"
 
 _HALLEY, _EULER, _BISECTION = (METHODS.index(m) for m in ("halley", "euler", "bisection"))
 _EPS = float(np.finfo(np.float64).eps)

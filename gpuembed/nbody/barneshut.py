@@ -138,7 +138,8 @@ class Tree:
         self.count = xp.concatenate(counts)
         self.first_child = xp.concatenate(first)
         self.n_children = xp.concatenate(n_children)
-        self.side = xp.concatenate([xp.full(len(s), size / 2.0**lv) for s, lv in zip(starts, levels)])
+        self.side = xp.concatenate([xp.full(len(s), size / 2.0**lv)
+                                    for s, lv in zip(starts, levels)])
         self.mass = cw[self.start + self.count] - cw[self.start]
         self.wx = cwx[self.start + self.count] - cwx[self.start]
         self.com = self.wx / xp.maximum(self.mass, np.finfo(self.mass.dtype).tiny)[:, None]

@@ -27,7 +27,8 @@ from numba import njit, prange
 
 from ..fastexp import expneg
 
-FASTEXP_DIGEST = "0b1f32411deb462c"   # of fastexp.py, whose functions this file's cached code holds (_generated.py)
+# Of fastexp.py, whose functions this file's cached code holds (_generated.py).
+FASTEXP_DIGEST = "0b1f32411deb462c"
 
 
 @njit(inline="always")

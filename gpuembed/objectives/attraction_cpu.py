@@ -23,7 +23,8 @@ from numba import get_thread_id, njit, prange
 
 from ..fastexp import logpos
 
-FASTEXP_DIGEST = "0b1f32411deb462c"   # of fastexp.py, whose functions this file's cached code holds (_generated.py)
+# Of fastexp.py, whose functions this file's cached code holds (_generated.py).
+FASTEXP_DIGEST = "0b1f32411deb462c"
 
 
 @njit(parallel=True, fastmath=True, cache=True)    # compiling takes ~3 s: cache it on disk

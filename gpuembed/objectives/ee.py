@@ -44,4 +44,5 @@ class ElasticEmbedding(Objective):
         # 4 L_nn + 8 L^xx_{in,in} with w = p - lambda exp(-d^2), w^xx = lambda exp(-d^2).
         (S, _), = self.sums(X, ("gaussian",))
         degree = self.be.xp.asarray(self.pairs.P.sum(axis=1)).ravel()
-        return 4.0 * (degree - self.lambda_ * S)[:, None] + self.xx_times(X, self.xx_coefficients(X))
+        return (4.0 * (degree - self.lambda_ * S)[:, None]
+                + self.xx_times(X, self.xx_coefficients(X)))

@@ -24,7 +24,8 @@ from numba import get_thread_id, njit, prange
 
 from ..fastexp import expneg, logpos
 
-FASTEXP_DIGEST = "0b1f32411deb462c"   # of fastexp.py, whose functions this file's cached code holds (_generated.py)
+# Of fastexp.py, whose functions this file's cached code holds (_generated.py).
+FASTEXP_DIGEST = "0b1f32411deb462c"
 
 TINY = np.finfo(np.float64).tiny
 # fused_exact is cached on disk (its compilation took 6-7 s in every process, a
