@@ -68,10 +68,9 @@ class Backend:
         arrays ``work`` touched (their contents at launch).  ``work`` must not read
         device values on the host (no host synchronization during capture) nor call
         cuBLAS (CuPy raises NotImplementedError), and every host value it passes to
-        the device is frozen into the graph.  What
-        it allocates comes from a memory pool of the graph's own, kept as long as
-        the graph: temporaries freed during capture are not reused elsewhere while
-        the graph may still write them."""
+        the device is frozen into the graph.  What it allocates comes from a memory
+        pool of the graph's own, kept as long as the graph: temporaries freed during
+        capture are not reused elsewhere while the graph may still write them."""
         cupy = self.xp
         stream, pool = cupy.cuda.Stream(non_blocking=True), cupy.cuda.MemoryPool()
         with cupy.cuda.using_allocator(pool.malloc), stream:
