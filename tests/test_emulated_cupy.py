@@ -168,3 +168,14 @@ def test_an_emulated_graph_refuses_what_stream_capture_refuses(a):
     for work in (lambda: M @ M, lambda: xp.matmul(M, M), lambda: xp.dot(M, M)):
         with pytest.raises(NotImplementedError, match="cuBLAS"):
             EmulatedGraph(work).launch()
+
+
+def test_a_csr_matrix_from_a_dense_array_has_its_rows_out_of_order():
+    """As cuSPARSE's conversion leaves them (seen on an H100): the same matrix,
+    each row's columns unsorted, so code that relies on their order fails here."""
+    dense = np.array([[0.0, 1.0, 2.0], [3.0, 0.0, 4.0], [0.0, 0.0, 5.0]])
+    M = emulated_cupy.sparse.csr_matrix(xp.asarray(dense))
+    np.testing.assert_array_equal(M.toarray().get(), dense)
+    np.testing.assert_array_equal(M.indices.get(), [2, 1, 2, 0, 2])
+    S = emulated_cupy.sparse.csr_matrix(scipy.sparse.csr_matrix(dense))     # a copy: as stored
+    np.testing.assert_array_equal(S.indices.get(), [1, 2, 0, 2, 2])
