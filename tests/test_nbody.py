@@ -281,19 +281,54 @@ def test_new_targets_are_walked_in_their_morton_order(rng):
     assert hop(visit) < 0.3 * hop(np.arange(300))
 
 
+TREE_ARRAYS = ("order", "points", "weights", "start", "count", "first_child", "n_children",
+               "side", "mass", "wx", "com", "rank")
+
+
+def tree_test_points(rng, d):
+    """Spread points, duplicates (deepest-level leaves of several points) and scales
+    1e9 apart (long single-child chains)."""
+    return (rng.normal(size=(3000, d)), np.repeat(rng.normal(size=(300, d)), 4, axis=0),
+            np.concatenate([rng.normal(size=(500, d)) * 1e-7, rng.normal(size=(500, d)) * 100]))
+
+
 @pytest.mark.parametrize("d", [1, 2, 3])
 def test_compiled_tree_equals_the_array_code(d, rng):
-    # barneshut_cpu.build_tree against Tree's array code (the GPU's): every array
+    # barneshut_cpu.build_tree against Tree's array code (the reference): every array
     # equal, on spread points, duplicates (deepest-level leaves) and scales 1e9
     # apart (long single-child chains), with and without weights.
-    for X in (rng.normal(size=(3000, d)), np.repeat(rng.normal(size=(300, d)), 4, axis=0),
-              np.concatenate([rng.normal(size=(500, d)) * 1e-7, rng.normal(size=(500, d)) * 100])):
+    for X in tree_test_points(rng, d):
         for w in (None, rng.uniform(0.5, 2.0, len(X))):
             fast, ref = Tree(CPU, X, w), Tree(CPU, X, w, reference=True)
             assert fast.depth == ref.depth
-            for name in ("order", "points", "weights", "start", "count", "first_child",
-                         "n_children", "side", "mass", "wx", "com", "rank"):
+            for name in TREE_ARRAYS:
                 np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name), name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_gpu_tree_kernels_equal_the_array_code(d, rng):
+    # kernels/bh_tree.cu against Tree's array code on the same device: every array
+    # equal.  The kernels compute in float64 whatever X's type (as the compiled CPU
+    # build), so float32 points give the array code's tree of their float64 values.
+    gpu = get_backend("gpu")
+    for X in tree_test_points(rng, d) + (np.zeros((1, d)), rng.normal(size=(2, d))):
+        for w in (None, rng.uniform(0.5, 2.0, len(X))):
+            wd = None if w is None else gpu.asarray(w)
+            for dtype in (np.float64, np.float32):
+                ref = Tree(gpu, gpu.asarray(X.astype(dtype).astype(np.float64)), wd,
+                           reference=True)
+                tree = Tree(gpu, gpu.asarray(X, dtype), wd)
+                assert tree.depth == ref.depth
+                for name in TREE_ARRAYS:
+                    np.testing.assert_array_equal(gpu.to_host(getattr(tree, name)),
+                                                  gpu.to_host(getattr(ref, name)), name)
+    # New targets are visited in the array code's Morton order.
+    X, Y = gpu.asarray(rng.normal(size=(400, d))), gpu.asarray(rng.normal(size=(300, d)) * 2)
+    visit, rank = Tree(gpu, X).walk_order(Y, self_pairs=False)
+    np.testing.assert_array_equal(gpu.to_host(visit),
+                                  gpu.to_host(Tree(gpu, Y, reference=True).order))
+    assert (gpu.to_host(rank) == -1).all()
 
 
 def test_barnes_hut_walk_on_the_deepest_tree(backend):

@@ -5,9 +5,13 @@ Morton code on a 2^21 grid over the bounding cube, and the cells of level l
 are the runs of equal code prefixes (d l bits), so every cell is a contiguous
 range of sorted points and its children are the next level's cells inside that
 range.  A cell stores its point count, its mass sum_m w_m, centre of mass and
-side.  The array code below builds it on the GPU; on the CPU a compiled twin
-(barneshut_cpu.build_tree) makes the same arrays in half the time.  Descent is
-breadth-first over (target, cell) pairs for a chunk of targets at a time:
+side.  The array code below, level by level, is the reference.  The same
+arrays come from compiled code on the CPU (barneshut_cpu.build_tree, half the
+time) and from kernels/bh_tree.cu on the GPU, which numbers the cells of all
+levels at once: 41 CuPy calls, 3 kernel launches and 1 host read for 20,000
+points (16 levels) where the array code made 557 calls and 18 reads
+(emulator counts; not yet timed on a GPU).  Descent is breadth-first over
+(target, cell) pairs for a chunk of targets at a time:
 
 - a leaf (one point, or the deepest level) is summed exactly over its points;
 - an inner cell that does not contain the target and satisfies
@@ -68,13 +72,15 @@ def _morton_codes(xp, X):
 
 class Tree:
     """Cells of all levels in one set of arrays (level by level, each level
-    sorted by its first point).  Built by array code on the GPU (and with
-    ``reference=True``), in compiled code on the CPU (barneshut_cpu.build_tree)."""
+    sorted by its first point).  Built by kernels on the GPU, in compiled code
+    on the CPU (barneshut_cpu.build_tree), by array code with ``reference=True``."""
 
     def __init__(self, be, X, weights=None, reference=False):
         self.be, self.d = be, X.shape[1]
-        if be.is_gpu or reference:
+        if reference:
             self._build(be.xp, X, weights)
+        elif be.is_gpu:
+            self._build_gpu(X, weights)
         else:
             for name, value in build_tree(X, weights, MAX_DEPTH, _SPREAD).items():
                 setattr(self, name, value)
@@ -89,21 +95,16 @@ class Tree:
         Student-t pair, CPU: median 27 ms against 32 ms in input order."""
         if self_pairs:
             return self.order, self.rank
-        xp = self.be.xp
-        visit = xp.argsort(_morton_codes(xp, targets)[0])
-        return visit, xp.full(targets.shape[0], -1, dtype=xp.int64)
+        be, xp = self.be, self.be.xp
+        code = _morton_gpu(be, targets)[0] if be.is_gpu else _morton_codes(xp, targets)[0]
+        return xp.argsort(code), xp.full(targets.shape[0], -1, dtype=xp.int64)
 
     def _build(self, xp, X, weights):
         n, d = X.shape
         code, size = _morton_codes(xp, X)
         self.order = xp.argsort(code)
         code = code[self.order]
-        self.points = X[self.order].astype(xp.float64)
-        w = xp.ones(n) if weights is None else weights[self.order].astype(xp.float64)
-        self.weights = w
-        # Cell sums from prefix sums over the sorted points (float64).
-        cw = xp.concatenate([xp.zeros(1), xp.cumsum(w)])
-        cwx = xp.concatenate([xp.zeros((1, d)), xp.cumsum(w[:, None] * self.points, axis=0)])
+        cw, cwx = self._sort_points(X, weights)
 
         # A point stays active while its cell holds others: a single-point cell is a
         # leaf, so its copies at deeper levels would never be visited (uniform
@@ -144,9 +145,68 @@ class Tree:
         self.wx = cwx[self.start + self.count] - cwx[self.start]
         self.com = self.wx / xp.maximum(self.mass, np.finfo(self.mass.dtype).tiny)[:, None]
         self.depth = len(starts) - 1
-        # rank[i] = sorted position of original point i (self-pair tests).
+
+    def _sort_points(self, X, weights):
+        """Points and weights (float64) in the order ``self.order``, each point's
+        sorted position (rank: the self-pair tests), and the prefix sums of the
+        weights and weighted points, a zero row first, whose differences are the
+        cells' sums."""
+        xp, n, d = self.be.xp, X.shape[0], X.shape[1]
+        self.points = X[self.order].astype(xp.float64)
+        w = xp.ones(n) if weights is None else weights[self.order].astype(xp.float64)
+        self.weights = w
         self.rank = xp.empty(n, dtype=xp.int64)
         self.rank[self.order] = xp.arange(n)
+        cw = xp.concatenate([xp.zeros(1), xp.cumsum(w)])
+        cwx = xp.concatenate([xp.zeros((1, d)), xp.cumsum(w[:, None] * self.points, axis=0)])
+        return cw, cwx
+
+    def _build_gpu(self, X, weights):
+        """_build's arrays (from the float64 values of X) by kernels/bh_tree.cu:
+        about 40 CuPy calls, 3 kernel launches and 1 host read whatever the
+        depth, where _build makes some 30 calls and a host read per level."""
+        be, xp = self.be, self.be.xp
+        n, d = X.shape
+        code, lo, hi = _morton_gpu(be, X)
+        self.order = xp.argsort(code)
+        code = code[self.order]
+        cw, cwx = self._sort_points(X, weights)
+        defines = {"BH_DIM": d, "BH_DEPTH": MAX_DEPTH}
+        lcp, top = xp.empty(n, dtype=xp.int32), xp.empty(n, dtype=xp.int32)
+        cells = xp.empty(n, dtype=xp.int64)
+        be.kernel("bh_tree.cu", "bh_levels", X.dtype, defines)(
+            _blocks(n), (GPU_THREADS,), (code, np.int64(n), lcp, top, cells))
+        depth, n_cells = be.to_host(xp.stack([top.max().astype(xp.int64), cells.sum()])).tolist()
+        # Which points start a cell of each level, numbered level by level.
+        level = xp.arange(depth + 1, dtype=xp.int32)[:, None]
+        number = xp.cumsum((level > lcp) & (level <= top))
+        index = lambda: xp.empty(n_cells, dtype=xp.int64)
+        self.start, self.count, self.first_child, self.n_children = (index() for _ in range(4))
+        self.side, self.mass = xp.empty(n_cells), xp.empty(n_cells)
+        self.wx, self.com = xp.empty((n_cells, d)), xp.empty((n_cells, d))
+        be.kernel("bh_tree.cu", "bh_cells", X.dtype, defines)(
+            _blocks((depth + 1) * n), (GPU_THREADS,),
+            (code, lcp, top, number, cw, cwx, lo, hi, np.int64(n), np.int32(depth), self.start,
+             self.count, self.first_child, self.n_children, self.side, self.mass, self.wx,
+             self.com))
+        self.depth = depth
+
+
+def _blocks(n):
+    """The grid of a launch with one thread per item, GPU_THREADS per block."""
+    return (max(1, (n + GPU_THREADS - 1) // GPU_THREADS),)
+
+
+def _morton_gpu(be, X):
+    """(code, lo, hi) by kernels/bh_tree.cu: _morton_codes' codes computed in float64
+    (as barneshut_cpu.build_tree), and the corners of the bounding box."""
+    xp = be.xp
+    X = xp.ascontiguousarray(X)
+    lo, hi = X.min(axis=0).astype(xp.float64), X.max(axis=0).astype(xp.float64)
+    code = xp.empty(X.shape[0], dtype=xp.int64)
+    be.kernel("bh_tree.cu", "bh_morton", X.dtype, {"BH_DIM": X.shape[1], "BH_DEPTH": MAX_DEPTH})(
+        _blocks(X.shape[0]), (GPU_THREADS,), (X, lo, hi, np.int64(X.shape[0]), code))
+    return code, lo, hi
 
 
 def bh_sums(be, X, kernels, Y=None, weights=None, theta=DEFAULT_THETA, sources=None):
@@ -191,7 +251,7 @@ def _walk_gpu(tree, targets, code, theta, self_pairs):
     # Stack bound of a depth-first walk: at most 2^d - 1 siblings wait per level.
     defines = {"BH_DIM": d, "BH_KERNEL": code, "BH_STACK": (2**d - 1) * (MAX_DEPTH + 1) + 1}
     walk = be.kernel("barneshut.cu", "bh_walk", dtype, defines)
-    walk((max(1, (n_t + GPU_THREADS - 1) // GPU_THREADS),), (GPU_THREADS,),
+    walk(_blocks(n_t), (GPU_THREADS,),
          (cast(tree.points), cast(tree.weights), cast(targets), visit, rank, tree.start,
           tree.count, tree.first_child, tree.n_children, cast(tree.side ** 2), cast(tree.mass),
           cast(tree.com), dtype.type(theta * theta), np.int64(n_t), S, SX))
