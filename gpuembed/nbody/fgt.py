@@ -159,7 +159,8 @@ class _Boxes:
         new = xp.ones(len(key), dtype=bool)
         new[1:] = key[1:] != key[:-1]
         self.start = xp.flatnonzero(new)
-        self.count = xp.diff(xp.concatenate([self.start, xp.asarray([len(key)])]))
+        end = xp.full(1, len(key), dtype=self.start.dtype)
+        self.count = xp.diff(xp.concatenate([self.start, end]))
         self.key = key[self.start]
         self.cell = cell[self.order][self.start]
         self.center = (origin + (self.cell + 0.5) * SIDE).astype(points.dtype)
@@ -224,23 +225,25 @@ def fgt(be, X, charges, Y=None, p=DEFAULT_ORDER, reference=False, cutoff=None):
     n_q = charges.shape[1]
     both = X if Y is None else xp.concatenate([X, Y])
     origin = both.min(axis=0)
-    shape = [int(v) + 1 for v in be.to_host(xp.floor((both.max(axis=0) - origin) / SIDE))]
+    last_box = xp.floor((both.max(axis=0) - origin) / SIDE)
+    shape = [int(v) + 1 for v in be.to_host(last_box)]
     if math.prod(shape) >= 2**62:
         raise ValueError("the points spread over too many FGT boxes (more than 2^62); "
                          "use nbody='bh' or 'exact'")
+    # Device arrays made on the device: an upload waits for the queued work, as a read does.
+    shape_arr = last_box.astype(xp.int64) + 1
     cutoff = box_cutoff(p, d) if cutoff is None else cutoff
     src = _Boxes(xp, X, origin, shape, cutoff)
     tgt = src if Y is None else _Boxes(xp, targets, origin, shape, cutoff)
     q = charges[src.order]
     pd = p**d
-    inv_fact = xp.asarray(_inverse_factorials(p), dtype=X.dtype)
+    inv_fact = _device_inverse_factorials(xp, p, X.dtype)
     out = xp.zeros((len(targets), n_q), dtype=X.dtype)          # in tgt's sorted order
     taylor = _coefficients(be, tgt.n_big, pd, n_q, X.dtype)
     hermite = (_hermite_coefficients if reference else _hermite_coefficients_compiled)(
         be, src, q, p, inv_fact)
 
     offsets, rows = _neighbourhood(p, d, xp)
-    shape_arr = xp.asarray(shape)
     # Box pairs (b, c) from the target boxes' occupied neighbours (the offsets are
     # symmetric); when cases I and II run per target (compiled), only big target
     # boxes.
@@ -381,6 +384,13 @@ def _taylor_accumulate(be, src, tgt, q, b, c, p, inv_fact, hermite, taylor, out)
 def _inverse_factorials(p):
     """1 / k! for k < p (NumPy, float64)."""
     return np.array([1.0 / math.factorial(k) for k in range(p)])
+
+
+@functools.lru_cache(maxsize=None)
+def _device_inverse_factorials(xp, p, dtype):
+    """:func:`_inverse_factorials` as an ``xp`` array of ``dtype``, uploaded once
+    (as :func:`_neighbourhood`)."""
+    return xp.asarray(_inverse_factorials(p), dtype=dtype)
 
 
 def _translation_matrices(xp, x, p, inv_fact):
