@@ -102,7 +102,7 @@ __global__ void bh_levels(const long long* __restrict__ code, long long n,
 // cw, cwx: prefix sums of the sorted weights and weighted points, a zero row first.
 template <typename T>
 __global__ void bh_cells(const long long* __restrict__ code, const int* __restrict__ lcp,
-                         const int* __restrict__ top, const long long* __restrict__ number,
+                         const int* __restrict__ top, const int* __restrict__ number,
                          const double* __restrict__ cw, const double* __restrict__ cwx,
                          const double* __restrict__ lo, const double* __restrict__ hi,
                          long long n, int depth, long long* __restrict__ start,
@@ -154,12 +154,12 @@ template __global__ void bh_morton<double>(const double*, const double*, const d
 template __global__ void bh_levels<float>(const long long*, long long, int*, int*, long long*);
 template __global__ void bh_levels<double>(const long long*, long long, int*, int*, long long*);
 template __global__ void bh_cells<float>(const long long*, const int*, const int*,
-                                         const long long*, const double*, const double*,
+                                         const int*, const double*, const double*,
                                          const double*, const double*, long long, int,
                                          long long*, long long*, long long*, long long*,
                                          double*, double*, double*, double*);
 template __global__ void bh_cells<double>(const long long*, const int*, const int*,
-                                          const long long*, const double*, const double*,
+                                          const int*, const double*, const double*,
                                           const double*, const double*, long long, int,
                                           long long*, long long*, long long*, long long*,
                                           double*, double*, double*, double*);

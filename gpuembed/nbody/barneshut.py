@@ -177,9 +177,11 @@ class Tree:
         be.kernel("bh_tree.cu", "bh_levels", X.dtype, defines)(
             _blocks(n), (GPU_THREADS,), (code, np.int64(n), lcp, top, cells))
         depth, n_cells = be.to_host(xp.stack([top.max().astype(xp.int64), cells.sum()])).tolist()
+        if n_cells >= 2**31:            # the walk's stack holds int cell indices
+            raise ValueError(f"Barnes-Hut tree of {n_cells} cells: more than 2^31 - 1")
         # Which points start a cell of each level, numbered level by level.
         level = xp.arange(depth + 1, dtype=xp.int32)[:, None]
-        number = xp.cumsum((level > lcp) & (level <= top))
+        number = xp.cumsum((level > lcp) & (level <= top), dtype=xp.int32)
         index = lambda: xp.empty(n_cells, dtype=xp.int64)
         self.start, self.count, self.first_child, self.n_children = (index() for _ in range(4))
         self.side, self.mass = xp.empty(n_cells), xp.empty(n_cells)
