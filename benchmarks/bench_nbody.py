@@ -10,18 +10,22 @@
    (10 Gaussian blobs; the blob spread sets the extent, std 4 and 10 for the
    Gaussian like EE, 20 for Student-t like t-SNE), N = 2,500 to 40,000, and the
    first N where the fast engine wins (the AUTO_EXACT_BELOW thresholds).
-4. ``cutoff``: seconds per FGT sum (p = 8) with the dissertation's cutoff of 5
+4. ``tree``: seconds to build the Barnes-Hut tree of a t-SNE-like layout (10 blobs,
+   spread 20) by the array code (the reference, level by level) and by the
+   compiled build (numba on the CPU, kernels/bh_tree.cu on the GPU) side by side,
+   N = 2,500 up to --max-n, and one Barnes-Hut sum of the t-SNE pair with the latter.
+5. ``cutoff``: seconds per FGT sum (p = 8) with the dissertation's cutoff of 5
    points per box against ``fgt.box_cutoff`` (p^d / 5: 13 in 2-D, 102 in 3-D), on
    Fashion-MNIST PCA layouts (40,000 points in 2-D, 20,000 in 3-D) scaled over the
    widths an embedding's kernels pass through, from a few crowded boxes to
    isolated points.
-5. ``ee``: EE on Fashion-MNIST (PCA to 50, perplexity 30, k = 90) with fixed-step
+6. ``ee``: EE on Fashion-MNIST (PCA to 50, perplexity 30, k = 90) with fixed-step
    FP iterations and the exact / fgt (p ramp 1 -> 10) / bh (theta ramp 2 -> 0.1)
    engines under one time budget each; the objective at log-spaced checkpoints
    is evaluated afterwards (not counted in the run's time) by the FGT at p = 12,
    whose error is below 1e-8 of the repulsion here (an exact pass would take
    ~50 s per checkpoint at N = 70,000 on 2 CPU cores).
-6. ``large`` (only when named; sized for a GPU): EE of 1,000,000 points (Fashion-MNIST
+7. ``large`` (only when named; sized for a GPU): EE of 1,000,000 points (Fashion-MNIST
    grown by shifted, noisy copies; 50-D) with the FGT under a 60 s budget (SD with
    the line search; with ``--large-fp`` also fixed-step FP, the path of the H100's
    run at b36ba14), one EE gradient there at p = 4, 6, 8, and
@@ -45,6 +49,7 @@ import gpuembed as ge
 from gpuembed.backend import get_backend
 from gpuembed.embedding import initial_layout
 from gpuembed.nbody import engine_sums, fgt
+from gpuembed.nbody.barneshut import Tree
 from gpuembed.objectives import make_objective
 from gpuembed.optim import Monitor, accuracy_schedule, minimize
 
@@ -80,6 +85,24 @@ def crossover(be, sizes):
                 first_win.setdefault(name, n)
         first_win.setdefault(name, None)
     return {"rows": rows, "fast_engine_first_wins_at": first_win}
+
+
+def tree_build(be, sizes):
+    rows = []
+    sync = device_sync(be)
+    for n in sizes:
+        X = be.asarray(blobs(n, 20.0), be.default_float)
+        repeat = 3 if n <= 200_000 else 2          # the best of them: the first may compile
+        row = {"n": n}
+        for name, build in (("array code", lambda: Tree(be, X, reference=True)),
+                            ("compiled", lambda: Tree(be, X))):
+            row[name] = best_time(build, repeat, sync)[0]
+        row["array code / compiled"] = row["array code"] / row["compiled"]
+        row["bh sum, student pair"] = best_time(
+            lambda: engine_sums(be, "bh", X, ("student", "student2")), repeat, sync)[0]
+        rows.append(row)
+        print(row, flush=True)
+    return rows
 
 
 def scaling(be, sizes, exact_max, fast_max):
@@ -320,7 +343,7 @@ def main():
     parser.add_argument("--large-budget", type=float, default=60.0, help="seconds per run")
     parser.add_argument("--large-fp", action="store_true",
                         help="large: also fixed-step FP (step --ee-step) on all points")
-    parser.add_argument("--parts", default="scaling,accuracy,crossover,cutoff,ee",
+    parser.add_argument("--parts", default="scaling,accuracy,crossover,tree,cutoff,ee",
                         help="comma-separated; 'large' (GPU-sized) only when named")
     parser.add_argument("--suffix", default="")
     args = parser.parse_args()
@@ -341,6 +364,8 @@ def main():
         save(accuracy=accuracy_sweep(be, 20000))
     if "crossover" in parts:
         save(crossover=crossover(be, [n for n in sizes if n <= args.exact_max_n]))
+    if "tree" in parts:
+        save(tree=tree_build(be, sizes))
     if "cutoff" in parts:
         save(cutoff=cutoff_sweep(be))
     if "ee" in parts:
