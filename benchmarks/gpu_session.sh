@@ -66,7 +66,7 @@ bench)
      python3 bench_knn.py --gpu-only &&
      python3 bench_knn.py --sparse --gpu-only &&
      python3 bench_entropic.py --gpu-only &&
-     python3 bench_nbody.py --backend gpu --parts scaling,accuracy,crossover \
+     python3 bench_nbody.py --backend gpu --parts scaling,accuracy,crossover,tree \
          --max-n 1000000 --exact-max-n 200000 --suffix _gpu) 2>&1 | tee "$out/gpu_bench.log"
     cp benchmarks/results/nbody_scaling_gpu.png "$out/"
     ;;
