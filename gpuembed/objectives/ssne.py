@@ -6,6 +6,8 @@ q_nm = exp(-|x_n - x_m|^2) / Z and Z = sum_{n != m} exp(-|x_n - x_m|^2):
 """
 from __future__ import annotations
 
+import math
+
 from .base import Objective
 
 
@@ -15,13 +17,12 @@ class SymmetricSNE(Objective):
     divergence = True
 
     def value_and_grad(self, X):
-        xp, pairs = self.be.xp, self.pairs
-        e_plus, grad = pairs.attraction(X)
+        e_plus, grad = self.pairs.attraction(X)
         grad *= 4.0
         (S, SX), = self.sums(X, ("gaussian",))
         Z = float(S.sum())
         grad -= (4.0 / Z) * (S[:, None] * X - SX)
-        return self.constant + e_plus + float(xp.log(Z)), grad
+        return self.constant + e_plus + math.log(Z), grad
 
     def xx_coefficients(self, X):
         # w^xx = q_nm (x_in - x_im)(x_jn - x_jm): q = exp(-d^2) / Z.

@@ -10,6 +10,8 @@ N-body pass ("student" and "student2" sums).
 """
 from __future__ import annotations
 
+import math
+
 from .base import Objective
 
 # SD's refreshed curvature (Spectral's refresh) counts no neighbour as farther than
@@ -40,13 +42,12 @@ class TSNEObjective(Objective):
     attractive_curvature_is_bound = True
 
     def value_and_grad(self, X):
-        xp, pairs = self.be.xp, self.pairs
-        e_plus, grad = pairs.attraction(X, student=True)
+        e_plus, grad = self.pairs.attraction(X, student=True)
         grad *= 4.0 * self.exaggeration
         (S1, _), (S2, SX2) = self.sums(X, ("student", "student2"))
         Z = float(S1.sum())
         grad -= (4.0 / Z) * (S2[:, None] * X - SX2)
-        return self.constant + self.exaggeration * e_plus + float(xp.log(Z)), grad
+        return self.constant + self.exaggeration * e_plus + math.log(Z), grad
 
     def attractive_weights(self, X=None):
         """The attractive term's Laplacian weights p K: P at X = 0, where K = 1; at a

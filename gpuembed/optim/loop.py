@@ -191,8 +191,9 @@ def _trial_steps(first, retry=None):
 
 def _trust_step(xp, X, P):
     """The longest step along P that keeps every point within the trust region."""
-    radius = float(xp.median(xp.sqrt(((X - X.mean(axis=0)) ** 2).sum(axis=1))))
-    longest = float(xp.sqrt((P * P).sum(axis=1)).max())
+    # One host read for both (on the GPU a read waits for all the queued work).
+    radius, longest = xp.stack([xp.median(xp.sqrt(((X - X.mean(axis=0)) ** 2).sum(axis=1))),
+                                xp.sqrt((P * P).sum(axis=1)).max()]).tolist()
     return TRUST_RADIUS * max(radius, 1.0) / longest if longest > 0 else math.inf
 
 
