@@ -390,6 +390,7 @@ using std::exp;
 using std::fma;
 using std::isfinite;
 using std::log;
+using std::log1p;
 using std::sqrt;
 
 // extern "C" entry points for one kernel instantiation (emulated_cuda.py

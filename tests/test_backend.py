@@ -9,8 +9,8 @@ from gpuembed import backend as backend_module
 from gpuembed.backend import kernel_path, kernel_source
 from conftest import HAS_GPU
 
-KERNEL_FILES = ["adam.cu", "barneshut.cu", "bh_tree.cu", "cg.cu", "entropic.cu", "fgt.cu",
-                "graph.cu", "knn_select.cu", "mlp.cu", "msne.cu", "nbody_exact.cu"]
+KERNEL_FILES = ["adam.cu", "attraction.cu", "barneshut.cu", "bh_tree.cu", "cg.cu", "entropic.cu",
+                "fgt.cu", "graph.cu", "knn_select.cu", "mlp.cu", "msne.cu", "nbody_exact.cu"]
 
 
 def test_cpu_backend_attributes():

@@ -95,6 +95,30 @@ def test_compiled_attraction_equals_the_array_code(problem, dtype):
 
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_gpu_attraction_kernel_equals_the_array_code(d):
+    # kernels/attraction.cu (a warp per row) against the array code on the device:
+    # symmetric and conditional affinities whose rows hold 40-110 entries (more than
+    # a warp's 32 lanes), float64 to rounding, float32 as the CPU's sweep.
+    gpu = ge.get_backend("gpu")
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((300, 10))
+    for symmetrize in (True, False):
+        P = ge.entropic_affinities(X, 20.0, symmetrize=symmetrize, backend="cpu").P
+        assert np.diff(P.indptr).max() > 32
+        Y = rng.normal(size=(300, d)) * 2
+        for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+            pairs = objectives.base.PairSet(gpu, gpu.sparse.csr_matrix(P), dtype)
+            for student in (False, True):
+                value, G = pairs.attraction(gpu.asarray(Y, dtype), student)
+                value0, G0 = pairs.attraction_arrays(gpu.asarray(Y, dtype), student)
+                G, G0 = gpu.to_host(G), gpu.to_host(G0)
+                assert G.dtype == dtype and isinstance(value, float)
+                assert value == pytest.approx(value0, rel=tol)
+                np.testing.assert_allclose(G, G0, rtol=tol, atol=tol * np.abs(G0).max())
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_compiled_edge_distances_equal_the_array_code_and_brute_force(problem, dtype):
     # Same bits as the array code (same operations in the same order), and each

@@ -18,6 +18,7 @@ import numpy as np
 from ..nbody import engine_sums
 from ..nbody.exact import xx_terms
 from .attraction_cpu import attraction, edge_sqdist
+from .attraction_gpu import attraction_gpu
 
 
 class PairSet:
@@ -64,9 +65,9 @@ class PairSet:
     def attraction(self, X, student=False):
         """(sum_nm p_nm phi(d_nm^2), G) with G_n = sum_m w_nm (x_n - x_m): phi = d^2
         and w = p, or with ``student`` phi = log(1 + d^2) and w = p / (1 + d^2).
-        Compiled on the CPU (attraction_cpu.py), array code on the GPU."""
+        Compiled on the CPU (attraction_cpu.py), a kernel on the GPU (attraction_gpu.py)."""
         if self.be.is_gpu:
-            return self.attraction_arrays(X, student)
+            return attraction_gpu(self.be, self.P, self.p, X, student)
         grad = np.zeros(X.shape)
         value = attraction(self.P.indptr, self.P.indices, self._p64,
                            np.ascontiguousarray(X.T, dtype=np.float64), student, grad,
@@ -84,7 +85,7 @@ class PairSet:
         return self.p.astype(np.float64, copy=False)
 
     def attraction_arrays(self, X, student=False):
-        """:meth:`attraction` by NumPy/CuPy array code (the reference)."""
+        """:meth:`attraction` by NumPy/CuPy array code (the reference of both)."""
         d2 = self.sqdist_arrays(X)
         if student:
             value, w = (self.p * self.be.xp.log1p(d2)).sum(), self.p / (1.0 + d2)
