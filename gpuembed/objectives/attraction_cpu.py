@@ -3,9 +3,10 @@
 sum_nm p_nm phi(d_nm^2) and G_n = sum_m w_nm (x_n - x_m) for the quadratic
 attraction of EE, s-SNE and SNE (phi = d^2, w = p) and t-SNE's
 (phi = log(1 + d^2), w = p / (1 + d^2)), one parallel pass over the CSR rows.
-The array code of base.PairSet (the reference; on the GPU kernels/attraction.cu,
-attraction_gpu.py) gathers both endpoints of every edge, writes the squared distances and weights and goes
-through a sparse product: for t-SNE on Fashion-MNIST 10k (1.3M edges) that was
+The array code of base.PairSet (the reference; the GPU runs kernels/attraction.cu,
+attraction_gpu.py) gathers both endpoints of every edge, writes the squared
+distances and weights and goes through a sparse product: for t-SNE on
+Fashion-MNIST 10k (1.3M edges) that was
 22 ms of an evaluation, as much as the Barnes-Hut repulsion.  t-SNE's log uses
 ``fastexp.logpos``: with libm's log1p, which does not vectorize, the pass took
 15 ms instead of EE's 3.4 ms.  Now 3.2 ms (EE) and 4.4 ms (t-SNE).
