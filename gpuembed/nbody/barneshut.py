@@ -6,11 +6,12 @@ are the runs of equal code prefixes (d l bits), so every cell is a contiguous
 range of sorted points and its children are the next level's cells inside that
 range.  A cell stores its point count, its mass sum_m w_m, centre of mass and
 side.  The array code below, level by level, is the reference.  The same
-arrays come from compiled code on the CPU (barneshut_cpu.build_tree, half the
-time) and from kernels/bh_tree.cu on the GPU, which numbers the cells of all
-levels at once: 41 CuPy calls, 3 kernel launches and 1 host read for 20,000
-points (16 levels) where the array code made 557 calls and 18 reads
-(emulator counts; not yet timed on a GPU).  Descent is breadth-first over
+arrays come from compiled code on the CPU (barneshut_cpu.build_tree, 2.4-4x
+faster: bench_nbody.py's tree part) and from kernels/bh_tree.cu on the GPU,
+which numbers the cells of all levels at once: 41 CuPy calls, 3 kernel
+launches and 1 host read for 20,000 points (16 levels) where the array code
+made 557 calls and 18 reads (emulator counts; not yet timed on a GPU).
+Descent is breadth-first over
 (target, cell) pairs for a chunk of targets at a time:
 
 - a leaf (one point, or the deepest level) is summed exactly over its points;
