@@ -217,6 +217,24 @@ def test_bad_arguments_of_the_functions():
         landmark_basis(X, 0, 20)
     with pytest.raises(ValueError, match="block must be >= 1, got 0"):
         kernel_pca_lll(X, 2, sigma=1.0, n_landmarks=20, block=0)
+    Xn = X.copy()
+    Xn[5, 2] = np.nan
+    for call, match in (
+            (lambda: kmeans(X, 0), "n_clusters must be in \\[1, 100\\], got 0"),
+            (lambda: kmeans(X, 101), "n_clusters must be in \\[1, 100\\], got 101"),
+            (lambda: kmeans(Xn, 3), "X contains NaN"),
+            (lambda: kmeans(X[:, 0], 3), "X must be 2-D"),
+            (lambda: kmeans(X, 3, n_init=0), "n_init must be >= 1"),
+            (lambda: kmeans(X, 3, max_iter=0), "max_iter must be >= 1"),
+            (lambda: kmeans(X, 3, tol=-1.0), "tol must be"),
+            (lambda: kmeans(X, 3, init=X[:2]), "init must hold n_clusters x n_features"),
+            (lambda: choose_landmarks(Xn, 20, "kmeans"), "Y contains NaN"),
+            (lambda: choose_landmarks(X[:, 0], 20), "Y must be 2-D"),
+            (lambda: landmark_basis(Xn, 2, 20), "X contains NaN")):
+        with pytest.raises(ValueError, match=match):
+            call()
+    with pytest.raises(TypeError, match="n_clusters must be an integer"):
+        kmeans(X, 2.5)
 
 
 def test_nan_and_transform_errors():
@@ -484,6 +502,27 @@ def test_fit_grid_gpu_equals_separate_gpu_fits():
         for params, fitted in ge.spectral.fit_grid(est, X, grid):
             alone = type(est)(**{**est.get_params(), **params}).fit(X)
             np.testing.assert_allclose(fitted.embedding_, alone.embedding_, rtol=0, atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_host_functions_take_device_arrays(digits):
+    """The landmark choice, Z, the basis and k-means run on the host: device arrays
+    are copied there (Z's k-NN search runs on the GPU either way)."""
+    from gpuembed.spectral import landmark_basis
+
+    gpu = ge.get_backend("gpu")
+    X = digits[0][:600] + np.random.default_rng(0).normal(scale=0.01, size=(600, 64))
+    Xd = gpu.asarray(X)
+    for method in ("random", "random-pruned", "kmeans"):
+        np.testing.assert_array_equal(choose_landmarks(Xd, 50, method, 0),
+                                      choose_landmarks(X, 50, method, 0))
+    Z = [reconstruction_weights(A, A[:50], 4, backend="gpu") for A in (X, Xd)]
+    assert abs(Z[0] - Z[1]).max() == 0
+    basis = [landmark_basis(A, 2, 50, random_state=0, backend="gpu") for A in (X, Xd)]
+    np.testing.assert_array_equal(basis[0][0], basis[1][0])
+    assert abs(basis[0][1] - basis[1][1]).max() == 0
+    for a, b in zip(kmeans(X, 5, random_state=0), kmeans(Xd, 5, random_state=0)):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.gpu

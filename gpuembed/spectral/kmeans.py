@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse
 
+from .._checks import check_data, check_float, check_int
 from .._sparse import is_sparse, row_sqnorms
+from ..backend import get_backend
 from ..nbody.exact import squared_distances
 from .kmeans_cpu import assign, cluster_sums
 
@@ -22,8 +24,20 @@ def kmeans(X, n_clusters, *, n_init=10, max_iter=300, tol=1e-9, init=None, rando
     """Best of ``n_init`` runs: (labels (N,), centers (K, D), inertia).
 
     ``init`` (K, D) starts one run from the given centers instead (warm start).
+    X: dense or sparse, on the host or the device (copied to the host).
     """
+    cpu = get_backend("cpu")
+    X = check_data(X, cpu, min_samples=1, sparse=True)
     X = X.astype(np.float64) if is_sparse(X) else np.asarray(X, dtype=np.float64)
+    check_int(n_clusters, "n_clusters", 1, X.shape[0])
+    check_int(n_init, "n_init", 1)
+    check_int(max_iter, "max_iter", 1)
+    check_float(tol, "tol", 0.0)
+    if init is not None:
+        init = np.asarray(cpu.asarray(init), dtype=np.float64)
+        if init.shape != (n_clusters, X.shape[1]):
+            raise ValueError(f"init must hold n_clusters x n_features = "
+                             f"{(n_clusters, X.shape[1])} centers, got shape {init.shape}")
     rng = np.random.default_rng(random_state)
     best = None
     runs = [init] if init is not None else [None] * n_init

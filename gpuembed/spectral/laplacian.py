@@ -25,7 +25,7 @@ from ..backend import get_backend
 from ..neighbors import knn
 from .embedding import points_suit_shift_invert, spectral_embedding
 from .kmeans import kmeans
-from .lll import (LANDMARK_METHODS, default_kz, landmark_basis, reconstruction_weights,
+from .lll import (LANDMARK_METHODS, _landmark_basis, default_kz, reconstruction_weights,
                   reduced_problem, trailing_generalized)
 
 GRID_PARAMETERS = ("n_neighbors", "sigma", "perplexity")   # what fit_grid may vary
@@ -81,8 +81,8 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     landmark indices, Z (N, L), the landmarks' embedding (L, d) and kz used.  The
     landmarks' k-NN runs on ``backend``, the rest on the host.  ``basis``: a
     :func:`landmark_basis` of X computed before (its parameters then unused)."""
-    idx, Z, kz = basis or landmark_basis(X, d, n_landmarks, kz, landmarks, random_state,
-                                         backend)
+    idx, Z, kz = basis or _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state,
+                                          backend)
     degree = np.asarray(W.sum(axis=1)).ravel()
     D = scipy.sparse.diags(degree)
     A_r, B_r = reduced_problem(Z, D - W, D)
@@ -134,7 +134,7 @@ class _SpectralBase(Params):
     def _shared(self, be, X, d, k):
         """What a sweep over the affinity parameters shares: X's k-NN and, with
         landmarks, the landmark basis."""
-        basis = None if self.n_landmarks is None else landmark_basis(
+        basis = None if self.n_landmarks is None else _landmark_basis(
             X, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, be)
         return knn(X, k, backend=be), basis
 

@@ -12,7 +12,7 @@ from ..backend import get_backend
 from ..nbody.exact import squared_distances
 from .embedding import points_suit_shift_invert, spectral_embedding
 from .laplacian import affinity_graph
-from .lll import choose_landmarks, default_kz, dense_generalized_eigh, reconstruction_weights
+from .lll import _choose_landmarks, default_kz, dense_generalized_eigh, reconstruction_weights
 
 
 def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend, basis,
@@ -40,7 +40,7 @@ def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend, bas
     if kz is None:
         kz = default_kz(d) if laplacian else d + 1
     kz = check_int(kz, "kz", 1, L)
-    idx = choose_landmarks(Y, L, landmarks, random_state)
+    idx = _choose_landmarks(Y, L, landmarks, random_state)
     return Y, idx, reconstruction_weights(Y, Y[idx], kz, backend=backend)
 
 
@@ -159,7 +159,7 @@ def nystrom_le(Y, n_components, *, n_landmarks, sigma, landmarks="random",
     Y = check_data(Y, be, name="Y", min_samples=3)
     n = Y.shape[0]
     L = check_int(n_landmarks, "n_landmarks", d + 2, n)
-    idx = choose_landmarks(be.to_host(Y), L, landmarks, random_state)
+    idx = _choose_landmarks(be.to_host(Y), L, landmarks, random_state)
     idx_dev = be.asarray(idx)
     C = xp.exp(-squared_distances(xp, Y, Y[idx_dev]) / (2 * sigma ** 2))      # (N, L)
     C[idx_dev, xp.arange(L)] = 0.0                                           # no self affinity

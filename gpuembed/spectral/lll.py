@@ -15,7 +15,7 @@ import scipy.linalg
 import scipy.sparse
 import scipy.sparse.linalg
 
-from .._checks import check_choice, check_int
+from .._checks import check_choice, check_data, check_int
 from ..backend import get_backend
 from ..neighbors import knn_query
 from ..nbody.exact import squared_distances
@@ -63,7 +63,14 @@ def choose_landmarks(Y, n_landmarks, method="random", random_state=None):
     0.1045 / 0.0826 with 1,000 / 2,000 landmarks in 4.8 / 9.8 s, against 0.1038 /
     0.0833 in 11.8 / 19.8 s with the seeds drawn among all 20 L (a cost of 20 L^2
     D) and up to 50 iterations (random landmarks: 0.131 / 0.098 in 0.5 / 0.9 s).
+    Y: dense or sparse, on the host or the device (copied to the host).
     """
+    Y = check_data(Y, get_backend("cpu"), name="Y", min_samples=1, sparse=True)
+    return _choose_landmarks(Y, n_landmarks, method, random_state)
+
+
+def _choose_landmarks(Y, n_landmarks, method, random_state):
+    """:func:`choose_landmarks` of a Y already checked, on the host."""
     n = Y.shape[0]
     L = check_int(n_landmarks, "n_landmarks", 1, n)
     check_choice(method, "landmarks", LANDMARK_METHODS)
@@ -110,7 +117,8 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto"):
     be = get_backend(backend)
     sqdist, idx = (be.to_host(a) for a in knn_query(Y, Y_landmarks, kz, backend=be))
     sqdist = sqdist.astype(np.float64, copy=False)
-    between = squared_distances(np, Y_landmarks, Y_landmarks)
+    landmarks = be.to_host(Y_landmarks)
+    between = squared_distances(np, landmarks, landmarks)
     W = np.empty((n, kz))
     for start in range(0, n, REFINE_CHUNK):
         stop = min(n, start + REFINE_CHUNK)
@@ -131,12 +139,20 @@ def landmark_basis(X, d, n_landmarks, kz=None, landmarks="random", random_state=
                    backend="auto"):
     """Algorithm 3's affinity-free part: (landmark indices, Z (N, L), kz).  Z
     depends on the data and the landmarks alone (section 4.5), so one basis
-    serves every affinity graph of a parameter sweep (:func:`fit_grid`)."""
+    serves every affinity graph of a parameter sweep (:func:`fit_grid`).  X:
+    dense or sparse, on the host or the device (copied to the host; the k-NN
+    search runs on ``backend``)."""
+    X = check_data(X, get_backend("cpu"), min_samples=2, sparse=True)
+    return _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state, backend)
+
+
+def _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state, backend):
+    """:func:`landmark_basis` of an X already checked, on the host (the estimators')."""
     n = X.shape[0]
     d = check_int(d, "d", 1)
     L = check_int(n_landmarks, "n_landmarks", d + 2, n)
     kz = default_kz(d) if kz is None else check_int(kz, "kz", 1, L)
-    idx = choose_landmarks(X, L, landmarks, random_state)
+    idx = _choose_landmarks(X, L, landmarks, random_state)
     return idx, reconstruction_weights(X, X[idx], kz, backend=backend), kz
 
 
