@@ -180,8 +180,13 @@ def auc_rnx(X_high, X_low, *, backend="cpu"):
 
 def log_k_auc(R):
     """The log-K weighted area (eq. 5.10) of an R_NX(K) curve for K = 1 .. len(R)."""
+    R = np.asarray(get_backend("cpu").asarray(R), dtype=np.float64)
+    if R.ndim != 1 or R.size == 0:
+        raise ValueError(f"R must be a non-empty 1-D array (an R_NX curve), got shape {R.shape}")
+    if not np.isfinite(R).all():
+        raise ValueError("R contains NaN or infinite values")
     w = 1.0 / np.arange(1, len(R) + 1)
-    return float((np.asarray(R) * w).sum() / w.sum())
+    return float((R * w).sum() / w.sum())
 
 
 def coranking(X_high, X_low, *, max_n=5000):

@@ -9,7 +9,7 @@ import pytest
 
 import gpuembed as ge
 from gpuembed import objectives
-from gpuembed.optim import DIRECTIONS, homotopy_path
+from gpuembed.optim import DIRECTIONS, homotopy, homotopy_path
 
 
 @pytest.fixture(scope="module")
@@ -1253,6 +1253,14 @@ def test_homotopy_follows_lambda_path(small):
     lambdas = [h["lambda"] for h in model.history_]
     assert lambdas == sorted(lambdas)
     np.testing.assert_allclose(sorted(set(lambdas)), homotopy_path(1 / 120, 4))
+    for args, match in (((0.0, 4), "lambda_ must be > 0.0"), ((1.0, 0), "n_steps must be >= 1"),
+                        ((1.0, 4, 2.0), "start_ratio must be")):
+        with pytest.raises(ValueError, match=match):
+            homotopy_path(*args)
+    objective = ge.objectives.make_objective("ee", A.P, ge.get_backend("cpu"), np.float64)
+    for lambdas in ([], [1e-3, 1e-4], [-1.0]):
+        with pytest.raises(ValueError, match="lambdas"):
+            homotopy(objective, model.embedding_, lambdas=lambdas)
 
 
 def test_callbacks_and_verbose(small, capsys):

@@ -76,7 +76,7 @@ def test_knn_accuracy_bad_labels():
         knn_accuracy(np.zeros((10, 2)), np.zeros(9))
 
 
-from gpuembed.metrics import auc_rnx, coranking, procrustes_error, rnx  # noqa: E402
+from gpuembed.metrics import auc_rnx, coranking, log_k_auc, procrustes_error, rnx  # noqa: E402
 
 
 def brute_coranking(Xh, Xl):
@@ -159,6 +159,10 @@ def test_metric_bad_input(rng):
         procrustes_error(X, X[:, :2])
     with pytest.raises(ValueError, match="not all one point"):
         procrustes_error(X, np.ones_like(X))
+    with pytest.raises(ValueError, match="R contains NaN"):
+        log_k_auc(np.array([np.nan, 1.0]))
+    with pytest.raises(ValueError, match="R must be a non-empty 1-D array"):
+        log_k_auc(np.ones((2, 2)))
 
 
 @pytest.mark.parametrize("block_rows", [None, 7])

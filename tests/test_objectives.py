@@ -184,6 +184,8 @@ def test_bad_arguments(problem):
         objectives.make_objective("ee", P[:, :-1], ge.get_backend("cpu"), np.float64)
     with pytest.raises(ValueError, match="NaN"):
         objectives.value_and_grad("tsne", np.full_like(Y, np.nan), P)
+    with pytest.raises(ValueError, match="lambda_ must be >= 0.0, got -1.0"):
+        objectives.value_and_grad("ee", Y, P, lambda_=-1.0)
 
 
 @pytest.mark.parametrize("name", ["ee", "ssne", "tsne", "sne"])

@@ -13,6 +13,7 @@ rotating_objects (perplexity 20, SD) 1 / N separates the loops better
 """
 from __future__ import annotations
 
+from .._checks import check_float
 from .base import Objective
 
 
@@ -26,7 +27,8 @@ class ElasticEmbedding(Objective):
 
     def __init__(self, P, backend, dtype, nbody="exact", lambda_=None):
         super().__init__(P, backend, dtype, nbody)
-        self.lambda_ = default_lambda(self.n) if lambda_ is None else float(lambda_)
+        self.lambda_ = (default_lambda(self.n) if lambda_ is None
+                        else check_float(lambda_, "lambda_", 0.0))
 
     def value_and_grad(self, X):
         pairs = self.pairs

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._checks import check_callbacks
+from .._checks import check_callbacks, check_float, check_int
 from .directions import DIRECTIONS
 
 ARMIJO_C1 = 1e-4
@@ -243,6 +243,9 @@ def homotopy(objective, X0, direction="sd", *, lambdas, max_iter=1000, tol=1e-7,
     """Follow the minimizer along ``lambdas`` (increasing), each stage started from
     the last one's solution (seed 002 section 3.1, homotopy training of EE).
     The iteration budget ``max_iter`` applies to each stage."""
+    lambdas = [check_float(lam, "lambdas", 0.0) for lam in lambdas]
+    if not lambdas or any(b <= a for a, b in zip(lambdas, lambdas[1:])):
+        raise ValueError(f"lambdas must be a non-empty increasing sequence, got {lambdas}")
     monitor = monitor or Monitor()
     X = X0
     total = 0
@@ -260,4 +263,7 @@ def homotopy(objective, X0, direction="sd", *, lambdas, max_iter=1000, tol=1e-7,
 
 def homotopy_path(lambda_, n_steps=10, start_ratio=1e-4):
     """Log-spaced lambdas from ``start_ratio * lambda_`` up to ``lambda_``."""
+    lambda_ = check_float(lambda_, "lambda_", 0.0, low_open=True)
+    n_steps = check_int(n_steps, "n_steps", 1)
+    start_ratio = check_float(start_ratio, "start_ratio", 0.0, 1.0, low_open=True)
     return np.geomspace(start_ratio * lambda_, lambda_, n_steps)
