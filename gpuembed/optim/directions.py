@@ -500,7 +500,7 @@ class Spectral(Direction):
         self.B = (L4 + mu * be.sparse.identity(L4.shape[0], dtype=L4.dtype, format="csr")).tocsr()
         self.diag = self.diag + mu
         # Each point's share of its component's curvature (see _split).
-        self.share = (self.diag / self._component_sum(self.diag[:, None])[self.labels, 0]
+        self.share = (self.diag / self._per_point(self._component_sum(self.diag[:, None]))[:, 0]
                       ).astype(X.dtype)
         if self.solver == "cholesky":
             self.solve = (be.sparse_linalg.factorized(self.B) if be.is_gpu
@@ -520,9 +520,17 @@ class Spectral(Direction):
         return csr_times(self.B.indptr, self.B.indices, self.B.data, V)
 
     def _component_sum(self, V):
+        if self.counts.shape[0] == 1:       # a connected graph: no scatter (see _per_point)
+            return V.sum(axis=0, keepdims=True)
         sums = self.be.xp.zeros((self.counts.shape[0], V.shape[1]), dtype=V.dtype)
         self.be.scatter_add(sums, self.labels, V)
         return sums
+
+    def _per_point(self, A):
+        """Row labels[n] of A (one row per component) for every point n; for one
+        component A itself, which broadcasts: on rotating_objects (720 points) the
+        gathers and scatters took 0.15 ms of t-SNE's 1.3-ms SD iterations."""
+        return A if A.shape[0] == 1 else A[self.labels]
 
     def _component_mean(self, V):
         return (self._component_sum(V) / self.counts[:, None]).astype(V.dtype, copy=False)
@@ -552,11 +560,11 @@ class Spectral(Direction):
         clusters: P(F) 2.97 against 1.57)."""
         total = self._component_sum(G)
         mean = (total / self.counts[:, None]).astype(G.dtype, copy=False)
-        return (G - self.share[:, None] * total[self.labels],
-                (-mean / self.component_curvature[:, None])[self.labels])
+        return (G - self.share[:, None] * self._per_point(total),
+                self._per_point(-mean / self.component_curvature[:, None]))
 
     def _join(self, P, translation):
-        return P - self._component_mean(P)[self.labels] + translation
+        return P - self._per_point(self._component_mean(P)) + translation
 
     def __call__(self, X, G):
         self.rebuilt = bool(self.refresh and self.calls and self.calls % self.refresh == 0)
