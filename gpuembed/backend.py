@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,16 @@ class Backend:
             finally:
                 graph = stream.end_capture()
         return CapturedGraph(graph, pool)
+
+    def try_capture(self, work, what):
+        """:meth:`capture`, or False with a RuntimeWarning where CUDA refuses the
+        capture (``what``, the work's name in the warning, then runs as calls)."""
+        try:
+            return self.capture(work)
+        except RuntimeError as exc:
+            warnings.warn(f"CUDA graph capture failed ({exc}); {what} run without graphs",
+                          RuntimeWarning)
+            return False
 
     def asarray(self, a, dtype=None):
         """Move ``a`` (numpy, cupy or list) to this backend's device."""

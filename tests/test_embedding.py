@@ -604,6 +604,45 @@ def test_gpu_jacobi_cg_equals_the_array_code(rng, k):
             np.testing.assert_array_equal(run(), got)
 
 
+@pytest.mark.gpu
+def test_gpu_cg_workspace_replays_its_blocks(rng, monkeypatch):
+    """SD's solves of one system share a CGWorkspace: its blocks of steps run as
+    launches at their first use and from CUDA graphs after, with the bits of
+    one-shot solves, whatever the right-hand side and start; without graphs, and
+    where CUDA refuses a capture (a warning), the same."""
+    from gpuembed.optim import sparse_gpu
+    from gpuembed.optim.sparse_gpu import CGWorkspace, jacobi_pcg_gpu
+
+    gpu = ge.get_backend("gpu")
+    A, diag, B, _ = _cg_system(rng, 2)
+    Ad = gpu.sparse.csr_matrix(A)
+    system = (Ad.indptr, Ad.indices, Ad.data, gpu.asarray(diag))
+    tail = (1e-6, 20, np.finfo(np.float64).tiny)
+    cases = [(gpu.asarray(B * s), gpu.asarray(rng.standard_normal(B.shape) * t))
+             for s, t in ((1.0, 0.0), (2.0, 0.1), (-1.0, 1.0))]
+    want = [gpu.to_host(jacobi_pcg_gpu(gpu, *system, b, x0, *tail)) for b, x0 in cases]
+
+    def solves():
+        workspace = CGWorkspace(gpu, *system, 2, *tail)
+        got = [gpu.to_host(workspace.solve(b, x0)) for b, x0 in cases + cases]
+        for g, w in zip(got, want + want):
+            np.testing.assert_array_equal(g, w)
+        return workspace.graphs
+
+    monkeypatch.setattr(sparse_gpu, "CHECK_EVERY", 4)
+    graphs = solves()
+    assert sorted(graphs) == [0, 4, 8, 12, 16] and all(graphs.values())
+    monkeypatch.setattr(type(gpu), "can_capture", False)
+    assert not any(solves().values())
+    monkeypatch.setattr(type(gpu), "can_capture", True)
+
+    def refuse(self, work):
+        raise RuntimeError("cudaErrorStreamCaptureUnsupported")
+    monkeypatch.setattr(type(gpu), "capture", refuse)
+    with pytest.warns(RuntimeWarning, match="capture failed.*the CG's steps"):
+        assert not any(solves().values())
+
+
 def test_sparsify_keeps_each_rows_largest_weights(backend, rng):
     """Against a dense per-row reference: rows shorter than kappa kept whole, ties
     (weights drawn from a few values) resolved to the earlier column, then the

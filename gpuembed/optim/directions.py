@@ -40,7 +40,7 @@ import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
 from .sparse_cpu import csr_times, jacobi_pcg, largest_per_row
-from .sparse_gpu import connected_components_gpu, jacobi_pcg_gpu, largest_per_row_gpu
+from .sparse_gpu import CGWorkspace, connected_components_gpu, largest_per_row_gpu
 
 try:
     import cholespy as _cholespy
@@ -507,7 +507,8 @@ class Spectral(Direction):
                           else factorize_cpu(self.B))
         else:
             self.B, self.diag = self.B.astype(self.cg_dtype), self.diag.astype(self.cg_dtype)
-            self.cg_system = None       # banded_system(B), made by the CPU's first solve
+            # Made by the first solve: banded_system(B) on the CPU, a CGWorkspace on the GPU.
+            self.cg_system = None
         self.component_curvature = self.component_curvature.astype(X.dtype)
         self.pairs.clear()      # gathered with the old B as initial inverse Hessian
 
@@ -644,9 +645,11 @@ class Spectral(Direction):
             x0 = self.previous if self.previous is not None else -G / self.diag[:, None]
             tail = (self.cg_tol, self.cg_maxiter, np.finfo(self.cg_dtype).tiny)
             if self.be.is_gpu:
+                if self.cg_system is None:
+                    self.cg_system = CGWorkspace(self.be, self.B.indptr, self.B.indices,
+                                                 self.B.data, self.diag, G.shape[1], *tail)
                 cast = lambda A: self.be.xp.ascontiguousarray(A, dtype=self.cg_dtype)
-                P = jacobi_pcg_gpu(self.be, self.B.indptr, self.B.indices, self.B.data,
-                                   self.diag, cast(-G), cast(x0), *tail)
+                P = self.cg_system.solve(cast(-G), cast(x0))
             else:
                 if self.cg_system is None:
                     self.cg_system = banded_system(self.B, self.diag)

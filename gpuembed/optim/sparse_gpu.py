@@ -8,7 +8,8 @@ host read of the residual norms, and on an H100 SD's iterations on
 Fashion-MNIST 70k took 13-66 ms against a 4 ms gradient (call-bound;
 benchmarks/results/embedding_gpu.json).  The kernels run a step in three
 launches and keep the CG's scalars on the device, so the host only reads them
-every CHECK_EVERY steps to stop launching.
+every CHECK_EVERY steps to stop launching; from a system's second solve on, each
+block of CHECK_EVERY steps is one CUDA graph launch (CGWorkspace).
 """
 from __future__ import annotations
 
@@ -27,29 +28,86 @@ def converged(sums, k, rtol):
 def jacobi_pcg_gpu(be, indptr, indices, data, diag, B, X0, rtol, maxiter, tiny):
     """directions.pcg for the CSR matrix A = (indptr, indices, data) with the
     Jacobi preconditioner 1 / ``diag``, as kernels: the same iterates (dot
-    products summed in float64) and stopping test."""
-    xp = be.xp
-    n, d = B.shape
-    kernels = {name: be.kernel("cg.cu", name, B.dtype, {"CG_D": d}) for name in KERNELS}
-    indptr, indices = (xp.ascontiguousarray(a, dtype=xp.int32) for a in (indptr, indices))
-    data, diag, B = (xp.ascontiguousarray(a, dtype=B.dtype) for a in (data, diag, B))
-    X = xp.array(X0, dtype=B.dtype, order="C")
-    R, P, AP = (xp.empty_like(X) for _ in range(3))
-    sums = xp.zeros((maxiter + 1, 4, d), dtype=xp.float64)
-    grid, block = (-(-n // BLOCK),), (BLOCK,)
-    reduction = (sums, xp.empty(grid[0] * 3 * d, dtype=xp.float64), xp.zeros(1, dtype=xp.uint32))
-    n, rtol, tiny = np.int32(n), np.float64(rtol), np.float64(tiny)
-    kernels["cg_start"](grid, block, (indptr, indices, data, diag, B, X, R, P, n, *reduction))
-    for k in range(maxiter):
-        # Steps launched past the converged one return at once.
-        if k % CHECK_EVERY == 0 and converged(be.to_host(sums), k, rtol):
-            break
-        step = np.int32(k)
-        kernels["cg_product"](grid, block, (indptr, indices, data, P, AP, n, step, rtol,
-                                            *reduction))
-        kernels["cg_update"](grid, block, (P, AP, diag, X, R, n, step, rtol, tiny, *reduction))
-        kernels["cg_direction"](grid, block, (R, diag, P, n, step, rtol, tiny, sums))
-    return X
+    products summed in float64) and stopping test.  One solve; CGWorkspace keeps
+    what the solves of one system share."""
+    return CGWorkspace(be, indptr, indices, data, diag, B.shape[1], rtol, maxiter,
+                       tiny).solve(B, X0)
+
+
+class CGWorkspace:
+    """The solves of one system (A, its diagonal, the column count, tolerance and
+    step limit; SD makes a new one with each B): device buffers kept from solve
+    to solve, and each block of CHECK_EVERY steps as a CUDA graph.  A block runs
+    as launches at its first use (which loads the kernels), is captured
+    (backend.capture) at its second and replayed from then on: one host call
+    where it made 3 x CHECK_EVERY launches, which bound SD's iterations on the
+    H100 at 70,000 points (the CG's host time 1.2 ms per solve at ad1c5e5)."""
+
+    def __init__(self, be, indptr, indices, data, diag, d, rtol, maxiter, tiny):
+        xp, dtype = be.xp, data.dtype
+        n = diag.shape[0]
+        self.be, self.rtol, self.maxiter = be, rtol, maxiter
+        self.kernels = {name: be.kernel("cg.cu", name, dtype, {"CG_D": d}) for name in KERNELS}
+        # Kept here: a graph holds the pointers of what its launches took.
+        self.system = (xp.ascontiguousarray(indptr, dtype=xp.int32),
+                       xp.ascontiguousarray(indices, dtype=xp.int32),
+                       xp.ascontiguousarray(data), xp.ascontiguousarray(diag, dtype=dtype))
+        self.B, self.X, self.R, self.P, self.AP = (xp.empty((n, d), dtype=dtype)
+                                                   for _ in range(5))
+        self.sums = xp.zeros((maxiter + 1, 4, d), dtype=xp.float64)
+        self.grid, self.block = (-(-n // BLOCK),), (BLOCK,)
+        self.reduction = (self.sums, xp.empty(self.grid[0] * 3 * d, dtype=xp.float64),
+                          xp.zeros(1, dtype=xp.uint32))
+        self.scalars = (np.int32(n), np.float64(rtol), np.float64(tiny))
+        # A block's first step -> None (ran once as launches), its graph, or False
+        # (no graphs: not CUDA, or a capture CUDA refused).
+        self.graphs = {}
+
+    def solve(self, B, X0):
+        """X with A X = B (each column to relative residual rtol, or maxiter steps),
+        started from X0; B, X0 (n, d) in the system's dtype."""
+        be = self.be
+        indptr, indices, data, diag = self.system
+        n, rtol, tiny = self.scalars
+        self.B[...] = B
+        self.X[...] = X0
+        self.sums.fill(0)
+        self.kernels["cg_start"](self.grid, self.block, (indptr, indices, data, diag, self.B,
+                                                         self.X, self.R, self.P, n,
+                                                         *self.reduction))
+        for first in range(0, self.maxiter, CHECK_EVERY):
+            # Steps launched past the converged one return at once.
+            if converged(be.to_host(self.sums), first, self.rtol):
+                break
+            self._run(first, range(first, min(self.maxiter, first + CHECK_EVERY)))
+        return self.X.copy()
+
+    def _steps(self, steps):
+        indptr, indices, data, diag = self.system
+        n, rtol, tiny = self.scalars
+        for k in steps:
+            step = np.int32(k)
+            self.kernels["cg_product"](self.grid, self.block, (indptr, indices, data, self.P,
+                                                               self.AP, n, step, rtol,
+                                                               *self.reduction))
+            self.kernels["cg_update"](self.grid, self.block, (self.P, self.AP, diag, self.X,
+                                                              self.R, n, step, rtol, tiny,
+                                                              *self.reduction))
+            self.kernels["cg_direction"](self.grid, self.block, (self.R, diag, self.P, n, step,
+                                                                 rtol, tiny, self.sums))
+
+    def _run(self, first, steps):
+        """A block's steps: launched at its first use, its graph from the second."""
+        if first not in self.graphs:
+            self.graphs[first] = None if self.be.can_capture else False
+        elif self.graphs[first] is None:
+            self.graphs[first] = self.be.try_capture(lambda: self._steps(steps),
+                                                     "the CG's steps")
+        graph = self.graphs[first]
+        if graph:
+            graph.launch()
+        else:
+            self._steps(steps)
 
 
 def largest_per_row_gpu(be, indptr, data, kappa):

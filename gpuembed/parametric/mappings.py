@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 
 import numpy as np
 
@@ -370,7 +369,7 @@ class _MinibatchBuffers:
         second is captured as a CUDA graph (backend.capture), which that run and all
         later ones replay."""
         if self._graphs.get(count, False) is None:
-            self._graphs[count] = self._capture(train)
+            self._graphs[count] = get_backend("gpu").try_capture(train, "MLPMapping's steps")
         else:
             self._graphs.setdefault(count, None if self._can_capture else False)
         graph = self._graphs[count]
@@ -378,17 +377,6 @@ class _MinibatchBuffers:
             train()
         else:
             graph.launch()
-
-    @staticmethod
-    def _capture(train):
-        """train()'s graph, or False where CUDA refuses the capture (the steps
-        then run as calls)."""
-        try:
-            return get_backend("gpu").capture(train)
-        except RuntimeError as exc:
-            warnings.warn(f"MLPMapping: CUDA graph capture failed ({exc}); its minibatch "
-                          "steps run without graphs", RuntimeWarning)
-            return False
 
 
 # (epochs, least minibatch steps) of MLPMapping's default warm and cold fits.
