@@ -52,8 +52,8 @@ class CGWorkspace:
         self.system = (xp.ascontiguousarray(indptr, dtype=xp.int32),
                        xp.ascontiguousarray(indices, dtype=xp.int32),
                        xp.ascontiguousarray(data), xp.ascontiguousarray(diag, dtype=dtype))
-        self.B, self.X, self.R, self.P, self.AP = (xp.empty((n, d), dtype=dtype)
-                                                   for _ in range(5))
+        self.rhs, self.X, self.R, self.P, self.AP = (xp.empty((n, d), dtype=dtype)
+                                                     for _ in range(5))
         self.sums = xp.zeros((maxiter + 1, 4, d), dtype=xp.float64)
         self.grid, self.block = (-(-n // BLOCK),), (BLOCK,)
         self.reduction = (self.sums, xp.empty(self.grid[0] * 3 * d, dtype=xp.float64),
@@ -69,10 +69,10 @@ class CGWorkspace:
         be = self.be
         indptr, indices, data, diag = self.system
         n, rtol, tiny = self.scalars
-        self.B[...] = B
+        self.rhs[...] = B
         self.X[...] = X0
         self.sums.fill(0)
-        self.kernels["cg_start"](self.grid, self.block, (indptr, indices, data, diag, self.B,
+        self.kernels["cg_start"](self.grid, self.block, (indptr, indices, data, diag, self.rhs,
                                                          self.X, self.R, self.P, n,
                                                          *self.reduction))
         for first in range(0, self.maxiter, CHECK_EVERY):
