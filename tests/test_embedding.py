@@ -1171,6 +1171,44 @@ def test_transform_other_objectives(small, cls):
     assert (y[nearest] == y[:30]).mean() >= 0.9
 
 
+def test_tsne_out_of_sample_objective_is_the_joint_kl_and_keeps_points_in_the_layout(rng):
+    """t-SNE's per-point objective against its dense formula (KL of the N + 1
+    points as a function of x: sum_j w_j log(1 + d_j^2) + (N + 1)/2 log(1 + 2 S / Z)),
+    and its minimizer: a point whose affinities are split between two clusters 60
+    units apart stays between them, at a minimum of that formula.  With the
+    point's own normalization, log S, the objective is lower far away (it tends to
+    log N) and the same point walked off."""
+    from gpuembed.embedding import TRANSFORM_MAX_ITER, _OutOfSample
+    Y = np.concatenate([rng.standard_normal((150, 2)) - [30, 0], rng.standard_normal((150, 2))
+                        + [30, 0]])
+    n = len(Y)
+    idx, W = np.array([[0, 150]]), np.array([[0.5, 0.5]])
+    objective = types.SimpleNamespace(nbody="exact", accuracy=None)
+    mapping = _OutOfSample("tsne", Y, idx, W, objective, ge.get_backend("cpu"))
+    D = ((Y[:, None] - Y[None]) ** 2).sum(-1)
+    Z = (1 / (1 + D)).sum() - n
+
+    def dense(x):
+        d2 = ((x - Y) ** 2).sum(-1)
+        S = (1 / (1 + d2)).sum()
+        return (W[0] * np.log1p(d2[idx[0]])).sum() + (n + 1) / 2 * np.log1p(2 * S / Z)
+
+    x = mapping.minimize(np.array([[0.0, 0.5]]), TRANSFORM_MAX_ITER)[0]
+    assert np.abs(x).max() < 31
+    for x0 in np.array([[0.0, 0.5], [-29.0, 1.0], [500.0, -300.0]]):
+        value, grad, _ = mapping.evaluate(x0[None], np.array([0]))
+        assert value[0] == pytest.approx(dense(x0), rel=1e-12)
+        h = 1e-6
+        numeric = [(dense(x0 + e) - dense(x0 - e)) / (2 * h) for e in np.eye(2) * h]
+        np.testing.assert_allclose(grad[0], numeric, rtol=1e-5, atol=1e-9)
+    ring = [x + 1e-3 * np.array([np.cos(a), np.sin(a)]) for a in np.linspace(0, 2 * np.pi, 16)]
+    assert dense(x) <= min(dense(r) for r in ring) + 1e-12
+    # The old per-point normalization: lower far away than at this minimum.
+    old = lambda x: ((W[0] * np.log1p(((x - Y[idx[0]]) ** 2).sum(-1))).sum()
+                     + np.log((1 / (1 + ((x - Y) ** 2).sum(-1))).sum()))
+    assert old(np.array([1e5, 0.0])) < old(x)
+
+
 @pytest.mark.parametrize("name", ["tsne", "ee", "ssne"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_compiled_out_of_sample_terms_equal_the_array_code(rng, name, dtype):
