@@ -152,6 +152,28 @@ class Backend:
         return module.get_function(f"{name}<{ctype}>")
 
 
+class GraphReplays(dict):
+    """Work replayed from CUDA graphs, one per key (the work's shape): at a key's
+    first use the work runs as calls (which loads its kernels), at the second it
+    is captured (:meth:`Backend.try_capture`) and from then on replayed.  Maps
+    each key to None (ran once), its graph, or False (no graphs: not CUDA, or a
+    capture CUDA refused), where the work always runs as calls."""
+
+    def __init__(self, be, what):
+        super().__init__()
+        self.be, self.what = be, what
+
+    def run(self, key, work):
+        if key not in self:
+            self[key] = None if self.be.can_capture else False
+        elif self[key] is None:
+            self[key] = self.be.try_capture(work, self.what)
+        if self[key]:
+            self[key].launch()
+        else:
+            work()
+
+
 class CapturedGraph:
     """A CUDA graph from :meth:`Backend.capture` with the memory pool it uses."""
 

@@ -13,7 +13,11 @@ block of CHECK_EVERY steps is one CUDA graph launch (CGWorkspace).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+
+from ..backend import GraphReplays
 
 BLOCK = 256
 CHECK_EVERY = 8
@@ -38,8 +42,8 @@ class CGWorkspace:
     """The solves of one system (A, its diagonal, the column count, tolerance and
     step limit; SD makes a new one with each B): device buffers kept from solve
     to solve, and each block of CHECK_EVERY steps as a CUDA graph.  A block runs
-    as launches at its first use (which loads the kernels), is captured
-    (backend.capture) at its second and replayed from then on: one host call
+    as launches at its first use (which loads the kernels), is captured at its
+    second and replayed from then on (backend.GraphReplays): one host call
     where it made 3 x CHECK_EVERY launches, which bound SD's iterations on the
     H100 at 70,000 points (the CG's host time 1.2 ms per solve at ad1c5e5)."""
 
@@ -59,9 +63,7 @@ class CGWorkspace:
         self.reduction = (self.sums, xp.empty(self.grid[0] * 3 * d, dtype=xp.float64),
                           xp.zeros(1, dtype=xp.uint32))
         self.scalars = (np.int32(n), np.float64(rtol), np.float64(tiny))
-        # A block's first step -> None (ran once as launches), its graph, or False
-        # (no graphs: not CUDA, or a capture CUDA refused).
-        self.graphs = {}
+        self.graphs = GraphReplays(be, "the CG's steps")     # by a block's first step
 
     def solve(self, B, X0):
         """X with A X = B (each column to relative residual rtol, or maxiter steps),
@@ -79,7 +81,8 @@ class CGWorkspace:
             # Steps launched past the converged one return at once.
             if converged(be.to_host(self.sums), first, self.rtol):
                 break
-            self._run(first, range(first, min(self.maxiter, first + CHECK_EVERY)))
+            steps = range(first, min(self.maxiter, first + CHECK_EVERY))
+            self.graphs.run(first, functools.partial(self._steps, steps))
         return self.X.copy()
 
     def _steps(self, steps):
@@ -95,19 +98,6 @@ class CGWorkspace:
                                                               *self.reduction))
             self.kernels["cg_direction"](self.grid, self.block, (self.R, diag, self.P, n, step,
                                                                  rtol, tiny, self.sums))
-
-    def _run(self, first, steps):
-        """A block's steps: launched at its first use, its graph from the second."""
-        if first not in self.graphs:
-            self.graphs[first] = None if self.be.can_capture else False
-        elif self.graphs[first] is None:
-            self.graphs[first] = self.be.try_capture(lambda: self._steps(steps),
-                                                     "the CG's steps")
-        graph = self.graphs[first]
-        if graph:
-            graph.launch()
-        else:
-            self._steps(steps)
 
 
 def largest_per_row_gpu(be, indptr, data, kappa):

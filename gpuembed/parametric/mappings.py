@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from .._checks import check_float, check_int
-from ..backend import get_backend
+from ..backend import GraphReplays, get_backend
 from ..nbody.exact import squared_distances
 from .mlp_cpu import adam_update
 
@@ -331,10 +331,9 @@ class _MinibatchBuffers:
         self.gradient = xp.empty_like(theta)
         self._scratch = np.empty(batch * max(sizes[1:]), dtype=theta.dtype) if xp is np else None
         self._xp = xp
-        # A segment's row count -> its graph; None: ran once, to be captured;
-        # False: no graphs (the CPU, or a capture CUDA refused).
-        self._graphs = {}
-        self._can_capture = xp is not np and get_backend("gpu").can_capture
+        # By a segment's row count (no graphs on the CPU, whose backend captures none).
+        self._graphs = GraphReplays(get_backend("cpu" if xp is np else "gpu"),
+                                    "MLPMapping's steps")
 
     def serve(self, n, batch, sizes, parameters):
         """Whether these buffers serve a fit of n rows in minibatches of ``batch``
@@ -366,17 +365,9 @@ class _MinibatchBuffers:
     def run(self, count, train):
         """``train()``, the steps of a segment of ``count`` rows.  On the GPU the
         first segment of each length runs as it is (compiling its kernels); the
-        second is captured as a CUDA graph (backend.capture), which that run and all
-        later ones replay."""
-        if self._graphs.get(count, False) is None:
-            self._graphs[count] = get_backend("gpu").try_capture(train, "MLPMapping's steps")
-        else:
-            self._graphs.setdefault(count, None if self._can_capture else False)
-        graph = self._graphs[count]
-        if graph is None or graph is False:
-            train()
-        else:
-            graph.launch()
+        second is captured as a CUDA graph, which that run and all later ones
+        replay (backend.GraphReplays)."""
+        self._graphs.run(count, train)
 
 
 # (epochs, least minibatch steps) of MLPMapping's default warm and cold fits.
