@@ -62,7 +62,7 @@ import time
 import numpy as np
 import scipy.sparse.csgraph
 
-from common import RESULTS, pyplot, topic_documents, write_result
+from common import RESULTS, pyplot, topic_documents, warm_up_tsne, write_result
 import gpuembed as ge
 
 SNAPSHOT_EVERY = 50
@@ -191,32 +191,26 @@ def umap_run(name, X, y, key="optimizer"):
     return run
 
 
-def warm_up_large(be, X):
-    """Compile what the timed default fits use (numba caches it on disk: a first
-    run after installing or editing gpuembed pays about 2.5 s more, once), SD's
-    path for large N (sparsified L+, CG) included: without it the first SD fit
-    from a fresh checkout spent 2.9 s compiling before its first iteration."""
-    for optimizer, extra in (("sd", {}), ("sd", {"kappa": 5, "sd_solver": "cg"}),
-                             ("tsne", {})):
-        ge.TSNE(optimizer=optimizer, nbody="bh", max_iter=2, backend=be, **extra).fit(X[:500])
-
-
 def large(n, backend="cpu"):
     be = ge.get_backend(backend)
     X, y = ge.datasets.fashion_mnist()
     X, y = X[:n], y[:n]
-    warm_up_large(be, X)
+    fits = [("sd (default)", "sd", {}), ("sd (no refresh)", "sd", {"sd_refresh": None}),
+            ("classic", "tsne", {})]
+    if be.is_gpu and ge.nbody.resolve_method("auto", n, 2, "student", be) != "exact":
+        # The default's engine against the exact sums it replaced above some N.
+        fits.append(("sd, exact sums", "sd", {"nbody": "exact"}))
+    for nbody in {extra.get("nbody", "auto") for _, _, extra in fits}:
+        warm_up_tsne(be, X, n, nbody)
     start = time.perf_counter()
     A = ge.entropic_affinities(X, 30.0, backend=be)
     affinity_seconds = time.perf_counter() - start
     exact = ge.objectives.make_objective("tsne", A.P, be, np.float64, nbody="exact")
     runs = []
-    fits = (("sd (default)", "sd", {}), ("sd (no refresh)", "sd", {"sd_refresh": None}),
-            ("classic", "tsne", {}))
     for label, optimizer, extra in fits:
         start = time.perf_counter()
-        model = ge.TSNE(affinities=A, optimizer=optimizer, nbody="auto", backend=be,
-                        random_state=0, **extra).fit(X)
+        model = ge.TSNE(affinities=A, optimizer=optimizer, backend=be, random_state=0,
+                        **{"nbody": "auto", **extra}).fit(X)
         seconds = time.perf_counter() - start
         runs.append({"optimizer": label, "iterations": model.n_iter_,
                      "seconds": affinity_seconds + seconds, "optimizer_seconds": seconds,
@@ -379,7 +373,7 @@ def large_subsets(n, n_subsets, backend="cpu"):
     point with the last bits of its sums, so one subset cannot tell."""
     be = ge.get_backend(backend)
     X_all, y_all = ge.datasets.fashion_mnist()
-    warm_up_large(be, X_all)
+    warm_up_tsne(be, X_all, n)
     rows = []
     for s in range(n_subsets):
         X, y = X_all[s * n:(s + 1) * n], y_all[s * n:(s + 1) * n]

@@ -20,7 +20,7 @@ import pstats
 import time
 from pathlib import Path
 
-from common import write_result
+from common import warm_up_tsne, write_result
 
 import gpuembed as ge
 
@@ -32,11 +32,8 @@ def profile_fit(n, backend, top):
     X, _ = ge.datasets.fashion_mnist()
     X = X[:n]
     P = ge.entropic_affinities(X, 30.0, backend=be).P
-    # Compile and load what the fit uses: its engine, and SD's refreshes (iteration
-    # 50) on the sparsified B solved by CG, as at large N.
-    nbody = ge.nbody.resolve_method("auto", n, 2, "student", be)
-    ge.TSNE(nbody=nbody, max_iter=60, kappa=5, sd_solver="cg", backend=be).fit(X[:2000])
-    model = ge.TSNE(affinities=P, nbody=nbody, random_state=0, backend=be)
+    warm_up_tsne(be, X, n)
+    model = ge.TSNE(affinities=P, random_state=0, backend=be)
     profiler = cProfile.Profile()
     start = time.perf_counter()
     profiler.enable()
