@@ -32,15 +32,14 @@ MAX_DIM = 3
 # pair at 2,500 points (1.8 against 1.4 ms), 1.4x faster at 5,000 and 2.6x at
 # 10,000 (max relative error 1.7% at 20,000, t-SNE's usual accuracy; below 5,000
 # the exact sums take a few ms and keep line searches exact); for the
-# Gaussian its error at theta = 0.5 is 3%, so the FGT stays.  GPU (an H100,
-# results/nbody_gpu.json "crossover"): the tiled exact kernel beat both fast
-# engines at every size up to the 200,000 measured, where it took 18 ms against
-# Barnes-Hut's 21 ms (Gaussian, std 10) and 26 ms against 33 ms (Student-t pair);
-# the fast engines paid 2-20 ms of per-call overhead (their tree and boxes built by
-# array code; the tree is built by kernels since, not yet timed on a GPU), the
-# exact sums grow as N^2.
+# Gaussian its error at theta = 0.5 is 3%, so the FGT stays.  GPU (an H200 at
+# fac9faa, results/nbody_gpu.json "crossover", the tree built by kernels/bh_tree.cu):
+# Barnes-Hut takes 1.2-1.8 ms from 2,500 to 200,000 points (13-16 ms on an H100
+# when array code built its tree), the exact Student-t pair 0.89 ms at 20,000,
+# 2.2 ms at 40,000 and 6.5 ms at 100,000; the FGT (p = 8) 5-7 ms up to 200,000,
+# the exact Gaussian sums 4.7 ms at 100,000 and 18 ms at 200,000 (std 4 and 10).
 AUTO_EXACT_BELOW = {"cpu": {"gaussian": 5_000, "student": 5_000},
-                    "gpu": {"gaussian": 200_000, "student": 200_000}}
+                    "gpu": {"gaussian": 120_000, "student": 30_000}}
 
 
 def resolve_method(method, n, dim, kernel, backend, exact_below=None):
