@@ -31,8 +31,10 @@
 # the H200 at 9790d63: tests 276 s, bench 89 s, spectral 58 s, mac 90 s, msne
 # 112 s; on the H100 at 782df67: tests 326 s (no kernel cache), tsne and mac 113 s,
 # embedding 167 s; at ad1c5e5: tests 221 s (cache carried), profile and tsne 50 s;
-# at a91634f mac about 90 s.  GPUEMBED_RESULTS_COPY puts a copy of each JSON in $OUT as it is
-# written, and bench_embedding, bench_nbody and bench_mac write theirs after each fit,
+# at a91634f mac about 90 s; on the H200 at fac9faa (cache carried): tests 129 s, tests
+# tsne mac bench profile together 277 s, spectral and embedding 194 s, msne 109 s, and
+# at d35c87e tsne and profile 31 s.  GPUEMBED_RESULTS_COPY puts a copy of each JSON in
+# $OUT as it is written, and bench_embedding, bench_nbody and bench_mac write theirs after each fit,
 # run or part, so a call cut by its limit still brings back what they finished.
 #
 # Fashion-MNIST travels with the working tree: before the first call, here,
