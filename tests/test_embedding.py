@@ -1634,6 +1634,28 @@ def test_multiscale_sne_keeps_float32(backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cls,nbody", [(ge.TSNE, "exact"), (ge.TSNE, "bh"), (ge.EE, "exact"),
+                                       (ge.EE, "fgt"), (ge.SSNE, "exact")])
+def test_gpu_transform_equals_cpu(cls, nbody):
+    """transform on the GPU against the CPU's from the same training layout (the
+    GPU fit's, given to the CPU model): the new points' k-NN and affinities, the
+    per-point minimization and the engine's sums over the fixed layout (t-SNE's
+    normalization Z too), in float64.  nbody="auto" takes Barnes-Hut for t-SNE
+    from 30,000 points on the GPU, where transform had not run before."""
+    X, _ = ge.datasets.swiss_roll(300, random_state=0)
+    train, new = X[:250], X[250:] + 0.05
+    params = dict(nbody=nbody, max_iter=30, dtype=np.float64, random_state=0)
+    gpu = cls(backend="gpu", **params).fit(train)
+    cpu = cls(backend="cpu", **params).fit(train)
+    be, X_train, _, objective, n = cpu._fitted
+    cpu._fitted = (be, X_train, gpu.embedding_.astype(np.float64), objective, n)
+    Z_gpu, Z_cpu = gpu.transform(new), cpu.transform(new)
+    assert isinstance(Z_gpu, np.ndarray) and Z_gpu.shape == (50, 2)
+    # Rounding can end a point's iterations one step apart: 1e-5 of the layout's extent.
+    np.testing.assert_allclose(Z_gpu, Z_cpu, rtol=0, atol=1e-5 * np.ptp(gpu.embedding_))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("cls,optimizer,params", [
     (ge.TSNE, "sd", {}), (ge.TSNE, "sd", {"sd_refresh": 5}), (ge.TSNE, "tsne", {}),
     (ge.EE, "sd", {}), (ge.SSNE, "lbfgs", {}),
