@@ -6,6 +6,8 @@ GEMM distances; 1e-14 for the compiled CPU kernel's Gaussian); FGT below its bou
 Barnes-Hut equal to exact at
 theta = 0, error growing with theta.
 """
+import types
+
 import numpy as np
 import pytest
 
@@ -392,6 +394,13 @@ def test_engine_choice_and_bad_input():
     assert resolve_method("auto", 8_000, 2, "gaussian", CPU, exact_below=10_000) == "exact"
     assert resolve_method("auto", 20_000, 2, "gaussian", CPU) == "fgt"
     assert resolve_method("auto", 10**6, 5, "gaussian", CPU) == "exact"
+    # The GPU's thresholds (the H200's crossover): Barnes-Hut for t-SNE from 30,000
+    # points, the FGT from 120,000; the choice reads the backend's name alone.
+    gpu = types.SimpleNamespace(name="gpu")
+    assert resolve_method("auto", 29_999, 2, "student", gpu) == "exact"
+    assert resolve_method("auto", 30_000, 2, "student", gpu) == "bh"
+    assert resolve_method("auto", 70_000, 2, "gaussian", gpu) == "exact"
+    assert resolve_method("auto", 120_000, 2, "gaussian", gpu) == "fgt"
     with pytest.raises(ValueError, match="n_components"):
         resolve_method("fgt", 1000, 4, "gaussian", CPU)
     with pytest.raises(ValueError, match="Gaussian"):
