@@ -34,8 +34,9 @@
 # at a91634f mac about 90 s; on the H200 at fac9faa (cache carried): tests 129 s, tests
 # tsne mac bench profile together 277 s, spectral and embedding 194 s, msne 109 s, and
 # at d35c87e tsne and profile 31 s.  GPUEMBED_RESULTS_COPY puts a copy of each JSON in
-# $OUT as it is written, and bench_embedding, bench_nbody and bench_mac write theirs after each fit,
-# run or part, so a call cut by its limit still brings back what they finished.
+# $OUT as it is written, and bench_embedding, bench_nbody and bench_mac write theirs
+# after each fit, run or part, so a call cut by its limit still brings back what they
+# finished.
 #
 # Fashion-MNIST travels with the working tree: before the first call, here,
 #   mkdir -p .fmnist && cp /usr/share/datasets/fashion-mnist/*.gz .fmnist/
