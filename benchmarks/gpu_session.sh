@@ -13,6 +13,8 @@
 #   bash benchmarks/gpu_session.sh msne       # multi-scale SNE vs t-SNE, R_NX AUC
 #   bash benchmarks/gpu_session.sh profile    # cProfile of the default t-SNE fit of
 #                                             # Fashion-MNIST 70k (SD's refreshes apart)
+#   bash benchmarks/gpu_session.sh transform  # TSNE, EE and MultiscaleSNE.transform: 2,000
+#                                             # held-out images into a 10,000-image layout
 #
 # Before spending device time, the same scripts' GPU branches can run here on the
 # CUDA emulator at small sizes, e.g.
@@ -111,8 +113,15 @@ profile)
     (cd benchmarks &&
      python3 profile_fit.py --backend gpu --n 70000) 2>&1 | tee "$out/gpu_profile.log"
     ;;
+transform)
+    (cd benchmarks &&
+     python3 bench_transform.py --backend gpu --suffix _gpu \
+         --methods "gpuembed TSNE" "gpuembed EE" "gpuembed MultiscaleSNE") 2>&1 \
+        | tee "$out/gpu_transform.log"
+    ;;
 *)
-    echo "usage: $0 tests|bench|large|embedding|tsne|spectral|mac|msne|profile [more parts]" >&2
+    echo "usage: $0 tests|bench|large|embedding|tsne|spectral|mac|msne|profile|transform" \
+         "[more parts]" >&2
     exit 2
     ;;
 esac
