@@ -10,7 +10,8 @@ arrays come from compiled code on the CPU (barneshut_cpu.build_tree, 2.4-4x
 faster: bench_nbody.py's tree part) and from kernels/bh_tree.cu on the GPU,
 which numbers the cells of all levels at once: 41 CuPy calls, 3 kernel
 launches and 1 host read for 20,000 points (16 levels) where the array code
-made 557 calls and 18 reads (emulator counts; not yet timed on a GPU).
+made 557 calls and 18 reads (emulator counts); on an H200 1.19 ms against 14.5
+ms, 3.5 against 22.9 ms at 1e6 points (results/nbody_gpu.json "tree").
 Descent is breadth-first over
 (target, cell) pairs for a chunk of targets at a time:
 
