@@ -27,7 +27,8 @@ Hermite coefficients and cases III and IV by the array code until b36ba14: on
 an H100 one FGT sum of 200,000 clustered 2-D points took 0.11-0.25 s (the exact
 kernel 0.018 s), and EE of 1e6 points 0.2 s to 4 s per iteration as its layout
 spread; such layouts make 40-200 chunks of sparse one-hot and batched products
-per sum.  The kernels that replace them have run on the CUDA emulator only.
+per sum.  With the kernels that replace them, an H200 (fac9faa) sums 1e6 points
+at p = 8 in 4.3 ms and 200,000 clustered ones in 5-6 ms (results/nbody_gpu.json).
 """
 from __future__ import annotations
 
