@@ -1641,7 +1641,7 @@ def test_gpu_transform_equals_cpu(cls, nbody):
     GPU fit's, given to the CPU model): the new points' k-NN and affinities, the
     per-point minimization and the engine's sums over the fixed layout (t-SNE's
     normalization Z too), in float64.  nbody="auto" takes Barnes-Hut for t-SNE
-    from 30,000 points on the GPU, whose transform no test had compared before."""
+    from 40,000 points on the GPU, whose transform no test had compared before."""
     X, _ = ge.datasets.swiss_roll(300, random_state=0)
     train, new = X[:250], X[250:] + 0.05
     params = dict(nbody=nbody, max_iter=30, dtype=np.float64, random_state=0)

@@ -394,11 +394,11 @@ def test_engine_choice_and_bad_input():
     assert resolve_method("auto", 8_000, 2, "gaussian", CPU, exact_below=10_000) == "exact"
     assert resolve_method("auto", 20_000, 2, "gaussian", CPU) == "fgt"
     assert resolve_method("auto", 10**6, 5, "gaussian", CPU) == "exact"
-    # The GPU's thresholds (the H200's crossover): Barnes-Hut for t-SNE from 30,000
+    # The GPU's thresholds (the H200's crossover): Barnes-Hut for t-SNE from 40,000
     # points, the FGT from 120,000; the choice reads the backend's name alone.
     gpu = types.SimpleNamespace(name="gpu")
-    assert resolve_method("auto", 29_999, 2, "student", gpu) == "exact"
-    assert resolve_method("auto", 30_000, 2, "student", gpu) == "bh"
+    assert resolve_method("auto", 39_999, 2, "student", gpu) == "exact"
+    assert resolve_method("auto", 40_000, 2, "student", gpu) == "bh"
     assert resolve_method("auto", 70_000, 2, "gaussian", gpu) == "exact"
     assert resolve_method("auto", 120_000, 2, "gaussian", gpu) == "fgt"
     with pytest.raises(ValueError, match="n_components"):
