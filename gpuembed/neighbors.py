@@ -148,16 +148,12 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False):
     sq_x = row_sqnorms(xp, Xc)
     if exclude_self:                    # Q is X: its centred copy and norms are at hand
         Qc, sq_q = Xc, sq_x
-    elif keep:
-        Qc, sq_q = Q, row_sqnorms(xp, Q)
-    else:                               # centred a block at a time, below
-        Qc, sq_q = None, _centred_sqnorms(xp, Q, mean)
-    # Squared distances reach 4 x the largest squared norm about the mean; past
-    # the dtype's range they were inf, and the affinities failed deep in numba.
-    largest = float(xp.maximum(sq_x.max(), sq_q.max()))
-    if not 4.0 * largest < float(np.finfo(X.dtype).max):
-        raise ValueError(f"X spreads too far for {X.dtype} squared distances (largest squared "
-                         f"distance from the mean {largest:.3g}); rescale it, e.g. X / X.std()")
+    elif keep or X.shape[1] <= TREE_MAX_DIM:
+        Qc = Q if keep else Q - mean
+        sq_q = row_sqnorms(xp, Qc)
+    else:                               # centred a block at a time below, norms with it
+        Qc, sq_q = None, xp.empty(Q.shape[0], dtype=Q.dtype)
+    _check_spread(xp, X.dtype, [sq_x] if Qc is None else [sq_x, sq_q])
     if not be.is_gpu and not sparse and X.shape[1] <= TREE_MAX_DIM:
         return _tree_knn(Q, X, k, exclude_self, block_bytes)
     # A fixed random column order keeps the improvements to the CPU's candidate
@@ -181,31 +177,34 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False):
     cand = xp.empty((m, n_cand), dtype=xp.int64)
     for start in range(0, m, rows):
         stop = min(m, start + rows)
-        block = (Qc[start:stop] if Qc is not None
-                 else xp.subtract(Q[start:stop], mean, out=centred[:stop - start]))
+        if Qc is None:
+            block = xp.subtract(Q[start:stop], mean, out=centred[:stop - start])
+            sq_q[start:stop] = row_sqnorms(xp, block)
+        else:
+            block = Qc[start:stop]
         # D[i, j] + |y_j|^2 = |y_j|^2 - 2 x_i.y_j ranks j like the distance does.
         skip = inv_perm[start:stop] if exclude_self else xp.full(stop - start, -1, xp.int64)
         values[start:stop], cand[start:stop] = select(be, product(block, right), sq, skip,
                                                       n_cand)
+    if Qc is None:
+        _check_spread(xp, X.dtype, [sq_q])
     values += sq_q[:, None]
     return _finish_all(xp, Q, X, values, sq_q, sq, perm, cand, k, block_bytes)
+
+
+def _check_spread(xp, dtype, sqnorms):
+    """Squared distances reach 4 x the largest of the squared norms about the mean
+    (a list of arrays); past the dtype's range they were inf, and the affinities
+    failed deep in numba."""
+    largest = float(xp.stack([s.max() for s in sqnorms]).max())
+    if not 4.0 * largest < float(np.finfo(dtype).max):
+        raise ValueError(f"X spreads too far for {dtype} squared distances (largest squared "
+                         f"distance from the mean {largest:.3g}); rescale it, e.g. X / X.std()")
 
 
 def _query_rows(Q):
     """Rows of the dense queries Q in QUERY_BLOCK_BYTES."""
     return max(1, QUERY_BLOCK_BYTES // (Q.shape[1] * Q.dtype.itemsize))
-
-
-def _centred_sqnorms(xp, Q, mean):
-    """|q - mean|^2 for every row of the dense Q, centred _query_rows at a time."""
-    rows = min(Q.shape[0], _query_rows(Q))
-    centred = xp.empty((rows, Q.shape[1]), dtype=Q.dtype)
-    sq = xp.empty(Q.shape[0], dtype=Q.dtype)
-    for start in range(0, Q.shape[0], rows):
-        stop = min(Q.shape[0], start + rows)
-        sq[start:stop] = row_sqnorms(xp, xp.subtract(Q[start:stop], mean,
-                                                     out=centred[:stop - start]))
-    return sq
 
 
 def _mixed_precision_knn(be, Q, X, k, exclude_self, block_bytes, n_cand):

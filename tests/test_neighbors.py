@@ -444,6 +444,15 @@ def test_knn_query_centres_its_queries_in_blocks(backend, rng, dtype, monkeypatc
     np.testing.assert_allclose(blocked[0], np.take_along_axis(D, order, 1), rtol=1e-4)
 
 
+def test_knn_query_rejects_queries_beyond_the_dtypes_squared_distances(backend):
+    """The spread test of queries centred a block at a time (after their search)."""
+    X = np.ones((50, 16), dtype=np.float32)
+    X[::2] = -1.0
+    Q = np.full((3, 16), 1e19, dtype=np.float32)
+    with pytest.raises(ValueError, match="spreads too far"):
+        ge.neighbors.knn_query(backend.asarray(Q), backend.asarray(X), 3, backend=backend)
+
+
 def test_knn_query_bad_input():
     with pytest.raises(ValueError, match="features"):
         ge.neighbors.knn_query(np.zeros((3, 2)), np.zeros((10, 3)), 2, backend="cpu")
