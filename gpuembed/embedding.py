@@ -367,9 +367,16 @@ class _OutOfSample:
             (S, _), = engine_sums(be, self.nbody, Y_train, ("student",), accuracy=self.accuracy)
             self.Z = float(S.sum())
 
+    # The FGT expands all N training points at every call however few the targets
+    # (Barnes-Hut keeps its tree in ``sources``): calls for fewer new points than
+    # this, the line search's later trials, take the exact sums.  EE on
+    # Fashion-MNIST 10k: 1.4 ms per such call by the FGT, 0.07 ms exactly.
+    FGT_MIN_ROWS = 256
+
     def sums(self, X, kernels):
         """Sums over the training points at the new points X: O(M + N) with fgt / bh."""
-        return engine_sums(self.be, self.nbody, self.Y, kernels, Y=X, accuracy=self.accuracy,
+        nbody = "exact" if self.nbody == "fgt" and X.shape[0] < self.FGT_MIN_ROWS else self.nbody
+        return engine_sums(self.be, nbody, self.Y, kernels, Y=X, accuracy=self.accuracy,
                            sources=self.sources)
 
     def evaluate(self, X, rows, grad=True):
@@ -440,25 +447,33 @@ class _OutOfSample:
         stops on its own relative change, so where it lands does not depend on
         the other points transformed with it (one stopping test over all of them
         moved the converged points on while the slowest converged).
+        The first trial of each search takes the gradient too, which the next
+        iteration then starts from (most first trials are accepted); later
+        trials take the objective alone, and a point accepted at one of them
+        gets its gradient at the next iteration's start.
         X: the starts of new points ``first``, ``first + 1``, ..."""
         xp = self.be.xp
         X = X.copy()
         n, d = X.shape
         step = xp.ones(n, dtype=X.dtype)
         grow = xp.ones(n, dtype=bool)
-        inverse = xp.zeros((n, d, d), dtype=X.dtype)
         X_old, G_old = xp.zeros_like(X), xp.zeros_like(X)
         rows = xp.arange(n)
         floor = np.finfo(X.dtype).tiny              # 1e-300 would be 0 in float32
         reach = TRUST_RADIUS * max(_rms_radius(self.Y), 1.0)
+        # Each point's objective and gradient at X; ``stale``: the gradient is not.
+        E_at, G_at, curvature = self.evaluate(X, rows + first)
+        inverse = (xp.eye(d, dtype=X.dtype) / curvature[:, None, None]).astype(X.dtype)
+        stale = xp.zeros(n, dtype=bool)
         for it in range(max_iter):
             if rows.size == 0:
                 break
-            Xa = X[rows]
-            E, G, curvature = self.evaluate(Xa, rows + first)
-            if it == 0:
-                inverse[:] = xp.eye(d, dtype=X.dtype) / curvature[:, None, None]
-            else:
+            redo = rows[stale[rows]]
+            if redo.size:
+                E_at[redo], G_at[redo], _ = self.evaluate(X[redo], redo + first)
+                stale[redo] = False
+            Xa, E, G = X[rows], E_at[rows], G_at[rows]
+            if it > 0:
                 inverse[rows] = _bfgs_update(xp, inverse[rows], Xa - X_old[rows], G - G_old[rows])
             X_old[rows], G_old[rows] = Xa, G
             P = -_batched_times(inverse[rows], G)
@@ -476,17 +491,23 @@ class _OutOfSample:
             for attempt in range(30):
                 t = trial[pending]
                 cand = Xa[pending] + t[:, None] * P[pending]
-                E_c = self.evaluate(cand, rows[pending] + first, grad=False)
+                if attempt == 0:
+                    E_c, G_c, _ = self.evaluate(cand, rows[pending] + first)
+                else:
+                    E_c = self.evaluate(cand, rows[pending] + first, grad=False)
                 ok = E_c <= E[pending] + 1e-4 * t * slope[pending]
                 done = pending[ok]
                 X_new[done], E_new[done], step[rows[done]] = cand[ok], E_c[ok], t[ok]
                 if attempt == 0:
                     grow[rows[done]] = True
+                    G_at[rows[done]] = G_c[ok]
+                else:
+                    stale[rows[done]] = True
                 pending = pending[~ok]
                 if pending.size == 0:
                     break
                 trial[pending] *= 0.5
-            X[rows] = X_new
+            X[rows], E_at[rows] = X_new, E_new
             rows = rows[xp.abs(E - E_new) / xp.maximum(xp.abs(E), floor) >= tol]
         return X
 

@@ -1264,6 +1264,25 @@ def test_compiled_out_of_sample_terms_equal_the_array_code(rng, name, dtype):
             np.testing.assert_array_equal(a[0], b[i])
 
 
+def test_out_of_sample_sums_of_few_points_are_exact_with_the_fgt(rng):
+    """With the FGT, whose every call expands all training points, calls for fewer
+    than FGT_MIN_ROWS new points sum exactly; larger ones take the FGT."""
+    from gpuembed.embedding import _OutOfSample
+    from gpuembed.nbody import engine_sums
+    be = ge.get_backend("cpu")
+    Y = 3 * rng.standard_normal((2000, 2))
+    objective = types.SimpleNamespace(nbody="fgt", accuracy={"p": 3}, lambda_=0.5)
+    mapping = _OutOfSample("ee", Y, None, None, objective, be)
+    for m, method in ((mapping.FGT_MIN_ROWS - 1, "exact"), (mapping.FGT_MIN_ROWS, "fgt")):
+        X = 3 * rng.standard_normal((m, 2))
+        (S, SX), = mapping.sums(X, ("gaussian",))
+        (S_want, SX_want), = engine_sums(be, method, Y, ("gaussian",), Y=X, accuracy={"p": 3})
+        np.testing.assert_array_equal(S, S_want)
+        np.testing.assert_array_equal(SX, SX_want)
+    (S_exact, _), = engine_sums(be, "exact", Y, ("gaussian",), Y=X)
+    assert not np.array_equal(S, S_exact)       # p = 3 is far from exact
+
+
 def test_bfgs_update_of_the_out_of_sample_mapping(rng):
     """Each point's inverse Hessian update satisfies the secant condition H y = s,
     stays symmetric positive definite, and is left alone by a pair without
@@ -1305,6 +1324,63 @@ def test_bfgs_update_of_the_out_of_sample_mapping(rng):
     far = q.c + 1e3                     # first steps of about 1,000, clipped to the trust radius
     moved = np.sqrt(((q.minimize(far, 1) - far) ** 2).sum(axis=1))
     assert np.all(moved <= TRUST_RADIUS * (1 + 1e-12)) and np.all(moved > 0.1 * TRUST_RADIUS)
+
+
+def test_out_of_sample_descent_reuses_only_gradients_of_accepted_first_trials(rng):
+    """The per-point descent takes each iteration's gradient from the line search's
+    first trial where that was accepted, and evaluates it afresh where a later
+    trial was: on quartics from far starts (first trials rejected at some
+    iterations, accepted at others) it visits, with fewer evaluations, the points
+    of the same descent that evaluates every gradient at its iteration's start."""
+    from gpuembed.embedding import _OutOfSample
+
+    class Quartics(_OutOfSample):       # sum_k a_k (x_k - c_k)^4 + |x - c|^2 / 2 per point
+        def __init__(self):
+            self.be, self.Y = ge.get_backend("cpu"), np.zeros((2, 2))
+            self.a, self.c = rng.random((6, 2)) + 0.5, rng.standard_normal((6, 2))
+            self.calls = {True: 0, False: 0}
+
+        def evaluate(self, X, rows, grad=True):
+            self.calls[grad] += 1
+            r = X - self.c[rows]
+            E = (self.a[rows] * r ** 4).sum(axis=1) + 0.5 * (r * r).sum(axis=1)
+            G = 4 * self.a[rows] * r ** 3 + r
+            return (E, G, np.full(len(rows), 10.0)) if grad else E
+
+    def start_gradients(q, X, max_iter):   # each iteration's E and G at its start
+        step, grow = np.ones(len(X)), np.ones(len(X), dtype=bool)
+        rows, X = np.arange(len(X)), X.copy()
+        H, X_old, G_old = np.zeros((len(X), 2, 2)), np.zeros_like(X), np.zeros_like(X)
+        for it in range(max_iter):
+            E, G, curvature = q.evaluate(X[rows], rows)
+            H[rows] = (np.eye(2) / curvature[:, None, None] if it == 0 else
+                       _bfgs_update(np, H[rows], X[rows] - X_old[rows], G - G_old[rows]))
+            X_old[rows], G_old[rows] = X[rows], G
+            P = -(H[rows] * G[:, None, :]).sum(axis=2)
+            P *= (TRUST_RADIUS / np.maximum(np.linalg.norm(P, axis=1), TRUST_RADIUS))[:, None]
+            slope = (G * P).sum(axis=1)
+            for i, n in enumerate(rows):
+                t = min(2 * step[n], 1.0) if grow[n] else step[n]
+                grow[n] = True
+                while q.evaluate(X[n] + t * P[i][None], np.array([n]), False)[0] > (
+                        E[i] + 1e-4 * t * slope[i]):
+                    t, grow[n] = 0.5 * t, False
+                X[n], step[n] = X[n] + t * P[i], t
+            rows = rows[np.abs(E - q.evaluate(X[rows], rows, False)) >= 1e-10 * np.abs(E)]
+        return X
+
+    from gpuembed.embedding import _bfgs_update
+    from gpuembed.optim.loop import TRUST_RADIUS    # the reach: Y's radius is below 1
+
+    q = Quartics()
+    X0 = q.c + 30.0 * rng.standard_normal((6, 2))
+    got = q.minimize(X0, 40)
+    assert q.calls[False] > 0                   # some first trials were rejected
+    calls = q.calls.copy()
+    want = start_gradients(q, X0, 40)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got, q.c, atol=1e-5)
+    assert sum(calls.values()) < sum(q.calls.values()) - sum(calls.values())
 
 
 def test_callbacks_take_three_or_four_arguments(small):
