@@ -144,28 +144,39 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False):
     # exact recomputation in _finish covers the larger rounding.
     keep = sparse or centred
     mean = 0 if keep else X.mean(axis=0)
-    Xc = X if keep else X - mean
-    sq_x = row_sqnorms(xp, Xc)
-    if exclude_self:                    # Q is X: its centred copy and norms are at hand
-        Qc, sq_q = Xc, sq_x
-    elif keep or X.shape[1] <= TREE_MAX_DIM:
-        Qc = Q if keep else Q - mean
-        sq_q = row_sqnorms(xp, Qc)
-    else:                               # centred a block at a time below, norms with it
-        Qc, sq_q = None, xp.empty(Q.shape[0], dtype=Q.dtype)
-    _check_spread(xp, X.dtype, [sq_x] if Qc is None else [sq_x, sq_q])
     if not be.is_gpu and not sparse and X.shape[1] <= TREE_MAX_DIM:
+        Xc = X if keep else X - mean
+        sqnorms = [row_sqnorms(xp, Xc)]
+        if not exclude_self:
+            sqnorms.append(row_sqnorms(xp, Q if keep else Q - mean))
+        _check_spread(xp, X.dtype, sqnorms)
         return _tree_knn(Q, X, k, exclude_self, block_bytes)
     # A fixed random column order keeps the improvements to the CPU's candidate
     # heaps few whatever the input's order.
     perm = xp.asarray(np.random.default_rng(0).permutation(n))
     inv_perm = xp.empty_like(perm)
     inv_perm[perm] = xp.arange(n)
-    Yp = Xc[perm]
-    sq = sq_x[perm]
+    # The points centred in that order, the search's one copy of them (a centred
+    # copy before the permuted one, and on the GPU -2 times it, took three).
+    Yp = X[perm]
+    if not keep:
+        Yp -= mean
+    sq = row_sqnorms(xp, Yp)
+    if exclude_self:                    # the queries are the points: their norms are at hand
+        Qc, sq_q = (X if keep else None), sq[inv_perm]
+    elif keep or X.shape[1] <= TREE_MAX_DIM:
+        Qc = Q if keep else Q - mean
+        sq_q = row_sqnorms(xp, Qc)
+    else:                               # centred a block at a time below, norms with it
+        Qc, sq_q = None, xp.empty(Q.shape[0], dtype=Q.dtype)
+    _check_spread(xp, X.dtype, [sq] if exclude_self or Qc is None else [sq, sq_q])
     if exclude_self and not be.is_gpu:
         return _self_knn_cpu(X, Yp, sq, sq_q, perm, inv_perm, k, n_cand, block_bytes)
-    right = transposed(-2 * Yp)           # for every block's product, prepared once
+    if sparse:
+        right = transposed(-2 * Yp)       # for every block's product, prepared once
+    else:
+        Yp *= -2                          # exact: a power of two
+        right = transposed(Yp)
 
     m = Q.shape[0]
     rows = _block_rows(m, n, X, block_bytes)
@@ -179,14 +190,15 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False):
         stop = min(m, start + rows)
         if Qc is None:
             block = xp.subtract(Q[start:stop], mean, out=centred[:stop - start])
-            sq_q[start:stop] = row_sqnorms(xp, block)
+            if not exclude_self:
+                sq_q[start:stop] = row_sqnorms(xp, block)
         else:
             block = Qc[start:stop]
         # D[i, j] + |y_j|^2 = |y_j|^2 - 2 x_i.y_j ranks j like the distance does.
         skip = inv_perm[start:stop] if exclude_self else xp.full(stop - start, -1, xp.int64)
         values[start:stop], cand[start:stop] = select(be, product(block, right), sq, skip,
                                                       n_cand)
-    if Qc is None:
+    if Qc is None and not exclude_self:
         _check_spread(xp, X.dtype, [sq_q])
     values += sq_q[:, None]
     return _finish_all(xp, Q, X, values, sq_q, sq, perm, cand, k, block_bytes)

@@ -39,14 +39,19 @@ def assert_same_neighbours(X, idx, ref_d, ref_i, dtype):
 @pytest.mark.parametrize("n,d,k", [(50, 3, 5), (300, 20, 17), (257, 2, 1), (40, 5, 39),
                                    (300, 10, 17), (200, 11, 9)])
 def test_knn_matches_brute_force(backend, rng, dtype, n, d, k):
+    """The exact k-NN, which leaves the points as they were (the search centres,
+    permutes and scales its own copy of them in place)."""
     X = rng.standard_normal((n, d)).astype(dtype) * 3 + 10  # offset: cancellation matters
     ref_d, ref_i = brute_knn(X, k)
-    sqdist, idx = ge.knn(be_x(backend, X), k, backend=backend)
+    X_dev = be_x(backend, X)
+    sqdist, idx = ge.knn(X_dev, k, backend=backend)
     sqdist, idx = backend.to_host(sqdist), backend.to_host(idx)
     assert sqdist.dtype == dtype and idx.dtype == np.int64 and sqdist.shape == (n, k)
     rtol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(sqdist, ref_d, rtol=rtol)
     np.testing.assert_array_equal(idx, ref_i)
+    ge.neighbors.knn_query(X_dev[:5], X_dev, k, backend=backend)
+    np.testing.assert_array_equal(backend.to_host(X_dev), X)
 
 
 def be_x(backend, X):
