@@ -193,7 +193,8 @@ def _trial_steps(first, retry=None):
 def _trust_step(xp, X, P):
     """The longest step along P that keeps every point within the trust region."""
     if xp is np:
-        radius, longest = trust_extent(X, P)
+        radii, longest = trust_extent(X, P)
+        radius = float(np.median(radii))
     else:   # one host read for both (a read waits for all the queued work)
         radius, longest = xp.stack([xp.median(xp.sqrt(((X - X.mean(axis=0)) ** 2).sum(axis=1))),
                                     xp.sqrt((P * P).sum(axis=1)).max()]).tolist()
