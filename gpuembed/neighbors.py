@@ -156,8 +156,8 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False):
     perm = xp.asarray(np.random.default_rng(0).permutation(n))
     inv_perm = xp.empty_like(perm)
     inv_perm[perm] = xp.arange(n)
-    # The points centred in that order, the search's one copy of them (a centred
-    # copy before the permuted one, and on the GPU -2 times it, took three).
+    # The points centred in that order: the search's one copy of them, where a
+    # centred copy, its permuted copy and -2 times that took three.
     Yp = X[perm]
     if not keep:
         Yp -= mean
