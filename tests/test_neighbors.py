@@ -58,17 +58,40 @@ def be_x(backend, X):
     return backend.asarray(X)
 
 
-@pytest.mark.parametrize("d", [2, 12])       # the k-d tree's blocks, the GEMM's
-def test_small_blocks_give_the_same_answer(rng, d):
-    X = rng.standard_normal((200, d))
+@pytest.mark.parametrize("d,n", [(2, 200), (12, 200), (12, 1500)])   # the k-d tree, the GEMM
+def test_small_blocks_give_the_same_answer(rng, d, n):
+    """Many blocks, the last one partial; at 1,500 points the strips' transposed
+    halves span several of offer_strip's column chunks (COLUMN_CHUNK).  The same
+    neighbours; the distances to the GEMM's rounding, which moves with the block."""
+    X = rng.standard_normal((n, d))
     X[150] = X[3]                               # a copy: self must go wherever it lies
     full = ge.knn(X, 7, backend="cpu")
-    # 8 rows per block (the tree: 25 for d = 2): many blocks, the last one partial.
-    blocked = ge.knn(X, 7, backend="cpu", block_bytes=200 * 8 * 8)
+    # 8 rows per block (the tree: 25 for d = 2).
+    blocked = ge.knn(X, 7, backend="cpu", block_bytes=n * 8 * 8)
     np.testing.assert_array_equal(full[1], blocked[1])
-    np.testing.assert_array_equal(full[0], blocked[0])
+    np.testing.assert_allclose(full[0], blocked[0], rtol=1e-12)
     ref_d, ref_i = brute_knn(X, 7)
     np.testing.assert_array_equal(blocked[1], ref_i)
+
+
+@pytest.mark.parametrize("b", [37, 600])
+def test_offer_strip_keeps_each_points_nearest(rng, b):
+    """After the strips of all blocks of b rows, every point's heap holds exactly
+    its m nearest other points: the strips' rows offer to their own heaps, their
+    transposed halves (several COLUMN_CHUNKs wide) to the columns'."""
+    from gpuembed.neighbors_cpu import COLUMN_CHUNK, offer_strip
+    n, m = 1500, 20
+    assert n - b > COLUMN_CHUNK
+    Y = rng.standard_normal((n, 5))
+    sq = (Y * Y).sum(axis=1)
+    values, indices = np.full((n, m), np.inf), np.full((n, m), -1, dtype=np.int64)
+    for start in range(0, n, b):
+        offer_strip(Y[start:start + b] @ Y[start:].T, sq, start, values, indices)
+    D = ((Y[:, None] - Y[None]) ** 2).sum(axis=-1)
+    np.fill_diagonal(D, np.inf)
+    want = np.sort(np.argsort(D, axis=1)[:, :m], axis=1)
+    np.testing.assert_array_equal(np.sort(indices, axis=1), want)
+    np.testing.assert_allclose(np.sort(values, axis=1), np.sort(D, axis=1)[:, :m], atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
