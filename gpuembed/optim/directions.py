@@ -421,10 +421,11 @@ class Spectral(Direction):
     10 pairs 2.183 in 20.5 s (411; the classic optimizer: 2.264 in 24.1 s), 27.74
     in 11.0 s (214), 2.510 in 4.1 s (73); 50 clusters in 20-D (10,000 points):
     t-SNE 1.220 in 2.2 s against 1.588 in 18.0 s (classic 1.337 in 11.5 s), EE
-    15.66 in 4.0 s against 15.92 in 17.5 s.  The default only for t-SNE where
-    the affinity graph splits, after an exaggerated stage (TSNE.SPLIT_GRAPH_PARAMS,
-    whose docstring says why): on a connected graph the pairs gained nothing
-    (Fashion-MNIST 20k, t-SNE: KL 1.806 in 9.5 s against 1.783 in 10.6 s), and
+    15.66 in 4.0 s against 15.92 in 17.5 s.  The default for s-SNE (3 pairs,
+    SSNE's docstring says why) and for t-SNE where the affinity graph splits, after
+    an exaggerated stage (TSNE.SPLIT_GRAPH_PARAMS): on t-SNE's connected graphs
+    the pairs gained nothing (Fashion-MNIST 20k: KL 1.806 in 9.5 s against 1.783
+    in 10.6 s; there B's refreshes drop them every 50 iterations), and
     on 10 rotating objects at perplexity 3 (4 components, crossing loops) SNE
     stopped at 351 against 72 without them (s-SNE crept there to 0.944 against
     0.044 until the restart after a reset, MEMORY_RESET_STEP; now 0.038).
