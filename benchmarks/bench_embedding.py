@@ -42,6 +42,11 @@ them there with exaggeration, SD without either and with the pairs alone),
 and t-SNE by the classic optimizer: the same figures plus each layout's
 extent, written to embedding_clusters_n<N>.json ("clusters").
 
+``--pairs`` fits EE, s-SNE and SNE by SD with 3 curvature pairs and without
+(PAIRS_DATA; s-SNE's default takes them): seconds, iterations, objective (exact
+sums), 10-NN accuracy and the seconds each took to the other's final objective,
+written to embedding_pairs.json ("curvature_pairs").
+
 ``--split`` fits t-SNE to data whose affinity graph splits into components
 (SPLIT_CLUSTERS: Gaussian clusters; rotating objects at small perplexities) by
 the default SD, which takes exaggeration and curvature pairs there
@@ -304,6 +309,45 @@ def clusters(n, n_clusters, dim, backend="cpu"):
             "runs": fit_runs(X.astype(np.float32), y, fits, be)}
 
 
+# --pairs: (name, data, perplexity) of the curvature-pairs comparison
+PAIRS_DATA = (("digits", ge.datasets.digits, 30.0),
+              *((f"10 rotating objects, perplexity {p:g}", ge.datasets.rotating_objects, p)
+                for p in (3.0, 5.0, 20.0)),
+              *((f"swiss roll, 4,000 points, random_state={s}",
+                 lambda s=s: ge.datasets.swiss_roll(4000, random_state=s), 20.0)
+                for s in (0, 1, 2)),
+              ("30 Gaussian clusters, 3,000 points in 5-D",
+               lambda: ge.datasets.gaussian_clusters(3000, 30, 5, random_state=0), 10.0),
+              *((f"Fashion-MNIST {n // 1000}k",
+                 lambda n=n: tuple(a[:n] for a in ge.datasets.fashion_mnist()), 30.0)
+                for n in (5000, 20000)))
+
+
+def curvature_pairs(backend="cpu"):
+    """EE, s-SNE and SNE by SD with 3 curvature pairs and without (s-SNE's default
+    takes them, SSNE.SD_MEMORY; EE's and SNE's do not), each to its own stopping
+    test, with their objective curves: the seconds each fit took to reach the
+    other's final objective.  Swiss rolls are labelled by their position along
+    the roll, in 3 bands per unit of t."""
+    be = ge.get_backend(backend)
+    rows = []
+    for name, load, perplexity in PAIRS_DATA:
+        X, y = load()
+        y = (y * 3).astype(int) if y.dtype.kind == "f" else y
+        runs = []
+        for estimator, symmetric in (("EE", True), ("SSNE", True), ("SNE", False)):
+            A = ge.entropic_affinities(X, perplexity, symmetrize=symmetric, backend=be)
+            fits = [(estimator, f"sd, sd_memory={m}", {"sd_memory": m}) for m in (0, 3)]
+            runs += fit_runs(X, y, fits, be, perplexity, A, curves=True)
+        for pair in zip(runs[::2], runs[1::2]):
+            finals = [run["curve"][-1][1] for run in pair]
+            for run, other_final in zip(pair, finals[::-1]):
+                run["seconds_to_other_final"] = next(
+                    (t for t, e in run.pop("curve") if e <= other_final), None)
+        rows.append({"data": name, "n": X.shape[0], "perplexity": perplexity, "runs": runs})
+    return rows
+
+
 # --split: Gaussian clusters (points, clusters, dimensions, seed, perplexity) and
 # 10 rotating objects at small perplexities, whose affinity graphs split
 SPLIT_CLUSTERS = ((3000, 30, 5, 0, 10.0), (3000, 30, 5, 0, 30.0), (3000, 10, 50, 0, 30.0),
@@ -341,11 +385,12 @@ def split_graphs(backend="cpu"):
     return rows
 
 
-def fit_runs(X, y, fits, be, perplexity=30.0, affinities=None):
+def fit_runs(X, y, fits, be, perplexity=30.0, affinities=None, curves=False):
     """Each (estimator name, label, parameters) fitted to X from the same
     affinities (``affinities``, or computed at ``perplexity``): seconds,
     iterations, the exact objective of the layout, its 10-NN accuracy and extent
-    (the larger side of its bounding box)."""
+    (the larger side of its bounding box); with ``curves`` its history's (seconds,
+    objective) pairs (the fit's own engine)."""
     A = ge.entropic_affinities(X, perplexity, backend=be) if affinities is None else affinities
     for name, _, extra in fits:             # compile on 500 points
         getattr(ge, name)(max_iter=3, backend=be, **{**extra, "kappa": 5}).fit(X[:500])
@@ -363,6 +408,8 @@ def fit_runs(X, y, fits, be, perplexity=30.0, affinities=None):
                      "knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y, backend=be),
                      "extent": float(np.ptp(be.to_host(layout), axis=0).max())})
         print(runs[-1], flush=True)
+        if curves:
+            runs[-1]["curve"] = [(h["time"], h["objective"]) for h in model.history_]
     return runs
 
 
@@ -554,6 +601,8 @@ def main(argv=None):
     parser.add_argument("--coil", type=int, help="only the rotating-objects part, K objects")
     parser.add_argument("--clusters", type=int,
                         help="only the separated-clusters part: N points, 20 clusters in 10-D")
+    parser.add_argument("--pairs", action="store_true",
+                        help="only EE, s-SNE and SNE by SD with 3 curvature pairs and without")
     parser.add_argument("--split", action="store_true",
                         help="only the t-SNE fits of affinity graphs that split into components")
     parser.add_argument("--subsets", type=int,
@@ -572,6 +621,10 @@ def main(argv=None):
     if args.coil:
         write_result("embedding", {"coil": coil(args.coil, args.backend)},
                      args.suffix or f"_coil{args.coil}", merge=True)
+        return
+    if args.pairs:
+        write_result("embedding", {"curvature_pairs": curvature_pairs(args.backend)},
+                     args.suffix or "_pairs", merge=True)
         return
     if args.split:
         write_result("embedding", {"split_graphs": split_graphs(args.backend)},
