@@ -796,21 +796,19 @@ class SSNE(_Embedding):
     """Symmetric SNE (Gaussian kernel, joint distribution over all pairs).
 
     Its SD takes SD_MEMORY = 3 curvature pairs (``sd_memory``) unless given: the
-    pairs capture the repulsion's curvature, which B = 4 L+ leaves out.  Default
-    fits with and without them (2-core Xeon VM, 2026-11-27): Fashion-MNIST 5k,
-    10k, 20k and 30k (the last by CG) reached the pairless fit's final
-    objective 2.2-3.8x sooner and ended at or below it; swiss rolls of 4,000
-    points at 0.246 and 0.263 against 0.508 and 0.500 (10-NN accuracy of the
-    roll's position 0.90 and 0.89 against 0.85 and 0.84), 30 Gaussian clusters
-    at 1.026 in 2.1 s against 1.188 after 1,000 iterations and 8.4 s.  A lower or
-    equal objective in 20 of 22 fits (halves of digits, 10 rotating objects at
-    perplexities 3 to 40, 20 objects, swiss rolls of 800 to 4,000 points,
-    clusters, Fashion-MNIST), always in fewer iterations; the other two, swiss rolls of 800
-    and 1,500 points, ended in other minima 1.5% and 36% higher.  10 rotating
-    objects at perplexity 5 end lower (1.135 against 1.198) with 10-NN accuracy
-    0.61 against 0.89, within the 0.56-0.89 that starts 1e-3 apart give there.
-    EE and SNE keep plain SD: with pairs EE ended higher on swiss rolls (6.62
-    against 5.95) and SNE on 10 objects at perplexity 3 (363 against 72)."""
+    pairs capture the repulsion's curvature, which B = 4 L+ leaves out.  Against
+    plain SD (benchmarks/results/embedding_pairs.json, bench_embedding.py --pairs,
+    2-core Xeon VM) it ends at or below plain SD's objective on all 10 sets and
+    reaches it 1.7-35x sooner: Fashion-MNIST 20k 3.8 s against 9.9 s, 5k 0.7 s
+    against 2.9 s, swiss rolls of 4,000 points 0.246 / 0.263 / 0.270 against
+    0.508 / 0.500 / 0.271 (10-NN accuracy of the position along the roll 0.90 /
+    0.89 / 0.88 against 0.85 / 0.84 / 0.88), 30 Gaussian clusters 1.026 against
+    1.188.  10 rotating objects at perplexity 5 end lower (1.135 against 1.198)
+    with 10-NN accuracy 0.61 against 0.89, within the 0.56-0.89 that starts 1e-3
+    apart give there.  In side runs on smaller swiss rolls two of five (800 and
+    1,500 points) ended in other minima, 1.5% and 36% higher.  EE and SNE keep
+    plain SD: with pairs EE ended higher on digits and on all three swiss rolls
+    (6.62 against 5.95), SNE on 10 objects at perplexity 3 (363 against 72)."""
 
     objective_name = "ssne"
     SD_MEMORY = 3
