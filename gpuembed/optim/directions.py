@@ -412,7 +412,9 @@ class Spectral(Direction):
     ``memory=m`` (method_params ``sd_memory``, default 0): L-BFGS's two-loop
     recursion over the last m curvature pairs, with the solve by B as the
     initial inverse Hessian (a refresh drops the pairs, and so does a step
-    accepted at under MEMORY_RESET_STEP of the direction).  Where the graph splits
+    accepted at under MEMORY_RESET_STEP of the direction), gathered from the
+    step after the first ``memory_start`` iterations (``sd_memory_start``, EE's
+    default: see EE).  Where the graph splits
     into components, B has no curvature for their relative placement, which the
     FP step of _split only guesses, and SD crawled: 20 well-separated Gaussian
     clusters (20,000 points in 10-D, 20 components; benchmarks/results/
@@ -442,10 +444,11 @@ class Spectral(Direction):
     SOLVERS = ("auto", "cholesky", "cg")
 
     def __init__(self, objective, X, kappa=None, solver="auto", cg_tol=CG_TOL,
-                 cg_maxiter=CG_MAXITER, refresh="auto", memory=0):
+                 cg_maxiter=CG_MAXITER, refresh="auto", memory=0, memory_start=0):
         super().__init__(objective, X)
         check_choice(solver, "sd_solver", self.SOLVERS)
         self.memory = check_int(memory, "sd_memory", 0)
+        self.memory_start = check_int(memory_start, "sd_memory_start", 0)
         self.pairs = collections.deque(maxlen=max(self.memory, 1))
         grow_kappa = kappa is None and X.shape[0] > self.FULL_LAPLACIAN_MAX_N
         if kappa is not None:
@@ -611,7 +614,7 @@ class Spectral(Direction):
         return self.direction
 
     def update(self, X_old, X_new, G_old, G_new):
-        if not self.memory:
+        if not self.memory or self.calls <= self.memory_start:
             return
         step = X_new - X_old
         if self.pairs and self._step_length(step) < MEMORY_RESET_STEP:
@@ -672,9 +675,9 @@ class SpectralMinus(Spectral):
     single_precision_cg = False
 
     def __init__(self, objective, X, kappa=None, cg_tol=CG_TOL, cg_maxiter=CG_MAXITER,
-                 memory=0):
+                 memory=0, memory_start=0):
         super().__init__(objective, X, kappa=kappa, solver="cg", cg_tol=cg_tol,
-                         cg_maxiter=cg_maxiter, memory=memory)
+                         cg_maxiter=cg_maxiter, memory=memory, memory_start=memory_start)
         objective.xx_coefficients(X)      # fails early for objectives without the term
 
     def __call__(self, X, G):
