@@ -345,10 +345,9 @@ def curvature_pairs(backend="cpu"):
             fits = [(estimator, label, extra) for label, extra
                     in configurations + ((delayed,) if estimator == "EE" else ())]
             fitted = fit_runs(X, y, fits, be, perplexity, A, curves=True)
-            plain_final = fitted[0]["curve"][-1][1]
+            plain_final = fitted[0]["curve"][-1][2]
             for run in fitted:
-                run["seconds_to_plain_final"] = next(
-                    (t for t, e in run.pop("curve") if e <= plain_final), None)
+                run["seconds_to_plain_final"] = first_time_below(run.pop("curve"), plain_final)
             runs += fitted
         rows.append({"data": name, "n": X.shape[0], "perplexity": perplexity, "runs": runs})
     return rows
@@ -395,8 +394,8 @@ def fit_runs(X, y, fits, be, perplexity=30.0, affinities=None, curves=False):
     """Each (estimator name, label, parameters) fitted to X from the same
     affinities (``affinities``, or computed at ``perplexity``): seconds,
     iterations, the exact objective of the layout, its 10-NN accuracy and extent
-    (the larger side of its bounding box); with ``curves`` its history's (seconds,
-    objective) pairs (the fit's own engine)."""
+    (the larger side of its bounding box); with ``curves`` its history's
+    (iteration, seconds, objective) by the fit's own engine, as :func:`run`'s."""
     A = ge.entropic_affinities(X, perplexity, backend=be) if affinities is None else affinities
     for name, _, extra in fits:             # compile on 500 points
         getattr(ge, name)(max_iter=3, backend=be, **{**extra, "kappa": 5}).fit(X[:500])
@@ -415,7 +414,7 @@ def fit_runs(X, y, fits, be, perplexity=30.0, affinities=None, curves=False):
                      "extent": float(np.ptp(be.to_host(layout), axis=0).max())})
         print(runs[-1], flush=True)
         if curves:
-            runs[-1]["curve"] = [(h["time"], h["objective"]) for h in model.history_]
+            runs[-1]["curve"] = [(h["iter"], h["time"], h["objective"]) for h in model.history_]
     return runs
 
 

@@ -78,6 +78,7 @@ class _Embedding(Params):
     objective_name = None
     extra_params = METHOD_PARAMS
     optimizers = tuple(DIRECTIONS)
+    SD_MEMORY = {}          # SD's curvature pairs where sd_memory is not given (see EE, SSNE)
 
     def __init__(self, n_components=2, perplexity=30.0, *, affinities=None, optimizer="sd",
                  nbody="auto", max_iter=1000, tol=1e-5, init="pca", random_state=None,
@@ -201,9 +202,6 @@ class _Embedding(Params):
         p = self._method_params
         if p.get("accuracy_schedule") is not None and p.get("accuracy"):
             raise TypeError("give either accuracy (fixed) or accuracy_schedule, not both")
-
-    # SD's curvature pairs where sd_memory is not given (see EE, SSNE).
-    SD_MEMORY = {}
 
     def _graph_params(self, P, be):
         """Method parameters chosen for the ones not given: SD_MEMORY (t-SNE's
