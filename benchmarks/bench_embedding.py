@@ -43,7 +43,7 @@ and t-SNE by the classic optimizer: the same figures plus each layout's
 extent, written to embedding_clusters_n<N>.json ("clusters").
 
 ``--pairs`` fits EE, s-SNE and SNE by SD with 3 curvature pairs and without
-(PAIRS_DATA; EE also with the pairs from iteration 51 on, its default; s-SNE's
+(PAIRS_DATA; EE and SNE also with the pairs from iteration 51 on, EE's default; s-SNE's
 default takes them from the start): seconds, iterations, objective (exact sums),
 10-NN accuracy and the seconds each took to the pairless fit's final objective,
 written to embedding_pairs.json ("curvature_pairs").
@@ -326,7 +326,7 @@ PAIRS_DATA = (("digits", ge.datasets.digits, 30.0),
 
 def curvature_pairs(backend="cpu"):
     """EE, s-SNE and SNE by SD without curvature pairs, with 3 from the start and
-    (EE's default, EE.SD_MEMORY) with 3 from iteration 51 on, each to its own
+    (EE and SNE) with 3 from iteration 51 on (EE's default, EE.SD_MEMORY), each to its own
     stopping test: seconds, iterations, exact objective, 10-NN accuracy and the
     seconds each fit took to reach the pairless fit's final objective (on its own
     engine's curve).  s-SNE's default takes pairs from the start (SSNE.SD_MEMORY),
@@ -343,7 +343,7 @@ def curvature_pairs(backend="cpu"):
         for estimator, symmetric in (("EE", True), ("SSNE", True), ("SNE", False)):
             A = ge.entropic_affinities(X, perplexity, symmetrize=symmetric, backend=be)
             fits = [(estimator, label, extra) for label, extra
-                    in configurations + ((delayed,) if estimator == "EE" else ())]
+                    in configurations + ((delayed,) if estimator in ("EE", "SNE") else ())]
             fitted = fit_runs(X, y, fits, be, perplexity, A, curves=True)
             plain_final = fitted[0]["curve"][-1][2]
             for run in fitted:
