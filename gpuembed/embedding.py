@@ -803,28 +803,40 @@ class SSNE(_Embedding):
 
     Its SD takes 3 curvature pairs (SD_MEMORY, for ``sd_memory`` not given): the
     pairs capture the repulsion's curvature, which B = 4 L+ leaves out.  Against
-    plain SD (benchmarks/results/embedding_pairs.json, bench_embedding.py --pairs,
-    2-core Xeon VM) it ends at or below plain SD's objective on all 10 sets and
-    reaches it 1.3-28x sooner: Fashion-MNIST 20k 3.9 s against 10.1 s, 5k 0.7 s
+    plain SD (benchmarks/results/embedding_pairs.json at 76260ce, bench_embedding.py
+    --pairs, 2-core Xeon VM) it ends at or below plain SD's objective on all 10 sets
+    and reaches it 1.1-34x sooner: Fashion-MNIST 20k 3.8 s against 9.9 s, 5k 0.7 s
     against 2.8 s, swiss rolls of 4,000 points 0.246 / 0.263 / 0.270 against
     0.508 / 0.500 / 0.271 (10-NN accuracy of the position along the roll 0.90 /
     0.89 / 0.88 against 0.85 / 0.84 / 0.88), 30 Gaussian clusters 1.026 against
     1.188.  10 rotating objects at perplexity 5 end lower (1.135 against 1.198)
     with 10-NN accuracy 0.61 against 0.89, within the 0.56-0.89 that starts 1e-3
     apart give there.  In side runs on smaller swiss rolls two of five (800 and
-    1,500 points) ended in other minima, 1.5% and 36% higher.  EE takes its pairs
-    later (see EE); SNE keeps plain SD: with pairs from the start it ended at 363
-    against 72 on 10 objects at perplexity 3."""
+    1,500 points) ended in other minima, 1.5% and 36% higher.  EE and SNE take
+    their pairs later (see EE, SNE)."""
 
     objective_name = "ssne"
     SD_MEMORY = {"sd_memory": 3}
 
 
 class SNE(_Embedding):
-    """SNE (Hinton & Roweis) with per-point conditional distributions."""
+    """SNE (Hinton & Roweis) with per-point conditional distributions.
+
+    Its SD takes 3 curvature pairs from iteration 51 on, as EE's does (SD_MEMORY,
+    for ``sd_memory`` not given).  Against plain SD (benchmarks/results/
+    embedding_pairs.json at 76260ce, 2-core Xeon VM) it ends lower on 8 of the 10
+    sets, level on one (rotating objects at perplexity 20, stopped after 21
+    iterations) and reaches plain SD's final objective 1.1-12x sooner (swiss rolls
+    of 4,000 points 3.5 and 3.6 s against 21.6 and 19.3 s, 30 clusters 1.3 s
+    against 16.1 s, Fashion-MNIST 20k 7.9 s against 13.9 s); the third swiss roll
+    ends 1.9% higher (828.8 against 813.6) in a fifth of the time.  Gathered from
+    the start, the pairs stalled on 10 objects at perplexity 3 (crossing loops):
+    363 against plain SD's 71.7, 10-NN accuracy 0.70 against 0.90, where from
+    iteration 51 on they end at 51.6 (0.94)."""
 
     objective_name = "sne"
     optimizers = ("gd", "fp", "sd", "lbfgs", "cg")
+    SD_MEMORY = {"sd_memory": 3, "sd_memory_start": 50}
 
 
 class EE(_Embedding):
@@ -834,11 +846,11 @@ class EE(_Embedding):
 
     Its SD takes 3 curvature pairs from iteration 51 on (SD_MEMORY, for
     ``sd_memory`` not given): the pairs pick up the repulsion's curvature, which
-    B = 4 L+ leaves out.  Against plain SD (benchmarks/results/embedding_pairs.json,
-    bench_embedding.py --pairs, 2-core Xeon VM) it ends lower on all 10 sets and
-    reaches plain SD's final objective 1.3-14x sooner (swiss rolls of 4,000 points
-    1.3-1.6 s against 6.9-8.9 s, 30 clusters 1.6 s against 8.6 s, Fashion-MNIST
-    20k 6.9 s against 17.0 s).  Gathered from the start, the pairs led EE into
+    B = 4 L+ leaves out.  Against plain SD (benchmarks/results/embedding_pairs.json
+    at 76260ce, bench_embedding.py --pairs, 2-core Xeon VM) it ends lower on all 10
+    sets and reaches plain SD's final objective 1.2-17x sooner (swiss rolls of 4,000
+    points 1.3-1.4 s against 6.8-8.1 s, 30 clusters 1.7 s against 8.6 s,
+    Fashion-MNIST 20k 6.8 s against 16.9 s).  Gathered from the start, the pairs led EE into
     higher minima (digits 13.94 against plain SD's 13.52, swiss rolls 6.08 / 6.62
     / 6.03 against 5.95 / 5.95 / 6.01); after the first 50 iterations, once the
     layout's groups have formed, they end at 13.48 and 5.92 / 5.93 / 5.97."""
