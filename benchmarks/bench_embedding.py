@@ -43,7 +43,7 @@ and t-SNE by the classic optimizer: the same figures plus each layout's
 extent, written to embedding_clusters_n<N>.json ("clusters").
 
 ``--pairs`` fits EE, s-SNE and SNE by SD with 3 curvature pairs and without
-(PAIRS_DATA; EE and SNE also with the pairs from iteration 51 on, EE's default; s-SNE's
+(PAIRS_DATA; EE and SNE also with the pairs from iteration 51 on, their default; s-SNE's
 default takes them from the start): seconds, iterations, objective (exact sums),
 10-NN accuracy and the seconds each took to the pairless fit's final objective,
 written to embedding_pairs.json ("curvature_pairs").
@@ -326,11 +326,11 @@ PAIRS_DATA = (("digits", ge.datasets.digits, 30.0),
 
 def curvature_pairs(backend="cpu"):
     """EE, s-SNE and SNE by SD without curvature pairs, with 3 from the start and
-    (EE and SNE) with 3 from iteration 51 on (EE's default, EE.SD_MEMORY), each to its own
+    (EE and SNE) with 3 from iteration 51 on (their default, SD_MEMORY), each to its own
     stopping test: seconds, iterations, exact objective, 10-NN accuracy and the
     seconds each fit took to reach the pairless fit's final objective (on its own
-    engine's curve).  s-SNE's default takes pairs from the start (SSNE.SD_MEMORY),
-    SNE's none.  Swiss rolls are labelled by their position along the roll, in 3
+    engine's curve).  s-SNE's default takes pairs from the start (SSNE.SD_MEMORY).
+    Swiss rolls are labelled by their position along the roll, in 3
     bands per unit of t."""
     be = ge.get_backend(backend)
     configurations = (("sd, sd_memory=0", {"sd_memory": 0}), ("sd, sd_memory=3", {"sd_memory": 3}))
