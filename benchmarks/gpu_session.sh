@@ -15,6 +15,8 @@
 #                                             # Fashion-MNIST 70k (SD's refreshes apart)
 #   bash benchmarks/gpu_session.sh transform  # TSNE, EE and MultiscaleSNE.transform: 2,000
 #                                             # held-out images into a 10,000-image layout
+#   bash benchmarks/gpu_session.sh pairs      # EE, s-SNE and SNE by SD with and without
+#                                             # curvature pairs (there CG starts cold with them)
 #
 # Before spending device time, the same scripts' GPU branches can run here on the
 # CUDA emulator at small sizes, e.g.
@@ -119,8 +121,13 @@ transform)
          --methods "gpuembed TSNE" "gpuembed EE" "gpuembed MultiscaleSNE") 2>&1 \
         | tee "$out/gpu_transform.log"
     ;;
+pairs)
+    (cd benchmarks &&
+     python3 bench_embedding.py --pairs --backend gpu --suffix _pairs_gpu) 2>&1 \
+        | tee "$out/gpu_pairs.log"
+    ;;
 *)
-    echo "usage: $0 tests|bench|large|embedding|tsne|spectral|mac|msne|profile|transform" \
+    echo "usage: $0 tests|bench|large|embedding|tsne|spectral|mac|msne|profile|transform|pairs" \
          "[more parts]" >&2
     exit 2
     ;;
