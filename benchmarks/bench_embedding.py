@@ -48,6 +48,11 @@ default takes them from the start): seconds, iterations, objective (exact sums),
 10-NN accuracy and the seconds each took to the pairless fit's final objective,
 written to embedding_pairs.json ("curvature_pairs").
 
+``--tsne-pairs`` does the same for t-SNE (TSNE_PAIRS_DATA: small sets, where SD
+solves by the Cholesky factor and its default takes 3 pairs from iteration 51 on,
+and larger ones, where it solves by CG and takes none, there also with the
+factor), written to embedding_pairs.json ("tsne_curvature_pairs").
+
 ``--split`` fits t-SNE to data whose affinity graph splits into components
 (SPLIT_CLUSTERS: Gaussian clusters; rotating objects at small perplexities) by
 the default SD, which takes exaggeration and curvature pairs there
@@ -353,6 +358,50 @@ def curvature_pairs(backend="cpu"):
     return rows
 
 
+# --tsne-pairs: (name, data, perplexity); up to 2,000 points SD solves by the factor
+TSNE_PAIRS_DATA = (("digits", ge.datasets.digits, 30.0),
+                   *((f"10 rotating objects, perplexity {p:g}", ge.datasets.rotating_objects, p)
+                     for p in (5.0, 10.0, 20.0, 30.0, 50.0)),
+                   *((f"20 rotating objects, perplexity {p:g}",
+                      lambda: ge.datasets.rotating_objects(n_objects=20), p)
+                     for p in (10.0, 30.0)),
+                   *((f"swiss roll, {n:,} points, random_state={s}",
+                      lambda n=n, s=s: ge.datasets.swiss_roll(n, random_state=s), 20.0)
+                     for n in (1000, 2000, 4000) for s in (0, 1)),
+                   *((f"Fashion-MNIST {a:,}-{b:,}",
+                      lambda a=a, b=b: tuple(x[a:b] for x in ge.datasets.fashion_mnist()), 30.0)
+                     for a, b in ((0, 1000), (0, 2000), (2000, 4000), (0, 5000), (0, 10000),
+                                  (0, 20000))))
+
+
+def tsne_curvature_pairs(backend="cpu"):
+    """t-SNE by SD without curvature pairs and with 3 from iteration 51 on (its
+    default where SD solves by the Cholesky factor, TSNE.SD_MEMORY: the full L+ of
+    up to 2,000 points), each with the solver "auto" picks, and beyond 2,000 points
+    also with the factor (``sd_solver="cholesky"``): the figures of
+    :func:`curvature_pairs`."""
+    be = ge.get_backend(backend)
+    configurations = (("sd, sd_memory=0", {"sd_memory": 0}),
+                      ("sd, sd_memory=3, sd_memory_start=50",
+                       {"sd_memory": 3, "sd_memory_start": 50}))
+    factor = tuple((f"{label}, sd_solver=cholesky", {**extra, "sd_solver": "cholesky"})
+                   for label, extra in configurations)
+    rows = []
+    for name, load, perplexity in TSNE_PAIRS_DATA:
+        X, y = load()
+        y = (y * 3).astype(int) if y.dtype.kind == "f" else y
+        solver = ge.optim.directions.Spectral.auto_solver(X.shape[0], None, True, be.is_gpu)
+        fits = [("TSNE", label, extra) for label, extra
+                in configurations + (factor if solver == "cg" else ())]
+        runs = fit_runs(X, y, fits, be, perplexity, curves=True)
+        plain_final = runs[0]["curve"][-1][2]
+        for run in runs:
+            run["seconds_to_plain_final"] = first_time_below(run.pop("curve"), plain_final)
+        rows.append({"data": name, "n": X.shape[0], "perplexity": perplexity,
+                     "auto_solver": solver, "runs": runs})
+    return rows
+
+
 # --split: Gaussian clusters (points, clusters, dimensions, seed, perplexity) and
 # 10 rotating objects at small perplexities, whose affinity graphs split
 SPLIT_CLUSTERS = ((3000, 30, 5, 0, 10.0), (3000, 30, 5, 0, 30.0), (3000, 10, 50, 0, 30.0),
@@ -608,6 +657,8 @@ def main(argv=None):
                         help="only the separated-clusters part: N points, 20 clusters in 10-D")
     parser.add_argument("--pairs", action="store_true",
                         help="only EE, s-SNE and SNE by SD with and without curvature pairs")
+    parser.add_argument("--tsne-pairs", action="store_true",
+                        help="only t-SNE by SD with and without curvature pairs")
     parser.add_argument("--split", action="store_true",
                         help="only the t-SNE fits of affinity graphs that split into components")
     parser.add_argument("--subsets", type=int,
@@ -629,6 +680,10 @@ def main(argv=None):
         return
     if args.pairs:
         write_result("embedding", {"curvature_pairs": curvature_pairs(args.backend)},
+                     args.suffix or "_pairs", merge=True)
+        return
+    if args.tsne_pairs:
+        write_result("embedding", {"tsne_curvature_pairs": tsne_curvature_pairs(args.backend)},
                      args.suffix or "_pairs", merge=True)
         return
     if args.split:

@@ -785,17 +785,34 @@ class TSNE(_Embedding):
     points in 5-D, perplexity 10: 1.381 / 0.993 / 0.854; perplexity 30: 0.666 /
     0.469 / 0.533; 20 clusters, 5,000 points in 10-D: 1.537 in 8.7 s / 1.221
     in 3.2 s / 1.267 in 5.2 s.  On connected graphs (Fashion-MNIST) SD reaches
-    the classic's KL sooner without them."""
+    the classic's KL sooner without them.
+
+    On connected graphs SD takes 3 curvature pairs from iteration 51 on
+    (SD_MEMORY, for ``sd_memory`` not given) where it solves by the Cholesky
+    factor: the full L+ of up to 2,000 points on the CPU, or
+    ``sd_solver="cholesky"``.  The pairs need a fixed initial inverse Hessian,
+    which CG's truncated solves are not: with CG they took Fashion-MNIST 10k and
+    20k longer to plain SD's KL (benchmarks/results/embedding_pairs.json,
+    "tsne_curvature_pairs"; see benchmarks/README.md)."""
 
     objective_name = "tsne"
     optimizers = tuple(DIRECTIONS) + ("tsne",)
     SPLIT_GRAPH_PARAMS = {"early_exaggeration": 2.0, "exaggeration_iter": 200, "sd_memory": 10}
+    SD_MEMORY = {"sd_memory": 3, "sd_memory_start": 50}     # where SD solves by the factor
 
     def _graph_params(self, P, be):
-        if self.optimizer != "sd" or set(self.SPLIT_GRAPH_PARAMS) <= set(self._method_params):
+        if self.optimizer != "sd":
             return {}
-        n_components = connected_components(be, be.sparse.csr_matrix(P))[0]  # no host copy
-        return dict(self.SPLIT_GRAPH_PARAMS) if n_components > 1 else {}
+        p = self._method_params
+        if not set(self.SPLIT_GRAPH_PARAMS) <= set(p):
+            if connected_components(be, be.sparse.csr_matrix(P))[0] > 1:  # no host copy
+                return dict(self.SPLIT_GRAPH_PARAMS)
+        if "sd_memory" in p:
+            return {}
+        solver = p.get("sd_solver", "auto")
+        if solver == "auto":
+            solver = Spectral.auto_solver(P.shape[0], p.get("kappa"), True, be.is_gpu)
+        return dict(self.SD_MEMORY) if solver == "cholesky" else {}
 
 
 class SSNE(_Embedding):

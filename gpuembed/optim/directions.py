@@ -464,9 +464,8 @@ class Spectral(Direction):
             self.refresh = self.REFRESH if objective.attractive_curvature_is_bound else None
         self.calls = 0
         if solver == "auto":
-            factor = (kappa is None if objective.attractive_curvature_is_bound
-                      else X.shape[0] <= self.CHOLESKY_MAX_N)
-            solver = "cholesky" if (factor and not self.be.is_gpu) else "cg"
+            solver = self.auto_solver(X.shape[0], self.kappa,
+                                      objective.attractive_curvature_is_bound, self.be.is_gpu)
         self.solver = solver
         self.cg_tol, self.cg_maxiter = cg_tol, cg_maxiter
         self.cg_dtype = np.dtype(np.float32 if self.single_precision_cg
@@ -573,6 +572,16 @@ class Spectral(Direction):
 
     def _join(self, P, translation):
         return P - self._per_point(self._component_mean(P)) + translation
+
+    @classmethod
+    def auto_solver(cls, n, kappa, curvature_is_bound, is_gpu):
+        """The solver that ``solver="auto"`` takes for n points and ``kappa``
+        (None: the full L+ up to FULL_LAPLACIAN_MAX_N points)."""
+        if is_gpu:
+            return "cg"
+        if curvature_is_bound:
+            return "cholesky" if kappa is None and n <= cls.FULL_LAPLACIAN_MAX_N else "cg"
+        return "cholesky" if n <= cls.CHOLESKY_MAX_N else "cg"
 
     def __call__(self, X, G):
         self.rebuilt = bool(self.refresh and self.calls and self.calls % self.refresh == 0)
