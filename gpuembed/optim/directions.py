@@ -424,9 +424,10 @@ class Spectral(Direction):
     in 11.0 s (214), 2.510 in 4.1 s (73); 50 clusters in 20-D (10,000 points):
     t-SNE 1.220 in 2.2 s against 1.588 in 18.0 s (classic 1.337 in 11.5 s), EE
     15.66 in 4.0 s against 15.92 in 17.5 s.  The default for s-SNE (3 pairs,
-    SSNE's docstring says why), for EE and SNE (3 from iteration 51 on, see theirs)
-    and for t-SNE where the affinity graph splits, after an exaggerated stage
-    (TSNE.SPLIT_GRAPH_PARAMS): on t-SNE's connected graphs the pairs gained nothing
+    SSNE's docstring says why), for EE and SNE (3 from iteration 51 on, see theirs),
+    for t-SNE where the affinity graph splits, after an exaggerated stage
+    (TSNE.SPLIT_GRAPH_PARAMS), and for t-SNE by the factor (3 from iteration 51 on,
+    see TSNE): with CG, on t-SNE's connected graphs, the pairs gained nothing
     (Fashion-MNIST 20k: KL 1.806 in 9.5 s against 1.783 in 10.6 s; there B's
     refreshes drop them every 50 iterations; 3 pairs from iteration 51 on reached
     plain SD's final KL after 22.6 s against 15.1 s, 24.7 s when kept across the
