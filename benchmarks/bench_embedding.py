@@ -329,31 +329,46 @@ PAIRS_DATA = (("digits", ge.datasets.digits, 30.0),
                 for n in (5000, 20000)))
 
 
+# SD with 3 curvature pairs from iteration 51 on: EE's and SNE's default, t-SNE's by the factor
+DELAYED_PAIRS = ("sd, sd_memory=3, sd_memory_start=50", {"sd_memory": 3, "sd_memory_start": 50})
+
+
+def load_labelled(load):
+    """(X, y) of a PAIRS_DATA loader; a swiss roll's position along the roll t
+    becomes 3 bands per unit of t."""
+    X, y = load()
+    return X, ((y * 3).astype(int) if y.dtype.kind == "f" else y)
+
+
+def runs_against_plain(X, y, fits, be, perplexity, affinities=None):
+    """:func:`fit_runs` of ``fits``, the first without curvature pairs, each with
+    the seconds it took to reach that fit's final objective (on its own engine's
+    curve; None where it never did)."""
+    runs = fit_runs(X, y, fits, be, perplexity, affinities, curves=True)
+    plain_final = runs[0]["curve"][-1][2]
+    for run in runs:
+        run["seconds_to_plain_final"] = first_time_below(run.pop("curve"), plain_final)
+    return runs
+
+
 def curvature_pairs(backend="cpu"):
     """EE, s-SNE and SNE by SD without curvature pairs, with 3 from the start and
     (EE and SNE) with 3 from iteration 51 on (their default, SD_MEMORY), each to its own
     stopping test: seconds, iterations, exact objective, 10-NN accuracy and the
     seconds each fit took to reach the pairless fit's final objective (on its own
     engine's curve).  s-SNE's default takes pairs from the start (SSNE.SD_MEMORY).
-    Swiss rolls are labelled by their position along the roll, in 3
-    bands per unit of t."""
+    Swiss rolls are labelled by their position along the roll (load_labelled)."""
     be = ge.get_backend(backend)
     configurations = (("sd, sd_memory=0", {"sd_memory": 0}), ("sd, sd_memory=3", {"sd_memory": 3}))
-    delayed = ("sd, sd_memory=3, sd_memory_start=50", {"sd_memory": 3, "sd_memory_start": 50})
     rows = []
     for name, load, perplexity in PAIRS_DATA:
-        X, y = load()
-        y = (y * 3).astype(int) if y.dtype.kind == "f" else y
+        X, y = load_labelled(load)
         runs = []
         for estimator, symmetric in (("EE", True), ("SSNE", True), ("SNE", False)):
             A = ge.entropic_affinities(X, perplexity, symmetrize=symmetric, backend=be)
-            fits = [(estimator, label, extra) for label, extra
-                    in configurations + ((delayed,) if estimator in ("EE", "SNE") else ())]
-            fitted = fit_runs(X, y, fits, be, perplexity, A, curves=True)
-            plain_final = fitted[0]["curve"][-1][2]
-            for run in fitted:
-                run["seconds_to_plain_final"] = first_time_below(run.pop("curve"), plain_final)
-            runs += fitted
+            fits = [(estimator, label, extra) for label, extra in configurations
+                    + ((DELAYED_PAIRS,) if estimator in ("EE", "SNE") else ())]
+            runs += runs_against_plain(X, y, fits, be, perplexity, A)
         rows.append({"data": name, "n": X.shape[0], "perplexity": perplexity, "runs": runs})
     return rows
 
@@ -381,24 +396,18 @@ def tsne_curvature_pairs(backend="cpu"):
     also with the factor (``sd_solver="cholesky"``): the figures of
     :func:`curvature_pairs`."""
     be = ge.get_backend(backend)
-    configurations = (("sd, sd_memory=0", {"sd_memory": 0}),
-                      ("sd, sd_memory=3, sd_memory_start=50",
-                       {"sd_memory": 3, "sd_memory_start": 50}))
+    configurations = (("sd, sd_memory=0", {"sd_memory": 0}), DELAYED_PAIRS)
     factor = tuple((f"{label}, sd_solver=cholesky", {**extra, "sd_solver": "cholesky"})
                    for label, extra in configurations)
     rows = []
     for name, load, perplexity in TSNE_PAIRS_DATA:
-        X, y = load()
-        y = (y * 3).astype(int) if y.dtype.kind == "f" else y
+        X, y = load_labelled(load)
         solver = ge.optim.directions.Spectral.auto_solver(X.shape[0], None, True, be.is_gpu)
         fits = [("TSNE", label, extra) for label, extra
                 in configurations + (factor if solver == "cg" else ())]
-        runs = fit_runs(X, y, fits, be, perplexity, curves=True)
-        plain_final = runs[0]["curve"][-1][2]
-        for run in runs:
-            run["seconds_to_plain_final"] = first_time_below(run.pop("curve"), plain_final)
         rows.append({"data": name, "n": X.shape[0], "perplexity": perplexity,
-                     "auto_solver": solver, "runs": runs})
+                     "auto_solver": solver,
+                     "runs": runs_against_plain(X, y, fits, be, perplexity)})
     return rows
 
 

@@ -204,8 +204,9 @@ class _Embedding(Params):
             raise TypeError("give either accuracy (fixed) or accuracy_schedule, not both")
 
     def _graph_params(self, P, be):
-        """Method parameters chosen for the ones not given: SD_MEMORY (t-SNE's
-        from the affinity graph instead, see TSNE)."""
+        """Method parameters chosen for the ones not given: SD's curvature pairs,
+        SD_MEMORY (t-SNE's only where SD solves by the factor, and other ones where
+        its affinity graph splits, see TSNE)."""
         if self.optimizer != "sd" or "sd_memory" in self._method_params:
             return {}
         return dict(self.SD_MEMORY)
@@ -810,12 +811,10 @@ class TSNE(_Embedding):
         if not set(self.SPLIT_GRAPH_PARAMS) <= set(p):
             if connected_components(be, be.sparse.csr_matrix(P))[0] > 1:  # no host copy
                 return dict(self.SPLIT_GRAPH_PARAMS)
-        if "sd_memory" in p:
-            return {}
         solver = p.get("sd_solver", "auto")
         if solver == "auto":
             solver = Spectral.auto_solver(P.shape[0], p.get("kappa"), True, be.is_gpu)
-        return dict(self.SD_MEMORY) if solver == "cholesky" else {}
+        return super()._graph_params(P, be) if solver == "cholesky" else {}
 
 
 class SSNE(_Embedding):
