@@ -15,7 +15,8 @@
 4. ``rbf``: t-SNE with the RBF network (200 centres, least squares) on
    Fashion-MNIST (first N points after PCA to 50): MAC and MAC with the
    penalty against the chain rule by L-BFGS.
-5. ``mlp``: the same for t-SNE with an MLP (50-256-256-2, Adam) on Fashion-MNIST
+5. ``mlp``: the same for t-SNE with an MLP (50-256-256-2, Adam on minibatches of
+   1,000) on Fashion-MNIST
    (first N points after PCA to 50), Barnes-Hut sums for MAC's Z step and for
    the chain rule's gradient (and the exact chain rule, time permitting).
 6. ``msne``: parametric multi-scale SNE (``ParametricEmbedding(MultiscaleSNE(),
@@ -24,6 +25,10 @@
    of R_NX of the training layout and of the held-out points' F(Y), their
    10-NN accuracy, fit and transform seconds; beside them the free
    MultiscaleSNE and TSNE with their own (non-parametric) transform.
+
+``--mlp-params`` (JSON) overrides the MLP's parameters in the mlp and msne parts,
+e.g. '{"batch_size": 100, "learning_rate": 0.001, "initial_epochs": 30}' (the mlp
+part's network before it took minibatches of 1,000, MLP_TSNE).
 
 The time of the free embedding (shared by all) is excluded from the curves.
 ``--backend gpu`` runs all of it on the GPU in its default float32 (the CPU:
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import time
 from unittest import mock
 
@@ -53,12 +59,24 @@ from gpuembed.parametric import LinearMapping, MLPMapping, chain_rule
 
 # The mlp and msne parts' network (50-256-256-2, Adam) and MAC schedule.
 MLP = {"hidden": (256, 256), "initial_epochs": 30, "epochs": 3, "random_state": 0}
+# The mlp part's network trains on minibatches of 1,000 rows at rate 0.01 (100 epochs
+# for the direct fit): 60 Adam steps per F step instead of 600 (on the GPU a step is
+# the same few launches for 100 or 1,000 rows: not yet timed there), and on the CPU
+# a lower P(F) at every second of the MAC path (Xeon VM, side runs: direct fit 3.164
+# against 3.347, 2.973 at 8.1 s against 3.126 at 8.9 s, 2.683 at 15.9 s against
+# 2.703 at 24.4 s).  Minibatches of 100 at rate 0.003 ended at 2.493 in 23.6 s, 5 or
+# 10 epochs per F step of 1,000 at 2.540 and 2.308 in 24.6 and 39.3 s; with 30
+# epochs the direct fit stayed at 3.485.  The msne part (2,000 training points)
+# keeps minibatches of 100: with these its networks fitted the training points
+# closer (parametric MultiscaleSNE P(F) 1426 against 1867) and the held-out ones
+# worse (10-NN accuracy 0.592 against 0.606).
+MLP_TSNE = {**MLP, "batch_size": 1000, "learning_rate": 0.01, "initial_epochs": 100}
 MLP_MAC = {"n_mu": 8, "max_inner": 3, "z_max_iter": 10}
 # The mlp part's t-SNE takes 3 Z-step iterations per F step: with an MLP the F
-# steps set the pace.  There (CPU) P(F) passed the chain rule's final 3.110 at the
-# 7th MAC step with 2, 3, 5 or 10 iterations per Z step (14, 21, 35 and 70 in
-# all; with 1, at the 10th) and ended at 2.695, 2.679, 2.668 and 2.653; MAC
-# reached that mark 4.3x (2), 4.4x (3) and 3.3x (10, at 3577492) sooner than the
+# steps set the pace.  There (CPU, minibatches of 100) P(F) passed the chain rule's
+# final 3.110 at the 7th MAC step with 2, 3, 5 or 10 iterations per Z step (14, 21,
+# 35 and 70 in all; with 1, at the 10th) and ended at 2.695, 2.679, 2.668 and 2.653;
+# MAC reached that mark 4.3x (2), 4.4x (3) and 3.3x (10, at 3577492) sooner than the
 # chain rule.  Multi-scale SNE's L-BFGS Z steps need more: with 3 the msne part's
 # parametric MultiscaleSNE ended at P(F) 2061 against 1703, training AUC 0.495
 # against 0.537.
@@ -259,6 +277,9 @@ def main():
     parser.add_argument("--chain-iter", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the mlp and rbf parts' curves this many times (timing noise)")
+    parser.add_argument("--mlp-params", type=json.loads, default={},
+                        help="JSON object of MLPMapping parameters over the mlp and msne "
+                             "parts' network")
     parser.add_argument("--suffix", default="")
     parser.add_argument("--backend", default="cpu")
     args = parser.parse_args()
@@ -304,18 +325,19 @@ def main():
     if "mlp" in parts:
         X, _ = ge.datasets.fashion_mnist()
         Y = pca(X[: args.mlp_n].astype(np.float64), 50)
-        mac = {"mapping_params": MLP, **MLP_MAC_TSNE}
+        mlp = {**MLP_TSNE, **args.mlp_params}
+        mac = {"mapping_params": mlp, **MLP_MAC_TSNE}
         data = curves(Y, ge.TSNE(backend=be, nbody="bh", random_state=0, max_iter=200), "mlp",
                       {"MAC": mac, "MAC (penalty)": {**mac, "augmented": False}},
                       ("bh",), 100, "gd", args.repeats)
-        record("tsne_mlp_fashion_mnist", {"n": args.mlp_n, **data})
+        record("tsne_mlp_fashion_mnist", {"n": args.mlp_n, "mlp": mlp, **data})
         plot(data, RESULTS / f"mac_mlp{args.suffix}.png",
              f"t-SNE + MLP, Fashion-MNIST {args.mlp_n}")
     if "msne" in parts:
         X, labels = ge.datasets.fashion_mnist()
         Y = pca(X[: args.msne_n].astype(np.float64), 50)
         record("parametric_msne_fashion_mnist", {"n": args.msne_n, **parametric_vs_free(
-            Y, labels[: args.msne_n], be, MLP, MLP_MAC)})
+            Y, labels[: args.msne_n], be, {**MLP, **args.mlp_params}, MLP_MAC)})
 
 
 if __name__ == "__main__":
