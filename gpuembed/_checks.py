@@ -144,15 +144,25 @@ def check_choice(value, name, choices):
 
 
 def check_random_state(value, name="random_state"):
-    """None, a non-negative integer or a numpy Generator (np.random.default_rng's
-    arguments, checked here so the message names the parameter)."""
-    if value is None or isinstance(value, np.random.Generator):
+    """None, a non-negative integer, a numpy Generator or (scikit-learn's
+    convention) a numpy RandomState, checked here so the message names the
+    parameter; :func:`make_rng` turns any of them into a Generator."""
+    if value is None or isinstance(value, (np.random.Generator, np.random.RandomState)):
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be None, an integer or a numpy Generator, got {value!r}")
+        raise TypeError(f"{name} must be None, an integer, a numpy Generator or a numpy "
+                        f"RandomState, got {value!r}")
     if value < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value}")
     return value
+
+
+def make_rng(random_state):
+    """np.random.default_rng(random_state), where a RandomState seeds the Generator
+    with its next draw (it advances, as scikit-learn's estimators advance one)."""
+    if isinstance(random_state, np.random.RandomState):
+        random_state = int(random_state.randint(np.iinfo(np.int64).max, dtype=np.int64))
+    return np.random.default_rng(random_state)
 
 
 def check_callbacks(callbacks):

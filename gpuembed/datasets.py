@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._checks import check_int, check_float
+from ._checks import check_float, check_int, make_rng
 
 __all__ = ["swiss_roll", "gaussian_clusters", "rotating_objects", "digits", "fashion_mnist",
            "FASHION_MNIST_PATH"]
@@ -28,7 +28,7 @@ def swiss_roll(n, noise=0.0, random_state=None):
     """
     n = check_int(n, "n", 1)
     noise = check_float(noise, "noise", 0.0)
-    rng = np.random.default_rng(random_state)
+    rng = make_rng(random_state)
     t = 1.5 * np.pi * (1.0 + 2.0 * rng.random(n))
     height = 21.0 * rng.random(n)
     X = np.column_stack([t * np.cos(t), height, t * np.sin(t)])
@@ -46,7 +46,7 @@ def gaussian_clusters(n, n_clusters, dim, random_state=None):
     n = check_int(n, "n", 1)
     n_clusters = check_int(n_clusters, "n_clusters", 1, n)
     dim = check_int(dim, "dim", 1)
-    rng = np.random.default_rng(random_state)
+    rng = make_rng(random_state)
     spread = 4.0 * n_clusters ** (1.0 / dim) + 4.0
     centres = spread * rng.standard_normal((n_clusters, dim))
     labels = rng.permutation(np.arange(n) % n_clusters)

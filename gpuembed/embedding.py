@@ -21,7 +21,7 @@ import scipy.sparse.linalg
 
 from ._checks import (check_bool, check_callbacks, check_choice, check_data, check_dtype,
                       check_features, check_fitted, check_float, check_int, check_random_state,
-                      check_verbose)
+                      check_verbose, make_rng)
 from ._params import Params
 from ._sparse import is_sparse
 from .affinities import EntropicAffinities, entropic_affinities
@@ -660,7 +660,7 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
     n = X.shape[0]
     if isinstance(init, str):
         builders = {"pca": lambda: _pca(be.to_host(X), d),
-                    "random": lambda: np.random.default_rng(random_state).standard_normal((n, d)),
+                    "random": lambda: make_rng(random_state).standard_normal((n, d)),
                     **(extra or {})}
         check_choice(init, "init", tuple(builders))
         Y = builders[init]()
@@ -676,7 +676,7 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
         flat = np.std(Y, axis=0) <= 1e-12 * std
         if flat.any() or (init == "spectral" and _has_duplicate_rows(Y.astype(dtype))):
             seed = 0 if random_state is None else random_state
-            Y = Y + 1e-4 * std * np.random.default_rng(seed).standard_normal(Y.shape)
+            Y = Y + 1e-4 * std * make_rng(seed).standard_normal(Y.shape)
     else:
         Y = init
     return be.asarray(Y, dtype=dtype)

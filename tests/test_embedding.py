@@ -875,6 +875,29 @@ def test_same_seed_same_result(small):
     assert not np.allclose(a, c)
 
 
+def test_random_state_takes_a_numpy_random_state(small):
+    """scikit-learn's convention: a RandomState seeds the fit with its next draw, so
+    two fresh ones of one seed give the same layout, one used again another; the
+    same for the spectral estimators' landmarks and k-means and for the datasets."""
+    X, _, A = small
+    fit = lambda rs: ge.TSNE(init="random", random_state=rs, max_iter=15, affinities=A,
+                             backend="cpu").fit_transform(X)
+    np.testing.assert_array_equal(fit(np.random.RandomState(3)), fit(np.random.RandomState(3)))
+    used = np.random.RandomState(3)
+    assert not np.allclose(fit(used), fit(used))
+    le = lambda rs: ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=40, random_state=rs,
+                                          backend="cpu").fit_transform(X)
+    np.testing.assert_array_equal(le(np.random.RandomState(5)), le(np.random.RandomState(5)))
+    sc = lambda rs: ge.SpectralClustering(3, n_neighbors=10, random_state=rs,
+                                          backend="cpu").fit_predict(X)
+    np.testing.assert_array_equal(sc(np.random.RandomState(5)), sc(np.random.RandomState(5)))
+    roll = lambda rs: ge.datasets.swiss_roll(50, random_state=rs)[0]
+    np.testing.assert_array_equal(roll(np.random.RandomState(1)), roll(np.random.RandomState(1)))
+    with pytest.raises(TypeError, match="random_state must be None, an integer, a numpy "
+                                        "Generator or a numpy RandomState"):
+        ge.TSNE(random_state=np.random.MT19937(0), affinities=A).fit(X)
+
+
 def test_ee_and_ssne_with_sd_separate_the_loops(loops):
     # The Gaussian repulsion of EE and s-SNE crowds 10 loops in 2-D: at perplexity 20
     # pairs of loops cross (10-NN accuracy 0.77-0.92 depending on the start).  EE

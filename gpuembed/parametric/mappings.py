@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from .._checks import check_float, check_int
+from .._checks import check_float, check_int, make_rng
 from ..backend import GraphReplays, get_backend
 from ..nbody.exact import squared_distances
 from .mlp_cpu import adam_update
@@ -147,7 +147,7 @@ class RBFMapping(_LinearInParameters):
         xp = array_module(Y)
         n = Y.shape[0]
         k = min(200, n) if self.n_centers is None else check_int(self.n_centers, "n_centers", 1, n)
-        rng = np.random.default_rng(self.random_state)
+        rng = make_rng(self.random_state)
         host = Y.get() if xp is not np else Y
         sample = host[rng.choice(n, min(n, self.max_kmeans_points), replace=False)]
         _, centers, inertia = kmeans(sample, k, n_init=1, random_state=self.random_state)
@@ -458,7 +458,7 @@ class MLPMapping:
         return layers
 
     def _init(self, xp, Y, Z):
-        rng = np.random.default_rng(self.random_state)
+        rng = make_rng(self.random_state)
         self._rng = rng
         self.y_mean_, self.y_std_ = Y.mean(axis=0), Y.std(axis=0) + 1e-12
         self.z_mean_, self.z_std_ = Z.mean(axis=0), Z.std(axis=0) + 1e-12

@@ -5,7 +5,7 @@ import numpy as np
 import scipy.sparse
 import scipy.sparse.linalg
 
-from .._checks import check_bool, check_int
+from .._checks import check_bool, check_int, make_rng
 from ..backend import get_backend
 
 # Graphs of points of at most this many coordinates are solved with
@@ -62,7 +62,7 @@ def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_
     d_isqrt = 1.0 / xp.sqrt(degree)
     scale = be.sparse.diags(d_isqrt)
     M = scale @ W @ scale
-    v0 = be.asarray(np.random.default_rng(random_state).random(n), dtype=M.dtype)
+    v0 = be.asarray(make_rng(random_state).random(n), dtype=M.dtype)
     # Largest eigenvalues of M = smallest of the normalized Laplacian I - M.
     skip = 1 if drop_first else 0
     k = n_components + skip

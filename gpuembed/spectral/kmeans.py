@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse
 
-from .._checks import check_data, check_float, check_int
+from .._checks import check_data, check_float, check_int, make_rng
 from .._sparse import is_sparse, row_sqnorms
 from ..backend import get_backend
 from ..nbody.exact import squared_distances
@@ -38,7 +38,7 @@ def kmeans(X, n_clusters, *, n_init=10, max_iter=300, tol=1e-9, init=None, rando
         if init.shape != (n_clusters, X.shape[1]):
             raise ValueError(f"init must hold n_clusters x n_features = "
                              f"{(n_clusters, X.shape[1])} centers, got shape {init.shape}")
-    rng = np.random.default_rng(random_state)
+    rng = make_rng(random_state)
     best = None
     runs = [init] if init is not None else [None] * n_init
     for start in runs:

@@ -15,7 +15,7 @@ import scipy.linalg
 import scipy.sparse
 import scipy.sparse.linalg
 
-from .._checks import check_choice, check_data, check_int
+from .._checks import check_choice, check_data, check_int, make_rng
 from ..backend import get_backend
 from ..neighbors import knn_query
 from ..nbody.exact import squared_distances
@@ -74,7 +74,7 @@ def _choose_landmarks(Y, n_landmarks, method, random_state):
     n = Y.shape[0]
     L = check_int(n_landmarks, "n_landmarks", 1, n)
     check_choice(method, "landmarks", LANDMARK_METHODS)
-    rng = np.random.default_rng(random_state)
+    rng = make_rng(random_state)
     if method == "random" or L == n:
         return np.sort(rng.choice(n, L, replace=False))
     if method == "random-pruned":
