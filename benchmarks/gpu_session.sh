@@ -10,6 +10,8 @@
 #                                             # 70k from the data (k-NN and affinities included)
 #   bash benchmarks/gpu_session.sh spectral   # LLL / LE(Z) / Nystrom vs exact LE, segmentation
 #   bash benchmarks/gpu_session.sh mac        # parametric embeddings: MAC vs chain rule
+#   bash benchmarks/gpu_session.sh mac-batch100  # its mlp part with the network before
+#                                                # 3af50d1 (minibatches of 100), side by side
 #   bash benchmarks/gpu_session.sh msne       # multi-scale SNE vs t-SNE, R_NX AUC
 #   bash benchmarks/gpu_session.sh profile    # cProfile of the default t-SNE fit of
 #                                             # Fashion-MNIST 70k (SD's refreshes apart)
@@ -104,6 +106,12 @@ mac)
      python3 bench_mac.py --backend gpu --parts cost,linear,linear-fmnist,mlp \
          --exact-max-n 50000 --suffix _gpu) 2>&1 | tee "$out/gpu_mac.log"
     ;;
+mac-batch100)
+    (cd benchmarks &&
+     python3 bench_mac.py --backend gpu --parts mlp --suffix _gpu_batch100 --mlp-params \
+         '{"batch_size": 100, "learning_rate": 0.001, "initial_epochs": 30}') 2>&1 \
+        | tee "$out/gpu_mac_batch100.log"
+    ;;
 msne)
     (cd benchmarks &&
      python3 bench_msne.py --backend gpu --scaling --exact-max-n 70000 --suffix _gpu &&
@@ -127,8 +135,8 @@ pairs)
         | tee "$out/gpu_pairs.log"
     ;;
 *)
-    echo "usage: $0 tests|bench|large|embedding|tsne|spectral|mac|msne|profile|transform|pairs" \
-         "[more parts]" >&2
+    printf '%s%s\n' "usage: $0 tests|bench|large|embedding|tsne|spectral|mac|mac-batch100|" \
+           "msne|profile|transform|pairs [more parts]" >&2
     exit 2
     ;;
 esac
