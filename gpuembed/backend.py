@@ -100,6 +100,16 @@ class Backend:
             a = a.get()
         return np.asarray(a, dtype=dtype)
 
+    def host_floats(self, *values):
+        """Python floats of scalars (0-d device arrays on the GPU) in one host read:
+        each read waits for all the queued work, so reading two separately drains
+        the device's queue twice."""
+        if not self.is_gpu:
+            return tuple(float(v) for v in values)
+        xp = self.xp
+        return tuple(self.to_host(xp.stack([xp.asarray(v, dtype=xp.float64)
+                                            for v in values])).tolist())
+
     def to_host(self, a):
         """Return ``a`` as a numpy array (sparse matrices come back as scipy CSR)."""
         if a is None or isinstance(a, np.ndarray) or np.isscalar(a):

@@ -114,9 +114,31 @@ def test_gpu_attraction_kernel_equals_the_array_code(d):
                 value, G = pairs.attraction(gpu.asarray(Y, dtype), student)
                 value0, G0 = pairs.attraction_arrays(gpu.asarray(Y, dtype), student)
                 G, G0 = gpu.to_host(G), gpu.to_host(G0)
-                assert G.dtype == dtype and isinstance(value, float)
+                assert value.shape == () and G.dtype == dtype    # left on the device
+                value, = gpu.host_floats(value)
                 assert value == pytest.approx(value0, rel=tol)
                 np.testing.assert_allclose(G, G0, rtol=tol, atol=tol * np.abs(G0).max())
+
+
+@pytest.mark.gpu
+def test_objectives_read_the_device_once_per_evaluation(problem):
+    """Each host read waits for all the device's queued work: the attraction's value
+    and the normalization come back together.  Counted on the CUDA emulator (exact
+    sums, which read nothing): one read per evaluation for t-SNE, s-SNE and EE, two
+    for SNE (its validity test first); the values as on the CPU."""
+    emulated_cupy = pytest.importorskip("emulated_cupy")
+    gpu = ge.get_backend("gpu")
+    if gpu.xp is not emulated_cupy.cupy:
+        pytest.skip("counts the host reads of the CUDA emulator")
+    P, Pc, Y = problem
+    for name, reads in (("tsne", 1), ("ssne", 1), ("ee", 1), ("sne", 2)):
+        A = Pc if name == "sne" else P
+        on = {be.name: objectives.make_objective(name, be.sparse.csr_matrix(A), be, np.float64)
+              for be in (gpu, ge.get_backend("cpu"))}
+        with emulated_cupy.counting() as (counts, _):
+            value, _ = on["gpu"].value_and_grad(gpu.asarray(Y))
+        assert counts["reads"] == reads, name
+        assert value == pytest.approx(on["cpu"].value_and_grad(Y)[0], rel=1e-12), name
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -13,7 +13,8 @@ THREADS = 256       # 8 rows per block
 
 
 def attraction_gpu(be, P, p, X, student):
-    """(value, G) for the CSR pattern of P with edge values p, at the layout X."""
+    """(value, G) for the CSR pattern of P with edge values p, at the layout X; the
+    value a 0-d device array, for the objective's one host read (Backend.host_floats)."""
     xp = be.xp
     n, d = X.shape
     X = xp.ascontiguousarray(X)
@@ -25,4 +26,4 @@ def attraction_gpu(be, P, p, X, student):
     kernel((max(1, (n + rows - 1) // rows),), (THREADS,),
            (P.indptr, P.indices, xp.ascontiguousarray(p, dtype=X.dtype), X, np.int32(n), grad,
             part))
-    return float(part.sum()), grad
+    return part.sum(), grad

@@ -65,7 +65,9 @@ class PairSet:
     def attraction(self, X, student=False):
         """(sum_nm p_nm phi(d_nm^2), G) with G_n = sum_m w_nm (x_n - x_m): phi = d^2
         and w = p, or with ``student`` phi = log(1 + d^2) and w = p / (1 + d^2).
-        Compiled on the CPU (attraction_cpu.py), a kernel on the GPU (attraction_gpu.py)."""
+        Compiled on the CPU (attraction_cpu.py), a kernel on the GPU (attraction_gpu.py),
+        whose value stays on the device (a 0-d array): the objectives read it with their
+        normalization in one host read (Backend.host_floats)."""
         if self.be.is_gpu:
             return attraction_gpu(self.be, self.P, self.p, X, student)
         grad = np.zeros(X.shape)

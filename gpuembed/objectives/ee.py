@@ -36,7 +36,8 @@ class ElasticEmbedding(Objective):
         grad *= 4.0
         (S, SX), = self.sums(X, ("gaussian",))
         grad -= (4.0 * self.lambda_) * (S[:, None] * X - SX)
-        return e_plus + self.lambda_ * float(S.sum()), grad
+        e_plus, e_minus = self.be.host_floats(e_plus, S.sum())
+        return e_plus + self.lambda_ * e_minus, grad
 
     def xx_coefficients(self, X):
         xp, lam = self.be.xp, self.lambda_

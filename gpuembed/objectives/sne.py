@@ -29,7 +29,6 @@ class SNEObjective(Objective):
         xp = self.be.xp
         # sum (P + P^T) d^2 counts every p_{m|n} d^2 twice.
         e_plus, grad = self.sym.attraction(X)
-        e_plus *= 0.5
         grad *= 2.0
         (S, SX), = self.sums(X, ("gaussian",))
         # The FGT's error is absolute: an isolated point's Z_n (tiny) can come out
@@ -43,8 +42,10 @@ class SNEObjective(Objective):
         with contextlib.nullcontext() if valid else np.errstate(over="ignore", invalid="ignore"):
             (Sw, SXw), = self.sums(X, ("gaussian",), weights=1.0 / S)
             grad -= 2.0 * ((S[:, None] * X - SX) / S[:, None] + Sw[:, None] * X - SXw)
-        value = self.constant + e_plus + float(xp.log(S).sum()) if valid else math.inf
-        return value, grad
+        if not valid:
+            return math.inf, grad
+        e_plus, log_z = self.be.host_floats(e_plus, xp.log(S).sum())
+        return self.constant + 0.5 * e_plus + log_z, grad
 
     def attractive_weights(self, X=None):
         # grad+ = 2 L(P + P^T) X = 4 L((P + P^T) / 2) X.

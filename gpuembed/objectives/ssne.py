@@ -20,7 +20,7 @@ class SymmetricSNE(Objective):
         e_plus, grad = self.pairs.attraction(X)
         grad *= 4.0
         (S, SX), = self.sums(X, ("gaussian",))
-        Z = float(S.sum())
+        e_plus, Z = self.be.host_floats(e_plus, S.sum())
         grad -= (4.0 / Z) * (S[:, None] * X - SX)
         return self.constant + e_plus + math.log(Z), grad
 

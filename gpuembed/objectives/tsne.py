@@ -45,7 +45,7 @@ class TSNEObjective(Objective):
         e_plus, grad = self.pairs.attraction(X, student=True)
         grad *= 4.0 * self.exaggeration
         (S1, _), (S2, SX2) = self.sums(X, ("student", "student2"))
-        Z = float(S1.sum())
+        e_plus, Z = self.be.host_floats(e_plus, S1.sum())
         grad -= (4.0 / Z) * (S2[:, None] * X - SX2)
         return self.constant + self.exaggeration * e_plus + math.log(Z), grad
 

@@ -174,7 +174,7 @@ def secant_pair(be, s, y):
     clusters).  One host read for the three products (on the GPU each read
     waits for the device)."""
     xp = be.xp
-    sy, yy, ss = be.to_host(xp.stack([xp.vdot(s, y), xp.vdot(y, y), xp.vdot(s, s)])).tolist()
+    sy, yy, ss = be.host_floats(xp.vdot(s, y), xp.vdot(y, y), xp.vdot(s, s))
     if not (yy > 0 and sy > 1e-10 * math.sqrt(ss * yy)):
         return None
     return s, y, sy
@@ -642,7 +642,7 @@ class Spectral(Direction):
     def _step_length(self, step):
         """The accepted step in units of the last (quasi-Newton) direction."""
         xp, P = self.be.xp, self.direction
-        sp, pp = self.be.to_host(xp.stack([xp.vdot(step, P), xp.vdot(P, P)])).tolist()
+        sp, pp = self.be.host_floats(xp.vdot(step, P), xp.vdot(P, P))
         return sp / pp if pp > 0 else 0.0
 
     def _solve(self, X, G):
