@@ -1050,24 +1050,28 @@ def test_spectral_direction_does_not_fling_weakly_linked_clusters(cls, step_size
 
 @pytest.mark.parametrize("n", [7, 8, 301])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_trust_step_against_its_definition(n, dtype):
-    """The trust step (compiled on the CPU) is TRUST_RADIUS times the median
-    distance of the points from their mean (the mean of the middle two for an
-    even count; at least 1) over P's longest row; a zero P allows any step."""
-    from gpuembed.optim.loop import TRUST_RADIUS, _trust_step
+def test_trust_step_against_its_definition(backend, n, dtype):
+    """The trust step (compiled on the CPU; on the GPU read with the slope <G, P> in
+    one host read) is TRUST_RADIUS times the median distance of the points from
+    their mean (the mean of the middle two for an even count; at least 1) over P's
+    longest row; a zero P allows any step, and so does an X that is no layout."""
+    from gpuembed.optim.loop import TRUST_RADIUS, _slope_and_trust
 
     rng = np.random.default_rng(n)
     for scale in (0.01, 50.0):
-        X = (rng.standard_normal((n, 3)) * scale + 7.0).astype(dtype)
-        P = rng.standard_normal((n, 3)).astype(dtype)
-        X64 = X.astype(np.float64)
+        X, G, P = ((rng.standard_normal((n, 3)) * s + c).astype(dtype)
+                   for s, c in ((scale, 7.0), (1.0, 0.0), (1.0, 0.0)))
+        X64, G64, P64 = (A.astype(np.float64) for A in (X, G, P))
         radius = np.sort(np.linalg.norm(X64 - X64.mean(axis=0), axis=1))
         median = (radius[(n - 1) // 2] + radius[n // 2]) / 2
-        expected = TRUST_RADIUS * max(median, 1.0) / np.linalg.norm(P.astype(np.float64),
-                                                                    axis=1).max()
+        expected = TRUST_RADIUS * max(median, 1.0) / np.linalg.norm(P64, axis=1).max()
         rtol = 1e-12 if dtype == np.float64 else 1e-6
-        np.testing.assert_allclose(_trust_step(np, X, P), expected, rtol=rtol)
-    assert _trust_step(np, X, np.zeros_like(P)) == math.inf
+        slope, trust = _slope_and_trust(backend, *map(backend.asarray, (X, G, P)), True)
+        np.testing.assert_allclose(trust, expected, rtol=rtol)
+        assert abs(slope - np.vdot(G64, P64)) <= 10 * rtol * np.abs(G64 * P64).sum()
+        assert _slope_and_trust(backend, *map(backend.asarray, (X, G, P)), False)[1] == math.inf
+    zero = backend.asarray(np.zeros_like(P))
+    assert _slope_and_trust(backend, backend.asarray(X), zero, zero, True) == (0.0, math.inf)
 
 
 def test_trust_region_follows_the_bulk_of_the_layout():

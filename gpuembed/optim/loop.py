@@ -121,7 +121,6 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
 
 def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direction_params,
               schedule):
-    xp = objective.be.xp
     monitor = monitor or Monitor()
     X = X0.copy()
     _set_accuracy(objective, schedule, 0)
@@ -136,21 +135,18 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
     for it in range(1, max_iter + 1):
         _set_accuracy(objective, schedule, it)
         P = d(X, G)
-        slope = float(xp.vdot(G, P))
+        slope, trust = _slope_and_trust(objective.be, X, G, P, is_layout)
         if not slope < 0:                      # not a descent direction: fall back to -G
             P = -G
-            slope = -float(xp.vdot(G, G))
+            slope, trust = _slope_and_trust(objective.be, X, G, P, is_layout)
         if step_size is not None:
-            alpha = min(step_size, _trust_step(xp, X, P)) if is_layout else step_size
+            alpha = min(step_size, trust)
             X_new = X + alpha * P
             E_new, G_new = objective.value_and_grad(X_new)
         else:
             grow = streak >= GROW_AFTER
-            alpha, retry = d.initial_step(step, grow), d.retry_step()
-            if is_layout:
-                trust = _trust_step(xp, X, P)
-                alpha = min(alpha, trust)
-                retry = None if retry is None else min(retry, trust)
+            alpha, retry = min(d.initial_step(step, grow), trust), d.retry_step()
+            retry = None if retry is None else min(retry, trust)
             streak = 0 if grow else streak
             for backtracks, alpha in zip(range(MAX_BACKTRACKS), _trial_steps(alpha, retry)):
                 X_new = X + alpha * P
@@ -190,15 +186,21 @@ def _trial_steps(first, retry=None):
         yield first
 
 
-def _trust_step(xp, X, P):
-    """The longest step along P that keeps every point within the trust region."""
+def _slope_and_trust(be, X, G, P, layout):
+    """<G, P> and the longest step along P that keeps every point within the trust
+    region (infinite unless X is a ``layout``); on the GPU in one host read (a read
+    waits for all the queued work)."""
+    xp = be.xp
+    if not layout:
+        return float(xp.vdot(G, P)), math.inf
     if xp is np:
         radii, longest = trust_extent(X, P)
-        radius = float(np.median(radii))
-    else:   # one host read for both (a read waits for all the queued work)
-        radius, longest = xp.stack([xp.median(xp.sqrt(((X - X.mean(axis=0)) ** 2).sum(axis=1))),
-                                    xp.sqrt((P * P).sum(axis=1)).max()]).tolist()
-    return TRUST_RADIUS * max(radius, 1.0) / longest if longest > 0 else math.inf
+        slope, radius = float(np.vdot(G, P)), float(np.median(radii))
+    else:
+        slope, radius, longest = be.host_floats(
+            xp.vdot(G, P), xp.median(xp.sqrt(((X - X.mean(axis=0)) ** 2).sum(axis=1))),
+            xp.sqrt((P * P).sum(axis=1)).max())
+    return slope, TRUST_RADIUS * max(radius, 1.0) / longest if longest > 0 else math.inf
 
 
 def tsne_classic(objective, X0, *, max_iter=1000, learning_rate=None, exaggeration=12.0,
