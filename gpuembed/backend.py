@@ -106,9 +106,8 @@ class Backend:
         the device's queue twice."""
         if not self.is_gpu:
             return tuple(float(v) for v in values)
-        xp = self.xp
-        return tuple(self.to_host(xp.stack([xp.asarray(v, dtype=xp.float64)
-                                            for v in values])).tolist())
+        # stack promotes mixed dtypes (float32 sums beside float64 ones) exactly
+        return tuple(self.to_host(self.xp.stack(values)).tolist())
 
     def to_host(self, a):
         """Return ``a`` as a numpy array (sparse matrices come back as scipy CSR)."""
