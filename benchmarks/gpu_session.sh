@@ -9,7 +9,8 @@
 #   bash benchmarks/gpu_session.sh tsne       # the user's view: default t-SNE of Fashion-MNIST
 #                                             # 70k from the data (k-NN and affinities included)
 #   bash benchmarks/gpu_session.sh spectral   # LLL / LE(Z) / Nystrom vs exact LE, segmentation
-#   bash benchmarks/gpu_session.sh mac        # parametric embeddings: MAC vs chain rule
+#   bash benchmarks/gpu_session.sh mac        # parametric embeddings: MAC vs chain rule (its
+#                                             # mlp part with 3 and 1 Z-step iterations)
 #   bash benchmarks/gpu_session.sh mac-batch100  # its mlp part with the network before
 #                                                # 3af50d1 (minibatches of 100), side by side
 #   bash benchmarks/gpu_session.sh msne       # multi-scale SNE vs t-SNE, R_NX AUC
