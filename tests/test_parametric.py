@@ -573,6 +573,39 @@ def test_penalized_objective_adds_the_penalty_everywhere(rng):
     assert inner.accuracy == pen.accuracy == {"p": 3}
 
 
+def test_mac_z_steps_start_from_the_last_evaluation(monkeypatch):
+    """Each Z step starts where the last one ended, with E and its gradient there
+    from that step's last evaluation (mac.py's ``known``; the N-body sums are most
+    of a Z step's cost): one evaluation fewer in every Z step after the first,
+    and the same fit, to the last bit, as with every evaluation done."""
+    from gpuembed.objectives.ee import ElasticEmbedding
+    from gpuembed.parametric import mac
+
+    X, _ = ge.datasets.gaussian_clusters(150, 3, 6, random_state=0)
+    counts = []
+    evaluate = ElasticEmbedding.value_and_grad
+
+    def counted(self, Z):
+        counts[-1] += 1
+        return evaluate(self, Z)
+
+    def fit():
+        counts.append(0)
+        return ge.ParametricEmbedding(ge.EE(backend="cpu", random_state=0, max_iter=50),
+                                      "linear", n_mu=4, max_inner=3, z_max_iter=2).fit(X)
+
+    monkeypatch.setattr(ElasticEmbedding, "value_and_grad", counted)
+    reused = fit()
+    minimize = mac.minimize
+    monkeypatch.setattr(mac, "minimize", lambda *args, initial=None, **kw: minimize(*args, **kw))
+    every = fit()
+    z_steps = len(reused.history_) - 1
+    assert z_steps >= 6
+    assert counts[1] - counts[0] == z_steps - 1
+    np.testing.assert_array_equal(reused.embedding_, every.embedding_)
+    assert [h["objective"] for h in reused.history_] == [h["objective"] for h in every.history_]
+
+
 def test_mac_z_steps_with_other_optimizers(capsys):
     """The Z steps run the embedding's own optimizer (DiagH here, through the
     penalized Hessian diagonal), and "sd" for the classic t-SNE optimizer, which

@@ -17,6 +17,7 @@ class Penalized:
         self.target = target
         self.mu = float(mu)
         self.curvature_shift = objective.curvature_shift + self.mu
+        self.last = (None, None, None)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -31,6 +32,13 @@ class Penalized:
 
     def value_and_grad(self, Z):
         E, G = self.inner.value_and_grad(Z)
+        # The wrapped objective's terms at the last point evaluated: MAC's next Z step
+        # starts where this one ended, with another target (see ``at``).
+        self.last = (Z, E, G)
+        return self.at(Z, E, G)
+
+    def at(self, Z, E, G):
+        """The value and gradient at Z from the wrapped objective's E and G there."""
         D = Z - self.target
         return E + 0.5 * self.mu * float((D * D).sum()), G + self.mu * D
 

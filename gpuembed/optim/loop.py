@@ -97,7 +97,8 @@ def _set_accuracy(objective, schedule, iteration):
 
 
 def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_size=None,
-             monitor=None, direction_params=None, schedule=None, serial_blas=True):
+             monitor=None, direction_params=None, schedule=None, serial_blas=True,
+             initial=None):
     """Descent with ``direction`` (a name in DIRECTIONS, or a Direction built
     earlier for an objective with the same curvature, to reuse its factorization
     or memory) and an Armijo backtracking line search.
@@ -113,18 +114,20 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
 
     ``serial_blas``: run NumPy's BLAS on one thread meanwhile (see
     Backend.serial_blas); False for objectives whose evaluation is mostly BLAS.
+    ``initial``: the objective's (value, gradient) at X0, where the caller has
+    them, in place of the first evaluation.
     """
     with objective.be.serial_blas() if serial_blas else contextlib.nullcontext():
         return _minimize(objective, X0, direction, max_iter, tol, step_size, monitor,
-                         direction_params, schedule)
+                         direction_params, schedule, initial)
 
 
 def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direction_params,
-              schedule):
+              schedule, initial):
     monitor = monitor or Monitor()
     X = X0.copy()
     _set_accuracy(objective, schedule, 0)
-    E, G = objective.value_and_grad(X)
+    E, G = objective.value_and_grad(X) if initial is None else initial
     d = (DIRECTIONS[direction](objective, X, **(direction_params or {}))
          if isinstance(direction, str) else direction)
     step, streak = 1.0, 0
