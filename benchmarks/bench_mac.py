@@ -18,7 +18,8 @@
 5. ``mlp``: the same for t-SNE with an MLP (50-256-256-2, Adam on minibatches of
    1,000) on Fashion-MNIST
    (first N points after PCA to 50), Barnes-Hut sums for MAC's Z step and for
-   the chain rule's gradient; MAC also with one iteration per Z step.
+   the chain rule's gradient; MAC also with one iteration per Z step, and one
+   more MAC fit of each timed by phase (``mac_phases``).
 6. ``msne``: parametric multi-scale SNE (``ParametricEmbedding(MultiscaleSNE(),
    "mlp")``) against parametric t-SNE with the same MLP, on Fashion-MNIST (the
    first N points after PCA to 50, the last fifth held out): P(F), log-K AUC

@@ -247,9 +247,9 @@ class ParametricEmbedding(Params):
         best = (P, FY, copy.deepcopy(mapping))
         U = be.xp.zeros_like(Z) if self.augmented else 0.0   # scaled multipliers Lambda / mu
         previous_mu = None
-        # E and its gradient where the last Z step ended: the next one starts there
+        # (Z, E, its gradient) where the last Z step ended: the next one starts there
         # with another target, and E's N-body sums need not be done again (one full
-        # evaluation of each Z step's 2 to z_max_iter + 1).
+        # evaluation fewer per Z step).
         known = None
         for mu in map(float, schedule):     # NumPy scalars would promote float32 to float64
             if previous_mu is not None:
@@ -262,7 +262,7 @@ class ParametricEmbedding(Params):
                 penalized = Penalized(objective, FY - U, mu)
                 z_result = minimize(penalized, Z, direction, max_iter=z_max_iter, tol=z_tol,
                                     step_size=free.step_size, monitor=Monitor(),
-                                    initial=known and penalized.at(*known))
+                                    initial=None if known is None else penalized.at(*known))
                 Z = z_result.X
                 # The loop returns the array it evaluated last unless its line search
                 # failed (then the start, evaluated before the failed trials).
