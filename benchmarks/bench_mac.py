@@ -250,15 +250,14 @@ def mac_phases(Y, embedding, mapping, mac_params):
         fitted[0] = "F steps" if kwargs.get("warm_start") else "direct fit"
         return fitted[0]
 
-    cls = MAPPINGS[mapping]
-    directions = mac_module.DIRECTIONS
-    name = embedding.optimizer if embedding.optimizer in directions else "sd"
+    cls, directions = MAPPINGS[mapping], mac_module.DIRECTIONS
     with mock.patch.object(type(embedding), "_free_fit",
                            timed("free embedding", type(embedding)._free_fit)), \
             mock.patch.object(mac_module, "minimize", timed("Z steps", mac_module.minimize)), \
             mock.patch.object(cls, "fit", timed(fit_phase, cls.fit)), \
             mock.patch.object(cls, "predict", timed(lambda kwargs: fitted[0], cls.predict)), \
-            mock.patch.dict(directions, {name: timed("directions", directions[name])}):
+            mock.patch.dict(directions, {key: timed("directions", make)
+                                         for key, make in directions.items()}):
         start = time.perf_counter()
         pe = ge.ParametricEmbedding(embedding, mapping, **mac_params).fit(Y)
         sync()
