@@ -18,6 +18,12 @@ against the float64 search (that path turned off) and scikit-learn's brute
 force on the float64 data, for k = 90 (t-SNE's) and 20 (the spectral methods'
 graphs), written to knn_float64.json.
 
+``--approx``: ``approx_knn`` (the inverted file of k-means lists) against the exact
+search on the same images, for several probe counts: seconds, alternating, and
+recall of the exact 90-NN; then t-SNE (defaults) of the first ``--tsne-n`` images
+on either search's neighbours: seconds from the data, 10-NN accuracy and KL under
+the exact search's affinities.  Written to knn_approx[_gpu].json (``--backend``).
+
 ``--low-dim``: points of 2 to 10 coordinates (a layout, a point cloud, a few
 principal components), where gpuembed's CPU path is a k-d tree: against its own
 brute force and scikit-learn's KDTree (NearestNeighbors(algorithm="kd_tree")),
@@ -226,6 +232,50 @@ def run_low_dim(cases=LOW_DIM_CASES, repeat=2):
     return {"cases": rows}
 
 
+def run_approx(n=None, k=90, probes=(8, 16, 32), repeat=2, backend="cpu", tsne_n=20_000):
+    be = ge.get_backend(backend)
+    X, y = ge.datasets.fashion_mnist()
+    X = be.asarray(X[:n] if n else X)
+    sync = device_sync(be)
+    ge.approx_knn(X[:3000], k, backend=be)         # compile + warm up
+    ge.knn(X[:3000], k, backend=be)
+    searches = {"exact": lambda: ge.knn(X, k, backend=be)}
+    searches.update({f"approx, {p} probes": (lambda p=p: ge.approx_knn(X, k, n_probe=p,
+                                                                       backend=be))
+                     for p in probes})
+    seconds = dict.fromkeys(searches, np.inf)
+    found = {}
+    for _ in range(repeat):            # alternate, so drifts in machine speed hit all
+        for name, search in searches.items():
+            t, (_, idx) = best_time(search, sync=sync)
+            seconds[name] = min(seconds[name], t)
+            found[name] = be.to_host(idx)
+    exact = found["exact"]
+    rows = [{"search": name, "seconds": seconds[name],
+             "speedup": seconds["exact"] / seconds[name],
+             "recall": float((found[name][:, :, None] == exact[:, None, :]).any(axis=2).mean())}
+            for name in searches]
+    for row in rows:
+        print(row, flush=True)
+    return {"n": X.shape[0], "dim": X.shape[1], "k": k, "dtype": "float32", "searches": rows,
+            "tsne": tsne_on_approx(X[:tsne_n], y[:tsne_n], be, sync)}
+
+
+def tsne_on_approx(X, y, be, sync):
+    """Default t-SNE on the exact and on approx_knn's neighbours (from the data)."""
+    P_exact = ge.entropic_affinities(X, 30.0, backend=be).P
+    rows = []
+    for search in ("exact", "approx"):
+        t, model = best_time(lambda: ge.TSNE(neighbors=search, random_state=0, backend=be).fit(X),
+                             sync=sync)
+        kl, _ = ge.objectives.value_and_grad("tsne", be.asarray(model.embedding_), P_exact)
+        rows.append({"neighbors": search, "seconds": t, "iterations": model.n_iter_,
+                     "knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y),
+                     "kl_exact_affinities": float(kl)})
+        print(rows[-1], flush=True)
+    return {"n": X.shape[0], "runs": rows}
+
+
 def run_gpu(X, k, cpu_indices):
     be = ge.get_backend("gpu")
     Xg = X if hasattr(X, "tocsr") else be.asarray(X)
@@ -284,7 +334,18 @@ def main(argv=None):
     parser.add_argument("--float64", action="store_true",
                         help="the images as float64: the checked float32 search against the "
                              "float64 one and scikit-learn (knn_float64.json)")
+    parser.add_argument("--approx", action="store_true",
+                        help="approx_knn against the exact search, and t-SNE on its "
+                             "neighbours (knn_approx.json)")
+    parser.add_argument("--backend", default="cpu", help="with --approx")
+    parser.add_argument("--tsne-n", type=int, default=20_000, help="with --approx")
     args = parser.parse_args(argv)
+    if args.approx:
+        suffix = ("" if args.n is None else f"_n{args.n}") + (
+            "_gpu" if args.backend == "gpu" else "")
+        write_result("knn_approx", run_approx(args.n, repeat=args.repeat, backend=args.backend,
+                                              tsne_n=args.tsne_n), suffix=suffix)
+        return
     if args.float64:
         write_result("knn_float64", run_float64(args.n, repeat=args.repeat),
                      suffix="" if args.n is None else f"_n{args.n}")

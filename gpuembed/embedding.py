@@ -25,7 +25,7 @@ from ._checks import (check_bool, check_callbacks, check_choice, check_data, che
 from ._params import Params
 from ._sparse import is_sparse
 from .affinities import EntropicAffinities, entropic_affinities
-from .affinities.entropic import conditional_affinities
+from .affinities.entropic import SEARCHES, conditional_affinities
 from .backend import get_backend
 from .nbody import check_accuracy, engine_sums, resolve_method
 from .neighbors import knn_query
@@ -45,7 +45,7 @@ INIT_STD = {"tsne": 1e-4, "default": 0.1}
 # The named starts (MultiscaleSNE: the first two).
 INITS = ("pca", "random", "spectral")
 # Parameters the optimizers and affinities accept through **method_params.
-METHOD_PARAMS = {"n_neighbors", "kappa", "sd_solver", "sd_refresh", "sd_memory",
+METHOD_PARAMS = {"n_neighbors", "neighbors", "kappa", "sd_solver", "sd_refresh", "sd_memory",
                  "sd_memory_start", "lbfgs_memory",
                  "step_size", "learning_rate", "early_exaggeration", "exaggeration_iter",
                  "transform_max_iter", "accuracy", "accuracy_schedule"}
@@ -182,6 +182,7 @@ class _Embedding(Params):
         affinities are computed (the directions check theirs only when built)."""
         checks = {
             "step_size": lambda v: check_float(v, "step_size", 0.0, low_open=True),
+            "neighbors": lambda v: check_choice(v, "neighbors", tuple(SEARCHES)),
             "kappa": lambda v: check_int(v, "kappa", 1),
             "sd_solver": lambda v: check_choice(v, "sd_solver", Spectral.SOLVERS),
             "sd_refresh": check_refresh,
@@ -293,8 +294,10 @@ class _Embedding(Params):
         n = X.shape[0]
         A = self.affinities
         if A is None:
-            A = entropic_affinities(X, self.perplexity, n_neighbors=self._method_params.get(
-                "n_neighbors"), symmetrize=self.objective_name != "sne", backend=be)
+            p = self._method_params
+            A = entropic_affinities(X, self.perplexity, n_neighbors=p.get("n_neighbors"),
+                                    neighbors=p.get("neighbors"),
+                                    symmetrize=self.objective_name != "sne", backend=be)
         P = A.P if isinstance(A, EntropicAffinities) else A
         if not (scipy.sparse.issparse(P) or hasattr(P, "tocsr") or hasattr(P, "shape")):
             raise TypeError("affinities must be an EntropicAffinities result or an (N, N) matrix")

@@ -17,10 +17,14 @@ import numpy as np
 from .._checks import check_bool, check_choice, check_data, check_float, check_int, warn
 from ..backend import get_backend
 from ..neighbors import knn
+from ..neighbors_ivf import approx_knn
 from . import orders as _orders
 from . import rootfinding, rootfinding_cpu
 
 __all__ = ["EntropicAffinities", "entropic_affinities"]
+
+# The neighbour searches that ``neighbors`` names.
+SEARCHES = {"exact": knn, "approx": approx_knn}
 
 
 @dataclass
@@ -57,7 +61,10 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
     n_neighbors : neighbours per point; default ``min(N - 1, ceil(3 * max perplexity))``,
         the anchors' choice (scikit-learn, openTSNE), so results are comparable:
         beyond 3K neighbours the Gaussian weights are negligible for the entropy.
-    neighbors : precomputed ``(sqdist, indices)``, each (N, k), self excluded.
+    neighbors : precomputed ``(sqdist, indices)``, each (N, k), self excluded; or the
+        search that finds them in X: "exact" (the default, :func:`gpuembed.knn`) or
+        "approx" (:func:`gpuembed.approx_knn`, several times faster for large N, with
+        some of the true neighbours missed).
     method : "newton" | "halley" | "euler" | "bisection" (Algorithm 1).
     order : "dk" | "mst" | "msp" | "bounds" | "none" warm-start order, or a
         sequence of all N point indices (e.g. ``raster_order(h, w)`` for the
@@ -73,6 +80,8 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
     be = get_backend(backend)
     xp = be.xp
     check_choice(method, "method", rootfinding.METHODS)
+    if isinstance(neighbors, str):
+        check_choice(neighbors, "neighbors", tuple(SEARCHES))
     if isinstance(order, str):           # before the k-NN; a sequence is checked after it
         _orders.check_order(order, None)
     tol = check_float(tol, "tol", 0.0, low_open=True)
@@ -205,7 +214,7 @@ def _row_weights(xp, shifted, beta):
 
 def _neighbors(X, neighbors, perplexity, n_neighbors, be):
     xp = be.xp
-    if neighbors is not None:
+    if neighbors is not None and not isinstance(neighbors, str):
         if X is not None and n_neighbors is not None:
             raise ValueError("give either neighbors or n_neighbors, not both")
         try:
@@ -236,7 +245,7 @@ def _neighbors(X, neighbors, perplexity, n_neighbors, be):
     if n_neighbors is None:
         n_neighbors = min(n - 1, math.ceil(3 * float(np.max(perplexity))))
     n_neighbors = check_int(n_neighbors, "n_neighbors", 2, n - 1)
-    return knn(X, n_neighbors, backend=be)
+    return SEARCHES[neighbors or "exact"](X, n_neighbors, backend=be)
 
 
 def _perplexity_values(perplexity):

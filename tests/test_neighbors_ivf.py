@@ -1,0 +1,156 @@
+"""approx_knn: the inverted-file search against the exact k-NN."""
+from unittest import mock
+
+import numpy as np
+import pytest
+import scipy.sparse
+
+import gpuembed as ge
+from gpuembed import neighbors_ivf
+from test_neighbors import brute_knn
+
+
+def clusters(rng, n_clusters=6, per=60, dim=20, spread=50.0):
+    centres = rng.standard_normal((n_clusters, dim)) * spread
+    return np.repeat(centres, per, axis=0) + rng.standard_normal((n_clusters * per, dim))
+
+
+def on_host(backend, result):
+    return tuple(backend.to_host(a) for a in result)
+
+
+def recall(idx, ref_idx):
+    return float((idx[:, :, None] == ref_idx[:, None, :]).any(axis=2).mean())
+
+
+def check_well_formed(X, sqdist, idx):
+    """Each row: its own distances to the indices it names, ascending, no repeat, not itself."""
+    X = np.asarray(X, dtype=np.float64)
+    rows = np.arange(len(idx))[:, None]
+    true = ((X[idx] - X[rows]) ** 2).sum(axis=2)
+    np.testing.assert_allclose(sqdist, true, rtol=1e-4, atol=1e-6)
+    assert (np.diff(sqdist, axis=1) >= 0).all()
+    assert (np.sort(idx, axis=1)[:, 1:] != np.sort(idx, axis=1)[:, :-1]).all()
+    assert (idx != rows).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_approx_knn_is_exact_where_the_probed_lists_hold_every_neighbour(backend, rng, dtype):
+    """Six clusters far apart, six lists, each list's own and nearest list
+    probed: each point's neighbours all lie in its cluster, which those lists
+    cover, so the result is the exact one (indices, ties by index, distances)."""
+    X = clusters(rng).astype(dtype)
+    ref_d, ref_i = brute_knn(X, 10)
+    sqdist, idx = on_host(backend, ge.approx_knn(backend.asarray(X), 10, n_lists=6, n_probe=2,
+                                                 backend=backend))
+    assert sqdist.dtype == dtype and idx.dtype == np.int64 and idx.shape == (360, 10)
+    np.testing.assert_array_equal(idx, ref_i)
+    np.testing.assert_allclose(sqdist, ref_d, rtol=1e-4 if dtype == np.float32 else 1e-10)
+
+
+def test_approx_knn_finds_more_neighbours_with_more_probes(backend):
+    """rotating_objects (720 images of 32 x 32 pixels): every probe count gives a
+    well-formed result; recall grows with the probes (each list's candidates are
+    a superset of those of fewer probes) and is exact when all 27 lists are probed."""
+    X, _ = ge.datasets.rotating_objects(size=32)
+    X = X.astype(np.float32)
+    ref_i = ge.knn(X, 15, backend="cpu")[1]        # test_neighbors checks it by brute force
+    recalls = []
+    for n_probe in (1, 3, 8, 27):
+        sqdist, idx = on_host(backend, ge.approx_knn(backend.asarray(X), 15, n_lists=27,
+                                                     n_probe=n_probe, backend=backend))
+        check_well_formed(X, sqdist, idx)
+        recalls.append(recall(idx, ref_i))
+    assert recalls == sorted(recalls)
+    assert recalls[0] < 0.9 < recalls[2] and recalls[-1] == 1.0
+
+
+def test_approx_knn_probes_enough_lists_for_k_neighbours(backend, rng):
+    """With 40 lists of about 5 points and k = 30, one probe cannot hold k
+    candidates: lists are added nearest first until they do."""
+    X = rng.standard_normal((200, 12))
+    sqdist, idx = on_host(backend, ge.approx_knn(backend.asarray(X), 30, n_lists=40, n_probe=1,
+                                                 backend=backend))
+    check_well_formed(X, sqdist, idx)
+
+
+def test_approx_knn_keeps_duplicates_and_leaves_out_the_point(backend, rng):
+    """Copies of a point are neighbours at distance 0; the point itself is not,
+    however many copies tie with it."""
+    X = np.repeat(rng.standard_normal((50, 16)), 4, axis=0)
+    sqdist, idx = on_host(backend, ge.approx_knn(backend.asarray(X), 5, n_lists=7, n_probe=3,
+                                                 backend=backend))
+    check_well_formed(X, sqdist, idx)
+    np.testing.assert_array_equal(sqdist[:, :3], 0.0)
+    assert (idx[:, :3] // 4 == np.arange(200)[:, None] // 4).all()
+
+
+def test_approx_knn_takes_sparse_rows(rng):
+    """A sparse matrix gives the dense array's neighbours."""
+    X = clusters(rng) * (rng.random((360, 20)) < 0.5)
+    dense = ge.approx_knn(X, 8, n_lists=6, n_probe=2, backend="cpu")
+    sparse = ge.approx_knn(scipy.sparse.csr_matrix(X), 8, n_lists=6, n_probe=2, backend="cpu")
+    np.testing.assert_array_equal(sparse[1], dense[1])
+    np.testing.assert_allclose(sparse[0], dense[0], rtol=1e-10)
+
+
+def test_approx_knn_is_exact_where_it_cannot_save(rng):
+    """All lists probed, the default lists on few points, or a CPU k-d tree's few
+    features: the exact search."""
+    X = rng.standard_normal((300, 12))
+    for kwargs in ({"n_lists": 5, "n_probe": 5}, {"n_probe": 1}):
+        np.testing.assert_array_equal(ge.approx_knn(X, 9, **kwargs, backend="cpu")[1],
+                                      ge.knn(X, 9, backend="cpu")[1])
+    X = rng.standard_normal((300, 3))
+    np.testing.assert_array_equal(ge.approx_knn(X, 9, n_probe=1, backend="cpu")[1],
+                                  ge.knn(X, 9, backend="cpu")[1])
+
+
+def test_approx_knn_same_seed_same_result(rng):
+    X, _ = ge.datasets.rotating_objects(n_objects=4, size=16)
+    a, b = (ge.approx_knn(X, 10, n_lists=17, n_probe=2, random_state=3, backend="cpu")
+            for _ in range(2))
+    np.testing.assert_array_equal(a[1], b[1])
+    np.testing.assert_array_equal(a[0], b[0])
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"n_neighbors": 0}, "n_neighbors"), ({"n_neighbors": 100}, "n_neighbors"),
+    ({"n_lists": 0}, "n_lists"), ({"n_lists": 101}, "n_lists"), ({"n_probe": 0}, "n_probe"),
+])
+def test_approx_knn_bad_parameters(rng, kwargs, match):
+    X = rng.standard_normal((100, 20))
+    with pytest.raises(ValueError, match=match):
+        ge.approx_knn(X, **{"n_neighbors": 5, **kwargs}, backend="cpu")
+
+
+def test_approx_knn_bad_data(rng):
+    X = rng.standard_normal((100, 20))
+    X[3, 4] = np.nan
+    with pytest.raises(ValueError, match="X"):
+        ge.approx_knn(X, 5, backend="cpu")
+    with pytest.raises(ValueError, match="X"):
+        ge.approx_knn(X[0], 5, backend="cpu")
+
+
+def test_affinities_search_approximately_when_asked(backend):
+    """neighbors="approx": the affinities come from approx_knn's neighbours."""
+    X = ge.datasets.digits()[0][:800]
+    with mock.patch.object(neighbors_ivf, "MIN_POINTS", 0):
+        A = ge.entropic_affinities(X, 10.0, neighbors="approx", backend=backend)
+        idx = backend.to_host(ge.approx_knn(X, 30, backend=backend)[1])
+    np.testing.assert_array_equal(backend.to_host(A.neighbors[1]), idx)
+    assert recall(idx, backend.to_host(ge.knn(X, 30, backend=backend)[1])) < 1.0
+
+
+def test_tsne_with_approximate_neighbours():
+    """t-SNE of the digits on approx_knn's neighbours (42 lists, recall 0.98 there)
+    keeps the exact neighbours' 10-NN accuracy (0.987) to within 0.01."""
+    X, y = ge.datasets.digits()
+    with mock.patch.object(neighbors_ivf, "MIN_POINTS", 0):
+        Y = ge.TSNE(neighbors="approx", random_state=0, backend="cpu").fit_transform(X)
+    assert ge.metrics.knn_accuracy(Y, y) >= 0.977
+    with pytest.raises(ValueError, match="neighbors"):
+        ge.TSNE(neighbors="annoy").fit(X[:100])
+    with pytest.raises(ValueError, match="neighbors"):
+        ge.entropic_affinities(X[:100], 10.0, neighbors="annoy")
