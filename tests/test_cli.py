@@ -95,6 +95,25 @@ def test_embed_file(tmp_path):
     assert out.returncode == 1 and "Gaussian" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_embed_with_approximate_neighbours(tmp_path):
+    """--neighbors approx is the estimators' neighbors="approx" (which searches 120
+    points exactly); the methods without it refuse it."""
+    import gpuembed as ge
+
+    X = np.random.default_rng(0).standard_normal((120, 12))
+    np.save(tmp_path / "x.npy", X)
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
+                  "--backend", "cpu", "--perplexity", "10", "--random-state", "2",
+                  "--neighbors", "approx")
+    assert out.returncode == 0, out.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "y_out.npy"), ge.TSNE(
+        2, 10.0, max_iter=1000, tol=1e-4, random_state=2, backend="cpu",
+        neighbors="approx").fit_transform(X))
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
+                  "--backend", "cpu", "--method", "le", "--neighbors", "approx")
+    assert out.returncode == 1 and "--neighbors approx applies to" in out.stderr
+
+
 def test_embed_sparse_file(tmp_path):
     """A scipy.sparse.save_npz file is embedded as it is, as the estimator would."""
     import scipy.sparse
