@@ -268,7 +268,8 @@ def tsne_on_approx(X, y, be, sync):
     for search in ("exact", "approx"):
         t, model = best_time(lambda: ge.TSNE(neighbors=search, random_state=0, backend=be).fit(X),
                              sync=sync)
-        kl, _ = ge.objectives.value_and_grad("tsne", be.asarray(model.embedding_), P_exact)
+        kl, _ = ge.objectives.value_and_grad("tsne", be.asarray(model.embedding_), P_exact,
+                                             backend=be)
         rows.append({"neighbors": search, "seconds": t, "iterations": model.n_iter_,
                      "knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y),
                      "kl_exact_affinities": float(kl)})

@@ -20,6 +20,8 @@
 #                                             # held-out images into a 10,000-image layout
 #   bash benchmarks/gpu_session.sh pairs      # EE, s-SNE and SNE by SD with and without
 #                                             # curvature pairs (there CG starts cold with them)
+#   bash benchmarks/gpu_session.sh approx     # approx_knn against the exact k-NN, and the
+#                                             # default t-SNE of Fashion-MNIST 70k on each
 #
 # Before spending device time, the same scripts' GPU branches can run here on the
 # CUDA emulator at small sizes, e.g.
@@ -90,6 +92,10 @@ embedding)
      python3 bench_embedding.py --backend gpu --n 70000 --datasets fashion_mnist \
          --suffix _gpu) 2>&1 | tee "$out/gpu_embedding.log"
     cp benchmarks/results/embedding_*70000*_gpu.png "$out/"
+    ;;
+approx)
+    (cd benchmarks &&
+     python3 bench_knn.py --approx --backend gpu --tsne-n 70000) 2>&1 | tee "$out/gpu_approx.log"
     ;;
 tsne)
     (cd benchmarks &&
