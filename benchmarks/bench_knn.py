@@ -22,7 +22,9 @@ graphs), written to knn_float64.json.
 search on the same images, for several probe counts: seconds, alternating, and
 recall of the exact 90-NN; then t-SNE (defaults) of the first ``--tsne-n`` images
 on either search's neighbours: seconds from the data, 10-NN accuracy and KL under
-the exact search's affinities.  Written to knn_approx[_gpu].json (``--backend``).
+the exact search's affinities; and Laplacian eigenmaps (d = 10) of all of them on
+either search's 20-NN graph: seconds from the data, 10-NN accuracy and Procrustes
+error against the exact graph's.  Written to knn_approx[_gpu].json (``--backend``).
 
 ``--low-dim``: points of 2 to 10 coordinates (a layout, a point cloud, a few
 principal components), where gpuembed's CPU path is a k-d tree: against its own
@@ -258,7 +260,8 @@ def run_approx(n=None, k=90, probes=(8, 16, 32), repeat=2, backend="cpu", tsne_n
     for row in rows:
         print(row, flush=True)
     return {"n": X.shape[0], "dim": X.shape[1], "k": k, "dtype": "float32", "searches": rows,
-            "tsne": tsne_on_approx(X[:tsne_n], y[:tsne_n], be, sync)}
+            "tsne": tsne_on_approx(X[:tsne_n], y[:tsne_n], be, sync),
+            "laplacian_eigenmaps": le_on_approx(X, y, be, sync)}
 
 
 def tsne_on_approx(X, y, be, sync):
@@ -275,6 +278,24 @@ def tsne_on_approx(X, y, be, sync):
                      "kl_exact_affinities": float(kl)})
         print(rows[-1], flush=True)
     return {"n": X.shape[0], "runs": rows}
+
+
+def le_on_approx(X, y, be, sync, d=10, n_neighbors=20):
+    """Laplacian eigenmaps (bench_lll's graph: 20-NN, Gaussian width from the first
+    2,000 points) on the exact and on approx_knn's neighbours, from the data; the
+    approximate graph's Procrustes error against the exact graph's embedding."""
+    sigma = float(np.sqrt(np.median(be.to_host(ge.knn(X[:2000], 10, backend=be)[0]))))
+    rows, embeddings = [], {}
+    for search in ("exact", "approx"):
+        t, Y = best_time(lambda: ge.LaplacianEigenmaps(
+            d, n_neighbors=n_neighbors, sigma=sigma, neighbors=search, backend=be).fit_transform(X),
+            sync=sync)
+        embeddings[search] = Y
+        rows.append({"neighbors": search, "seconds": t,
+                     "knn_accuracy": ge.metrics.knn_accuracy(Y, y[:len(Y)]),
+                     "procrustes_error": ge.metrics.procrustes_error(embeddings["exact"], Y)})
+        print(rows[-1], flush=True)
+    return {"d": d, "n_neighbors": n_neighbors, "sigma": sigma, "runs": rows}
 
 
 def run_gpu(X, k, cpu_indices):

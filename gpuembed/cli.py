@@ -47,7 +47,8 @@ def _embed_le(X, n_components, backend, args):
 
     perplexity = _perplexity(args, X.shape[0])
     model = LaplacianEigenmaps(n_components, n_neighbors=math.ceil(3 * perplexity),
-                               perplexity=perplexity, n_landmarks=args.n_landmarks,
+                               perplexity=perplexity, neighbors=args.neighbors,
+                               n_landmarks=args.n_landmarks,
                                random_state=args.random_state, backend=backend)
     return model.fit_transform(X)
 
@@ -79,8 +80,9 @@ METHODS = {"tsne": _estimator(TSNE), "ee": _estimator(EE), "ssne": _estimator(SS
 def _run_method(X, n_components, backend, args):
     if args.n_landmarks is not None and args.method != "le":
         raise ValueError("--n-landmarks applies to --method le (Locally Linear Landmarks) only")
-    if args.neighbors != "exact" and args.method in ("le", "msne"):
-        raise ValueError("--neighbors approx applies to --method tsne, ee, ssne and sne")
+    if args.neighbors != "exact" and args.method == "msne":
+        raise ValueError("--neighbors approx does not apply to --method msne (its scales reach "
+                         "thousands of neighbours per point)")
     return METHODS[args.method](X, n_components, backend, args)
 
 

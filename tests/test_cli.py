@@ -97,7 +97,7 @@ def test_embed_file(tmp_path):
 
 def test_embed_with_approximate_neighbours(tmp_path):
     """--neighbors approx is the estimators' neighbors="approx" (which searches 120
-    points exactly); the methods without it refuse it."""
+    points exactly); multi-scale SNE, which has no such option, refuses it."""
     import gpuembed as ge
 
     X = np.random.default_rng(0).standard_normal((120, 12))
@@ -110,8 +110,8 @@ def test_embed_with_approximate_neighbours(tmp_path):
         2, 10.0, max_iter=1000, tol=1e-4, random_state=2, backend="cpu",
         neighbors="approx").fit_transform(X))
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
-                  "--backend", "cpu", "--method", "le", "--neighbors", "approx")
-    assert out.returncode == 1 and "--neighbors approx applies to" in out.stderr
+                  "--backend", "cpu", "--method", "msne", "--neighbors", "approx")
+    assert out.returncode == 1 and "--neighbors approx does not apply" in out.stderr
 
 
 def test_embed_sparse_file(tmp_path):

@@ -154,3 +154,25 @@ def test_tsne_with_approximate_neighbours():
         ge.TSNE(neighbors="annoy").fit(X[:100])
     with pytest.raises(ValueError, match="neighbors"):
         ge.entropic_affinities(X[:100], 10.0, neighbors="annoy")
+
+
+def test_spectral_estimators_search_approximately_when_asked():
+    """neighbors="approx" in LaplacianEigenmaps and SpectralClustering builds the
+    graph on approx_knn's neighbours, in fit_grid's shared search too."""
+    from gpuembed.spectral import affinity_graph, fit_grid, spectral_embedding
+
+    X = ge.datasets.digits()[0][:600]
+    with mock.patch.object(neighbors_ivf, "MIN_POINTS", 0):
+        Y = ge.LaplacianEigenmaps(3, n_neighbors=10, sigma=20.0, neighbors="approx",
+                                  backend="cpu").fit_transform(X)
+        W = affinity_graph(X, 10, 20.0, neighbors=ge.approx_knn(X, 10, backend="cpu"))
+        model = ge.SpectralClustering(5, n_neighbors=10, sigma=20.0, neighbors="approx",
+                                      random_state=0)
+        sweep = fit_grid(model, X, {"n_neighbors": [5, 10]})
+        alone = model.set_params(n_neighbors=5).fit_predict(X)
+    np.testing.assert_allclose(Y, spectral_embedding(W, 3, backend="cpu"), rtol=1e-8, atol=1e-12)
+    exact = ge.LaplacianEigenmaps(3, n_neighbors=10, sigma=20.0, backend="cpu").fit_transform(X)
+    assert not np.allclose(Y, exact)
+    np.testing.assert_array_equal(sweep[0][1].labels_, alone)
+    with pytest.raises(ValueError, match="neighbors"):
+        ge.LaplacianEigenmaps(2, n_neighbors=10, neighbors="annoy").fit(X)

@@ -21,8 +21,8 @@ from .._checks import (check_choice, check_data, check_features, check_fitted, c
                        check_int, check_random_state)
 from .._params import Params
 from ..affinities import entropic_affinities
+from ..affinities.entropic import SEARCHES
 from ..backend import get_backend
-from ..neighbors import knn
 from .embedding import points_suit_shift_invert, spectral_embedding
 from .kmeans import kmeans
 from .lll import (LANDMARK_METHODS, _landmark_basis, default_kz, reconstruction_weights,
@@ -37,13 +37,15 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=Non
     The neighbour search (and the entropic calibration) runs on ``backend`` in X's
     dtype (integers: the backend's default float).  ``neighbors``: X's k-NN
     ``(sqdist, indices)`` for some k >= n_neighbors, of which the first
-    n_neighbors columns are used (a sweep over n_neighbors searches once)."""
+    n_neighbors columns are used (a sweep over n_neighbors searches once), or the
+    search that finds them: "exact" (None) or "approx" (:func:`gpuembed.approx_knn`)."""
     be = get_backend(backend)
     X = check_data(X, be, sparse=True)
     n = X.shape[0]
     k, sigma, K = _graph_parameters(n, n_neighbors, sigma, perplexity)
-    if neighbors is None:
-        neighbors = knn(X, k, backend=be)
+    if neighbors is None or isinstance(neighbors, str):
+        neighbors = SEARCHES[check_choice(neighbors or "exact", "neighbors", tuple(SEARCHES))](
+            X, k, backend=be)
     elif neighbors[0].shape[0] != n or neighbors[0].shape[1] < k:
         raise ValueError(f"neighbors must hold at least n_neighbors = {k} columns for each "
                          f"of the {n} points, got shape {neighbors[0].shape}")
@@ -91,9 +93,10 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
 
 
 class _SpectralBase(Params):
-    def __init__(self, *, n_neighbors, sigma, perplexity, n_landmarks, kz, landmarks,
-                 random_state, backend):
+    def __init__(self, *, n_neighbors, sigma, perplexity, neighbors, n_landmarks, kz,
+                 landmarks, random_state, backend):
         self.n_neighbors = n_neighbors
+        self.neighbors = neighbors
         self.sigma = sigma
         self.perplexity = perplexity
         self.n_landmarks = n_landmarks
@@ -105,6 +108,7 @@ class _SpectralBase(Params):
     def _data(self, X):
         """(backend, X on the host), X checked before the parameters that depend on N."""
         check_choice(self.landmarks, "landmarks", LANDMARK_METHODS)
+        check_choice(self.neighbors, "neighbors", tuple(SEARCHES))
         check_random_state(self.random_state)
         be = get_backend(self.backend)
         return be, be.to_host(check_data(X, be, min_samples=3, sparse=True))
@@ -115,7 +119,7 @@ class _SpectralBase(Params):
         ``shared``: (neighbors, basis) of :func:`fit_grid`'s sweep."""
         neighbors, basis = shared or (None, None)
         W = affinity_graph(X, self.n_neighbors, self.sigma, self.perplexity,
-                           neighbors=neighbors, backend=be)
+                           neighbors=neighbors or self.neighbors, backend=be)
         self._X = X
         self.n_features_in_ = X.shape[1]
         if self.n_landmarks is None:
@@ -136,7 +140,7 @@ class _SpectralBase(Params):
         landmarks, the landmark basis."""
         basis = None if self.n_landmarks is None else _landmark_basis(
             X, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, be)
-        return knn(X, k, backend=be), basis
+        return SEARCHES[self.neighbors](X, k, backend=be), basis
 
     def _map(self, X_new, embedding):
         """Out-of-sample: locally linear reconstruction from landmarks (LLL) or from
@@ -154,14 +158,15 @@ class _SpectralBase(Params):
 class LaplacianEigenmaps(_SpectralBase):
     """Laplacian eigenmaps; ``n_landmarks`` switches to LLL with ``kz`` landmarks per
     point (default :func:`~gpuembed.spectral.lll.default_kz`: min(n_components + 1, 6))
-    chosen by ``landmarks`` (Algorithm 3)."""
+    chosen by ``landmarks`` (Algorithm 3).  ``neighbors``: the graph's k-NN search,
+    "exact" or "approx" (:func:`gpuembed.approx_knn`, for large N)."""
 
     def __init__(self, n_components=2, *, n_neighbors, sigma=None, perplexity=None,
-                 n_landmarks=None, kz=None, landmarks="random", random_state=None,
-                 backend="auto"):
+                 neighbors="exact", n_landmarks=None, kz=None, landmarks="random",
+                 random_state=None, backend="auto"):
         super().__init__(n_neighbors=n_neighbors, sigma=sigma, perplexity=perplexity,
-                         n_landmarks=n_landmarks, kz=kz, landmarks=landmarks,
-                         random_state=random_state, backend=backend)
+                         neighbors=neighbors, n_landmarks=n_landmarks, kz=kz,
+                         landmarks=landmarks, random_state=random_state, backend=backend)
         self.n_components = n_components
 
     def _dimension(self, X):
@@ -182,14 +187,15 @@ class SpectralClustering(_SpectralBase):
     """Normalized spectral clustering (Ng-Jordan-Weiss: the K trailing generalized
     eigenvectors of eq. 4.19, the trivial one included, then k-means on the
     unit-normalized rows).  With LLL, k-means runs ``n_init`` restarts on the
-    landmarks and once on all points from the best landmark centroids (4.7.1)."""
+    landmarks and once on all points from the best landmark centroids (4.7.1).
+    ``neighbors`` as in :class:`LaplacianEigenmaps`."""
 
     def __init__(self, n_clusters, *, n_neighbors, sigma=None, perplexity=None,
-                 n_landmarks=None, kz=None, landmarks="random", n_init=20, random_state=None,
-                 backend="auto"):
+                 neighbors="exact", n_landmarks=None, kz=None, landmarks="random", n_init=20,
+                 random_state=None, backend="auto"):
         super().__init__(n_neighbors=n_neighbors, sigma=sigma, perplexity=perplexity,
-                         n_landmarks=n_landmarks, kz=kz, landmarks=landmarks,
-                         random_state=random_state, backend=backend)
+                         neighbors=neighbors, n_landmarks=n_landmarks, kz=kz,
+                         landmarks=landmarks, random_state=random_state, backend=backend)
         self.n_clusters = n_clusters
         self.n_init = n_init
 
