@@ -26,6 +26,11 @@ the exact search's affinities; and Laplacian eigenmaps (d = 10) of all of them o
 either search's 20-NN graph: seconds from the data, 10-NN accuracy and Procrustes
 error against the exact graph's.  Written to knn_approx[_gpu].json (``--backend``).
 
+``--approx-large N``: ``approx_knn`` of N images on the CPU (Fashion-MNIST and its
+copies shifted by up to 2 pixels, as infinite MNIST grows MNIST), its recall on 1,000
+random rows, and the exact search of the first 140,000 (written to
+knn_approx_large.json).
+
 ``--low-dim``: points of 2 to 10 coordinates (a layout, a point cloud, a few
 principal components), where gpuembed's CPU path is a k-d tree: against its own
 brute force and scikit-learn's KDTree (NearestNeighbors(algorithm="kd_tree")),
@@ -280,6 +285,41 @@ def tsne_on_approx(X, y, be, sync):
     return {"n": X.shape[0], "runs": rows}
 
 
+def shifted_fashion_mnist(n):
+    """The first n of Fashion-MNIST's images and their copies shifted by up to 2
+    pixels (zero fill; the shifts in order of length), as the dissertation's
+    infinite MNIST grows MNIST: 25 x 70,000 images at most."""
+    X, _ = ge.datasets.fashion_mnist()
+    images = X.reshape(-1, 28, 28).astype(np.float32)
+    padded = np.pad(images, ((0, 0), (2, 2), (2, 2)))
+    shifts = sorted(((dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)),
+                    key=lambda s: (s[0] ** 2 + s[1] ** 2, s))
+    copies = [padded[:, 2 + dy:30 + dy, 2 + dx:30 + dx].reshape(-1, 784)
+              for dy, dx in shifts[:-(-n // len(images))]]
+    return np.concatenate(copies)[:n]
+
+
+def run_approx_large(n, k=90, n_probe=16, sampled=1000, exact_n=140_000):
+    """approx_knn of n shifted images (CPU), its recall on ``sampled`` random rows
+    (their exact k-NN by knn_query), and the exact search of the first
+    ``exact_n``, whose time grows as N^2."""
+    X = shifted_fashion_mnist(n)
+    t_approx, (_, idx) = best_time(lambda: ge.approx_knn(X, k, n_probe=n_probe, backend="cpu"))
+    rows = np.random.default_rng(0).choice(n, sampled, replace=False)
+    exact = ge.neighbors.knn_query(X[rows], X, k + 1, backend="cpu")[1]
+    drop = exact == rows[:, None]             # each row's own index (or its last, for copies)
+    drop[:, -1] |= ~drop.any(axis=1)
+    exact = exact[~drop].reshape(sampled, k)
+    recall = float((idx[rows][:, :, None] == exact[:, None, :]).any(axis=2).mean())
+    t_exact, _ = best_time(lambda: ge.knn(X[:exact_n], k, backend="cpu"))
+    figures = {"n": n, "dim": 784, "k": k, "dtype": "float32", "n_probe": n_probe,
+               "approx_seconds": t_approx, "recall_sampled_rows": sampled, "recall": recall,
+               "exact_n": exact_n, "exact_seconds": t_exact,
+               "exact_seconds_scaled_to_n": t_exact * (n / exact_n) ** 2}
+    print(figures, flush=True)
+    return figures
+
+
 def le_on_approx(X, y, be, sync, d=10, n_neighbors=20):
     """Laplacian eigenmaps (bench_lll's graph: 20-NN, Gaussian width from the first
     2,000 points) on the exact and on approx_knn's neighbours, from the data; the
@@ -359,9 +399,16 @@ def main(argv=None):
     parser.add_argument("--approx", action="store_true",
                         help="approx_knn against the exact search, and t-SNE on its "
                              "neighbours (knn_approx.json)")
+    parser.add_argument("--approx-large", type=int, metavar="N",
+                        help="approx_knn of N shifted Fashion-MNIST images on the CPU, its "
+                             "recall on 1,000 rows, the exact search of 140,000 "
+                             "(knn_approx_large.json)")
     parser.add_argument("--backend", default="cpu", help="with --approx")
     parser.add_argument("--tsne-n", type=int, default=20_000, help="with --approx")
     args = parser.parse_args(argv)
+    if args.approx_large:
+        write_result("knn_approx_large", run_approx_large(args.approx_large))
+        return
     if args.approx:
         suffix = ("" if args.n is None else f"_n{args.n}") + (
             "_gpu" if args.backend == "gpu" else "")
