@@ -17,8 +17,12 @@ list that is not probed.  Recall of the 90-NN of Fashion-MNIST 70k (265 lists):
 0.872 with 8 probes, 0.958 with 16 (benchmarks/results/knn_approx.json has the
 timings).  The result is exact where the lists cannot save time: with
 ``n_probe >= n_lists``, where every list is probed; for fewer than MIN_POINTS
-points with the default lists; and for the CPU's points of at most TREE_MAX_DIM
-features, which its k-d tree searches exactly and faster.
+points with the default lists; for the CPU's points of at most TREE_MAX_DIM
+features, which its k-d tree searches exactly and faster; and for sparse rows.
+Their lists' sparse products were slower than the exact search's compiled one:
+synthetic TF-IDF documents (benchmarks/common.bag_of_words, 20,000 words),
+20,000 documents 6.2 s against 2.3 s, 60,000 27.8 s against 13.5 s (recall 0.71:
+such documents have no cluster structure for the lists to follow).
 """
 from __future__ import annotations
 
@@ -51,7 +55,8 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_
 
     Parameters
     ----------
-    X : array (N, D), numpy or cupy, finite, or a sparse matrix (scipy or cupyx).
+    X : array (N, D), numpy or cupy, finite, or a sparse matrix (scipy or cupyx;
+        searched exactly, see the module doc).
     n_neighbors : int in [1, N - 1].
     n_lists : number of k-means lists, in [1, N]; default round(sqrt(N)), and for
         fewer than MIN_POINTS points none: the exact search, faster there.
@@ -72,8 +77,8 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_
     n_lists = round(math.sqrt(n)) if n_lists is None else check_int(n_lists, "n_lists", 1, n)
     n_probe = check_int(n_probe, "n_probe", 1)
     rng = make_rng(random_state)
-    tree = not be.is_gpu and not is_sparse(X) and X.shape[1] <= TREE_MAX_DIM
-    if small or n_probe >= n_lists or tree:
+    tree = not be.is_gpu and X.shape[1] <= TREE_MAX_DIM
+    if small or n_probe >= n_lists or tree or is_sparse(X):
         return _knn(be, X, X, k, True, None)
     centroids = _centroids(be, X, n_lists, rng)
     lists = be.to_host(knn_query(X, centroids, 1, backend=be)[1][:, 0])
@@ -84,11 +89,11 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_
     held = np.cumsum(sizes[nearest_lists], axis=1)
     n_probed = np.maximum(n_probe, (held < k + 1).sum(axis=1) + 1)
 
-    # The points in one centred copy (as the exact search keeps them; sparse rows
-    # stay as they are), each list's members in a random order, which keeps the
-    # CPU's candidate heaps' improvements few, as in the exact search.
+    # The points in one centred copy (as the exact search keeps them), each list's
+    # members in a random order, which keeps the CPU's candidate heaps'
+    # improvements few, as in the exact search.
     xp = be.xp
-    Xc = X if is_sparse(X) else X - X.mean(axis=0)
+    Xc = X - X.mean(axis=0)
     sq = row_sqnorms(xp, Xc)
     order = rng.permutation(n)
     order = order[np.argsort(lists[order], kind="stable")]
@@ -117,7 +122,7 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_
 
 
 def _centroids(be, X, n_lists, rng):
-    """(n_lists, D) dense centroids of KMEANS_ITER Lloyd steps on a sample of X,
+    """(n_lists, D) centroids of KMEANS_ITER Lloyd steps on a sample of X,
     started from sample points; a centroid that loses all its points stays."""
     xp = be.xp
     n = X.shape[0]
@@ -125,13 +130,11 @@ def _centroids(be, X, n_lists, rng):
                                              replace=False)))]
     m = sample.shape[0]
     centroids = sample[be.asarray(rng.choice(m, n_lists, replace=False))]
-    centroids = centroids.toarray() if is_sparse(centroids) else centroids.copy()
     for _ in range(KMEANS_ITER):
         nearest = knn_query(sample, centroids, 1, backend=be)[1][:, 0]
         members = be.sparse.csr_matrix((xp.ones(m, dtype=X.dtype), (nearest, xp.arange(m))),
                                        shape=(n_lists, m))
         sums = members @ sample
-        sums = sums.toarray() if is_sparse(sums) else sums
         counts = xp.bincount(nearest, minlength=n_lists)
         filled = counts > 0
         centroids[filled] = sums[filled] / counts[filled][:, None].astype(X.dtype)
