@@ -51,12 +51,13 @@ def test_approx_knn_is_exact_where_the_probed_lists_hold_every_neighbour(backend
 def test_approx_knn_finds_more_neighbours_with_more_probes(backend):
     """rotating_objects (720 images of 32 x 32 pixels): every probe count gives a
     well-formed result; recall grows with the probes (each list's candidates are
-    a superset of those of fewer probes) and is exact when all 27 lists are probed."""
+    a superset of those of fewer probes), to the exact neighbours with 20 of the 27
+    lists probed (0.61 / 0.76 / 0.93 with 1 / 3 / 8)."""
     X, _ = ge.datasets.rotating_objects(size=32)
     X = X.astype(np.float32)
     ref_i = ge.knn(X, 15, backend="cpu")[1]        # test_neighbors checks it by brute force
     recalls = []
-    for n_probe in (1, 3, 8, 27):
+    for n_probe in (1, 3, 8, 20):
         sqdist, idx = on_host(backend, ge.approx_knn(backend.asarray(X), 15, n_lists=27,
                                                      n_probe=n_probe, backend=backend))
         check_well_formed(X, sqdist, idx)
