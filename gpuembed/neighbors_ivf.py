@@ -17,10 +17,11 @@ list that is not probed.  Recall of the 90-NN of Fashion-MNIST 70k (265 lists):
 0.872 with 8 probes, 0.958 with 16 (benchmarks/results/knn_approx.json has the
 timings).  It rests on the data's cluster and manifold structure, which the
 lists follow: 20,001 i.i.d. Gaussian points in 50-D, which have none, get
-recall 0.30 of their 15-NN with the defaults.  The result is exact where the lists cannot save time: with
-``n_probe >= n_lists``, where every list is probed; for fewer than MIN_POINTS
-points with the default lists; for the CPU's points of at most TREE_MAX_DIM
-features, which its k-d tree searches exactly and faster; and for sparse rows.
+recall 0.30 of their 15-NN with the defaults.  The result is exact where the
+lists cannot save time: with ``n_probe >= n_lists``, where every list is
+probed; for fewer than MIN_POINTS points with the default lists; for the CPU's
+points of at most TREE_MAX_DIM features, which its k-d tree searches exactly
+and faster; and for sparse rows.
 Their lists' sparse products were slower than the exact search's compiled one:
 synthetic TF-IDF documents (benchmarks/common.bag_of_words, 20,000 words),
 20,000 documents 6.2 s against 2.3 s, 60,000 27.8 s against 13.5 s (recall 0.71:
@@ -49,6 +50,7 @@ DEFAULT_N_PROBE = 16
 MIN_POINTS = 20_000
 SAMPLE_PER_LIST = 32        # k-means sample: this many points per list
 KMEANS_ITER = 10
+LIST_BLOCK_BYTES = 2**27    # centroid distances ranked a block of rows at a time
 
 
 def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_state=0,
@@ -86,8 +88,10 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_
     lists = be.to_host(knn_query(X, centroids, 1, backend=be)[1][:, 0])
     sizes = np.bincount(lists, minlength=n_lists)
     starts = np.concatenate([[0], np.cumsum(sizes)])
-    nearest_lists = _lists_by_distance(be.to_host(centroids))
-    # Probe at least n_probe lists, and enough for k candidates besides the query.
+    filled = np.flatnonzero(sizes)
+    # Probe at least n_probe lists, and enough for k candidates besides the query:
+    # at most k + 1 lists, as none of those ranked is empty.
+    nearest_lists = _lists_by_distance(be.to_host(centroids), filled, max(n_probe, k + 1))
     held = np.cumsum(sizes[nearest_lists], axis=1)
     n_probed = np.maximum(n_probe, (held < k + 1).sum(axis=1) + 1)
 
@@ -103,9 +107,8 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_
     select = _select_gpu if be.is_gpu else _select_cpu
     sqdist = xp.empty((n, k), dtype=X.dtype)
     indices = xp.empty((n, k), dtype=xp.int64)
-    for c in np.flatnonzero(sizes):
-        cand = np.concatenate([order[starts[p]:starts[p + 1]]
-                               for p in nearest_lists[c, :n_probed[c]]])
+    for c, nearest, probed in zip(filled, nearest_lists, n_probed):
+        cand = np.concatenate([order[starts[p]:starts[p + 1]] for p in nearest[:probed]])
         queries = order[starts[c]:starts[c + 1]]
         position[cand] = np.arange(cand.size)
         m = min(cand.size - 1, k + CANDIDATE_MARGIN)
@@ -143,8 +146,20 @@ def _centroids(be, X, n_lists, rng):
     return centroids
 
 
-def _lists_by_distance(centroids):
-    """(n_lists, n_lists) each list's lists from the nearest centroid on, itself first."""
-    D = squared_distances(np, centroids, centroids)
-    np.fill_diagonal(D, -np.inf)
-    return np.argsort(D, axis=1, kind="stable")
+def _lists_by_distance(centroids, filled, width):
+    """(len(filled), w) for each list of ``filled`` (the lists that hold points),
+    the w = min(width, len(filled)) of them whose centroids lie nearest its own,
+    itself first; in blocks of rows of LIST_BLOCK_BYTES (all n_lists^2 distances
+    at once would be 2 GB for 16,000 lists)."""
+    C = centroids[filled]
+    m = len(filled)
+    w = min(width, m)
+    nearest = np.empty((m, w), dtype=np.int64)
+    rows = max(1, LIST_BLOCK_BYTES // (8 * m))
+    for start in range(0, m, rows):
+        D = squared_distances(np, C[start:start + rows], C)
+        D[np.arange(len(D)), np.arange(start, start + len(D))] = -np.inf
+        part = np.argpartition(D, w - 1, axis=1)[:, :w]
+        by_distance = np.argsort(np.take_along_axis(D, part, axis=1), axis=1, kind="stable")
+        nearest[start:start + rows] = np.take_along_axis(part, by_distance, axis=1)
+    return filled[nearest]

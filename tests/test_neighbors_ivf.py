@@ -172,3 +172,20 @@ def test_spectral_estimators_search_approximately_when_asked():
     np.testing.assert_array_equal(sweep[0][1].labels_, alone)
     with pytest.raises(ValueError, match="neighbors"):
         ge.LaplacianEigenmaps(2, n_neighbors=10, neighbors="annoy").fit(X)
+
+
+def test_lists_ranked_by_centroid_distance_in_blocks(rng):
+    """Each list that holds points ranks the others that do by centroid distance,
+    itself first, the same a block of rows at a time as all at once."""
+    from gpuembed.nbody.exact import squared_distances
+
+    centroids = rng.standard_normal((300, 20))
+    filled = np.sort(rng.choice(300, 250, replace=False))
+    D = squared_distances(np, centroids[filled], centroids[filled])
+    np.fill_diagonal(D, -np.inf)
+    expected = filled[np.argsort(D, axis=1, kind="stable")[:, :40]]
+    with mock.patch.object(neighbors_ivf, "LIST_BLOCK_BYTES", 8 * 250 * 7):   # 7 rows a block
+        ranked = neighbors_ivf._lists_by_distance(centroids, filled, 40)
+    np.testing.assert_array_equal(ranked, expected)
+    assert (ranked[:, 0] == filled).all()
+    assert neighbors_ivf._lists_by_distance(centroids, filled[:5], 40).shape == (5, 5)
