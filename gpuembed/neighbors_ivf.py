@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from ._checks import check_data, check_int, make_rng
-from ._sparse import is_sparse, product, row_sqnorms, transposed
+from ._sparse import is_sparse, row_sqnorms
 from .backend import get_backend
 from .nbody.exact import squared_distances
 from .neighbors import (CANDIDATE_MARGIN, DEFAULT_BLOCK_BYTES, TREE_MAX_DIM, _block_rows,
@@ -113,15 +113,18 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_
         position[cand] = np.arange(cand.size)
         m = min(cand.size - 1, k + CANDIDATE_MARGIN)
         cand_dev = be.asarray(cand)
-        right, sq_cand = transposed(-2 * Xc[cand_dev]), sq[cand_dev]
+        minus2 = Xc[cand_dev]               # a fresh gather: scaled in place, exactly
+        minus2 *= -2
+        sq_cand = sq[cand_dev]
         rows = _block_rows(queries.size, cand.size, X, DEFAULT_BLOCK_BYTES[be.name])
         for first in range(0, queries.size, rows):
             q = be.asarray(queries[first:first + rows])
+            Q, sq_q = Xc[q], sq[q]
             # Each query is among its list's candidates: skip leaves it out.
-            values, best = select(be, product(Xc[q], right), sq_cand,
+            values, best = select(be, Q @ minus2.T, sq_cand,
                                   be.asarray(position[queries[first:first + rows]]), m)
-            values += sq[q][:, None]
-            sqdist[q], indices[q] = _finish_all(xp, Xc[q], Xc, values, sq[q], sq_cand, cand_dev,
+            values += sq_q[:, None]
+            sqdist[q], indices[q] = _finish_all(xp, Q, Xc, values, sq_q, sq_cand, cand_dev,
                                                 best, k, DEFAULT_BLOCK_BYTES[be.name])
     return sqdist, indices
 
