@@ -25,10 +25,11 @@ from ._checks import (check_bool, check_callbacks, check_choice, check_data, che
 from ._params import Params
 from ._sparse import is_sparse
 from .affinities import EntropicAffinities, entropic_affinities
-from .affinities.entropic import SEARCHES, conditional_affinities
+from .affinities.entropic import conditional_affinities
 from .backend import get_backend
 from .nbody import check_accuracy, engine_sums, resolve_method
 from .neighbors import knn_query
+from .neighbors_ivf import SEARCHES
 from .objectives import OBJECTIVES, default_lambda, make_objective
 from .optim import (DIRECTIONS, Monitor, Result, accuracy_schedule, homotopy, homotopy_path,
                     minimize, tsne_classic)

@@ -38,9 +38,9 @@ from ._sparse import is_sparse, row_sqnorms
 from .backend import get_backend
 from .nbody.exact import squared_distances
 from .neighbors import (CANDIDATE_MARGIN, DEFAULT_BLOCK_BYTES, TREE_MAX_DIM, _block_rows,
-                        _finish_all, _knn, _select_cpu, _select_gpu, knn_query)
+                        _finish_all, _knn, _select_cpu, _select_gpu, knn, knn_query)
 
-__all__ = ["approx_knn"]
+__all__ = ["approx_knn", "SEARCHES"]
 
 DEFAULT_N_PROBE = 16
 # With the default lists, fewer points than this are searched exactly: the lists'
@@ -127,6 +127,10 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_
             sqdist[q], indices[q] = _finish_all(xp, Q, Xc, values, sq_q, sq_cand, cand_dev,
                                                 best, k, DEFAULT_BLOCK_BYTES[be.name])
     return sqdist, indices
+
+
+# The neighbour searches that the estimators' and affinities' ``neighbors`` names.
+SEARCHES = {"exact": knn, "approx": approx_knn}
 
 
 def _centroids(be, X, n_lists, rng):

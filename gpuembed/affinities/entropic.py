@@ -16,15 +16,11 @@ import numpy as np
 
 from .._checks import check_bool, check_choice, check_data, check_float, check_int, warn
 from ..backend import get_backend
-from ..neighbors import knn
-from ..neighbors_ivf import approx_knn
+from ..neighbors_ivf import SEARCHES
 from . import orders as _orders
 from . import rootfinding, rootfinding_cpu
 
 __all__ = ["EntropicAffinities", "entropic_affinities"]
-
-# The neighbour searches that ``neighbors`` names.
-SEARCHES = {"exact": knn, "approx": approx_knn}
 
 
 @dataclass

@@ -21,8 +21,8 @@ from .._checks import (check_choice, check_data, check_features, check_fitted, c
                        check_int, check_random_state)
 from .._params import Params
 from ..affinities import entropic_affinities
-from ..affinities.entropic import SEARCHES
 from ..backend import get_backend
+from ..neighbors_ivf import SEARCHES
 from .embedding import points_suit_shift_invert, spectral_embedding
 from .kmeans import kmeans
 from .lll import (LANDMARK_METHODS, _landmark_basis, default_kz, reconstruction_weights,
