@@ -16,12 +16,19 @@ What comes back has the exact search's form (each row's k best candidates by
 list that is not probed.  Recall of the 90-NN of Fashion-MNIST 70k (265 lists):
 0.872 with 8 probes, 0.958 with 16 (benchmarks/results/knn_approx.json has the
 timings).  It rests on the data's cluster and manifold structure, which the
-lists follow: 20,001 i.i.d. Gaussian points in 50-D, which have none, get
-recall 0.30 of their 15-NN with the defaults.  The result is exact where the
-lists cannot save time: with ``n_probe >= n_lists``, where every list is
-probed; for fewer than MIN_POINTS points with the default lists; for the CPU's
-points of at most TREE_MAX_DIM features, which its k-d tree searches exactly
-and faster; and for sparse rows.
+lists follow, and falls as N grows (0.90 with 16 probes of 10^6 shifted
+images); 20,001 i.i.d. Gaussian points in 50-D, which have none, get recall 0.30
+of their 15-NN with 16 probes.  Hence the default n_probe="auto": the exact k-NN
+of RECALL_SAMPLE random points tell, for every probe count at once, which of
+their neighbours its search would find (a neighbour in the list ranked r-th
+nearest the query's list is found with r + 1 probes), and the search probes the
+fewest lists whose sampled recall, less two standard errors, reaches ``recall``
+(0.95 by default): 17 for Fashion-MNIST 70k, recall 0.962.  The result is exact
+where the lists cannot save time: with ``n_probe >= n_lists``, where every list
+is probed, or with "auto" beyond AUTO_EXACT_FRACTION of them (the Gaussian
+points above); for fewer than MIN_POINTS points with the default lists; for the
+CPU's points of at most TREE_MAX_DIM features, which its k-d tree searches
+exactly and faster; and for sparse rows.
 Their lists' sparse products were slower than the exact search's compiled one:
 synthetic TF-IDF documents (benchmarks/common.bag_of_words, 20,000 words),
 20,000 documents 6.2 s against 2.3 s, 60,000 27.8 s against 13.5 s (recall 0.71:
@@ -33,7 +40,7 @@ import math
 
 import numpy as np
 
-from ._checks import check_data, check_int, make_rng
+from ._checks import check_data, check_float, check_int, make_rng
 from ._sparse import is_sparse, row_sqnorms
 from .backend import get_backend
 from .nbody.exact import squared_distances
@@ -42,7 +49,12 @@ from .neighbors import (CANDIDATE_MARGIN, DEFAULT_BLOCK_BYTES, TREE_MAX_DIM, _bl
 
 __all__ = ["approx_knn", "SEARCHES"]
 
-DEFAULT_N_PROBE = 16
+DEFAULT_RECALL = 0.95
+RECALL_SAMPLE = 256         # points whose exact k-NN choose n_probe="auto"
+# n_probe="auto" searches exactly where it would probe more than this fraction of
+# the lists, as the exact search is faster there: Fashion-MNIST 70k, 90-NN, 265
+# lists, took about 3 s + 0.29 s per probe against the exact search's 25.9 s.
+AUTO_EXACT_FRACTION = 0.3
 # With the default lists, fewer points than this are searched exactly: the lists'
 # many small GEMMs and selections do not pay there.  Fashion-MNIST, 90-NN, 16
 # probes, against the exact search (2-core Xeon VM): 10,000 points 1.25 s against
@@ -53,8 +65,8 @@ KMEANS_ITER = 10
 LIST_BLOCK_BYTES = 2**27    # centroid distances ranked a block of rows at a time
 
 
-def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_state=0,
-               backend="auto"):
+def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_RECALL,
+               random_state=0, backend="auto"):
     """Approximate k nearest neighbours of every row of ``X`` (self excluded).
 
     Parameters
@@ -65,7 +77,12 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_
     n_lists : number of k-means lists, in [1, N]; default round(sqrt(N)), and for
         fewer than MIN_POINTS points none: the exact search, faster there.
     n_probe : lists searched for the points of each list (module doc), >= 1;
-        more is slower and finds more of the true neighbours.
+        more is slower and finds more of the true neighbours.  "auto": the fewest
+        that find ``recall`` of the true neighbours of RECALL_SAMPLE random points
+        (their exact search tells), which is the exact search where the lists do not
+        follow the data (as for i.i.d. Gaussian points).
+    recall : in (0, 1], the fraction of the true neighbours that ``n_probe="auto"``
+        aims at.
     random_state : seed of the k-means sample and its initial centroids; the same
         seed gives the same result.
     backend : "auto" | "cpu" | "gpu" | Backend.
@@ -79,16 +96,26 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_
     k = check_int(n_neighbors, "n_neighbors", 1, n - 1)
     small = n_lists is None and n < MIN_POINTS
     n_lists = round(math.sqrt(n)) if n_lists is None else check_int(n_lists, "n_lists", 1, n)
-    n_probe = check_int(n_probe, "n_probe", 1)
+    auto = isinstance(n_probe, str)
+    if auto and n_probe != "auto":
+        raise ValueError(f'n_probe must be "auto" or an integer >= 1, got {n_probe!r}')
+    n_probe = n_lists if auto else check_int(n_probe, "n_probe", 1)
+    recall = check_float(recall, "recall", 0.0, 1.0, low_open=True)
     rng = make_rng(random_state)
     tree = not be.is_gpu and X.shape[1] <= TREE_MAX_DIM
-    if small or n_probe >= n_lists or tree or is_sparse(X):
+    if small or n_probe >= n_lists and not auto or tree or is_sparse(X):
         return _knn(be, X, X, k, True, None)
-    centroids = _centroids(be, X, n_lists, rng)
-    lists = be.to_host(knn_query(X, centroids, 1, backend=be)[1][:, 0])
-    sizes = np.bincount(lists, minlength=n_lists)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
+    centroids, lists, sizes = _lists(be, X, n_lists, rng)
     filled = np.flatnonzero(sizes)
+    if auto:
+        sample = np.sort(rng.choice(n, min(n, RECALL_SAMPLE), replace=False))
+        found = _recall_by_probes(be, X, k, centroids, lists, sizes, sample)
+        # The sample's mean less two standard errors must reach the target.
+        bound = found.mean(axis=0) - 2 * found.std(axis=0) / math.sqrt(len(sample))
+        n_probe = int(np.argmax(bound >= recall))
+        if n_probe > AUTO_EXACT_FRACTION * len(filled):
+            return _knn(be, X, X, k, True, None)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
     # Probe at least n_probe lists, and enough for k candidates besides the query:
     # at most k + 1 lists, as none of those ranked is empty.
     nearest_lists = _lists_by_distance(be.to_host(centroids), filled, max(n_probe, k + 1))
@@ -133,6 +160,37 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe=DEFAULT_N_PROBE, random_
 SEARCHES = {"exact": knn, "approx": approx_knn}
 
 
+def _lists(be, X, n_lists, rng):
+    """The k-means lists: their (n_lists, D) centroids, each point's list (host)
+    and each list's size."""
+    centroids = _centroids(be, X, n_lists, rng)
+    lists = be.to_host(knn_query(X, centroids, 1, backend=be)[1][:, 0])
+    return centroids, lists, np.bincount(lists, minlength=n_lists)
+
+
+def _recall_by_probes(be, X, k, centroids, lists, sizes, sample):
+    """found[i, p]: the fraction of the true k-NN of point sample[i] that a
+    search with p probes finds, for p = 0 .. (lists that hold points).  A true
+    neighbour lying in the list ranked r-th nearest (0: itself) the list of its
+    query is found with r + 1 probes, or with fewer where the query's list must
+    probe more than r lists to hold k + 1 points (as approx_knn does)."""
+    true = be.to_host(knn_query(X[be.asarray(sample)], X, k + 1, backend=be)[1])
+    own = true == sample[:, None]       # each row's own index (or its last, for copies)
+    own[:, -1] |= ~own.any(axis=1)
+    true = true[~own].reshape(len(sample), k)
+    filled = np.flatnonzero(sizes)
+    ranked = _lists_by_distance(be.to_host(centroids), filled, len(filled), of=lists[sample])
+    rank = np.empty((len(sample), len(sizes)), dtype=np.int64)
+    np.put_along_axis(rank, ranked, np.arange(len(filled)), axis=1)
+    r = np.take_along_axis(rank, lists[true], axis=1)
+    needed = (np.cumsum(sizes[ranked], axis=1) < k + 1).sum(axis=1) + 1
+    probes = np.where(r < needed[:, None], 1, r + 1)
+    width = len(filled) + 1
+    per_point = np.bincount((probes + width * np.arange(len(sample))[:, None]).ravel(),
+                            minlength=width * len(sample)).reshape(len(sample), width)
+    return np.cumsum(per_point, axis=1) / k
+
+
 def _centroids(be, X, n_lists, rng):
     """(n_lists, D) centroids of KMEANS_ITER Lloyd steps on a sample of X,
     started from sample points; a centroid that loses all its points stays."""
@@ -153,19 +211,22 @@ def _centroids(be, X, n_lists, rng):
     return centroids
 
 
-def _lists_by_distance(centroids, filled, width):
-    """(len(filled), w) for each list of ``filled`` (the lists that hold points),
-    the w = min(width, len(filled)) of them whose centroids lie nearest its own,
-    itself first; in blocks of rows of LIST_BLOCK_BYTES (all n_lists^2 distances
-    at once would be 2 GB for 16,000 lists)."""
+def _lists_by_distance(centroids, filled, width, of=None):
+    """(len(of), w) for each list of ``of`` (default ``filled``, the lists that
+    hold points), the w = min(width, len(filled)) lists of ``filled`` whose
+    centroids lie nearest its own, itself first; in blocks of rows of
+    LIST_BLOCK_BYTES (all n_lists^2 distances at once would be 2 GB for 16,000
+    lists)."""
+    of = filled if of is None else of
     C = centroids[filled]
     m = len(filled)
     w = min(width, m)
-    nearest = np.empty((m, w), dtype=np.int64)
+    nearest = np.empty((len(of), w), dtype=np.int64)
     rows = max(1, LIST_BLOCK_BYTES // (8 * m))
-    for start in range(0, m, rows):
-        D = squared_distances(np, C[start:start + rows], C)
-        D[np.arange(len(D)), np.arange(start, start + len(D))] = -np.inf
+    for start in range(0, len(of), rows):
+        own = np.searchsorted(filled, of[start:start + rows])
+        D = squared_distances(np, C[own], C)
+        D[np.arange(len(D)), own] = -np.inf
         part = np.argpartition(D, w - 1, axis=1)[:, :w]
         by_distance = np.argsort(np.take_along_axis(D, part, axis=1), axis=1, kind="stable")
         nearest[start:start + rows] = np.take_along_axis(part, by_distance, axis=1)

@@ -102,6 +102,49 @@ def test_approx_knn_is_exact_where_it_cannot_save(rng):
                                   ge.knn(X, 9, backend="cpu")[1])
 
 
+def test_recall_by_probes_is_the_recall_of_each_probe_count(backend):
+    """The sample's recall that n_probe="auto" predicts for p probes, point by
+    point, is what approx_knn finds with p probes (same seed, same lists): the
+    prediction is exact, not a model."""
+    X, _ = ge.datasets.rotating_objects(n_objects=5, size=16)
+    X = X.astype(np.float32)
+    k, n_lists, seed = 12, 15, 3
+    sample = np.arange(0, 360, 7)
+    lists = neighbors_ivf._lists(backend, backend.asarray(X), n_lists,
+                                 np.random.default_rng(seed))
+    found = neighbors_ivf._recall_by_probes(backend, backend.asarray(X), k, *lists, sample)
+    filled = np.count_nonzero(lists[2])
+    assert found.shape == (len(sample), filled + 1) and (found[:, 0] == 0).all()
+    ref_i = ge.knn(X, k, backend="cpu")[1][sample]
+    for p in (1, 2, 3, 5, 8, filled):
+        idx = backend.to_host(ge.approx_knn(backend.asarray(X), k, n_lists=n_lists, n_probe=p,
+                                            random_state=seed, backend=backend)[1])[sample]
+        np.testing.assert_allclose(found[:, p],
+                                   (idx[:, :, None] == ref_i[:, None, :]).any(axis=2).mean(1))
+
+
+@pytest.mark.parametrize("target", [0.6, 0.8])
+def test_auto_probes_reach_the_recall_asked_for(rng, target):
+    """n_probe="auto" (the default): the fewest probes whose sampled recall, less
+    two standard errors, reaches ``recall``; over all points the recall reached is
+    about the target, and a higher target probes more."""
+    X, _ = ge.datasets.rotating_objects(size=32)
+    ref_i = ge.knn(X, 15, backend="cpu")[1]
+    reached = [recall(ge.approx_knn(X, 15, n_lists=27, recall=t, backend="cpu")[1], ref_i)
+               for t in (target, target + 0.05)]
+    assert target - 0.03 <= reached[0] <= reached[1] < 1.0
+
+
+def test_auto_probes_search_exactly_data_without_clusters(rng):
+    """I.i.d. Gaussian points in 50-D: the lists do not follow the data, a recall of
+    0.95 needs most of them probed, and "auto" runs the exact search instead."""
+    X = rng.standard_normal((2000, 50))
+    with mock.patch.object(neighbors_ivf, "_knn", wraps=neighbors_ivf._knn) as exact:
+        idx = ge.approx_knn(X, 10, n_lists=45, backend="cpu")[1]
+    assert exact.call_count == 1
+    np.testing.assert_array_equal(idx, ge.knn(X, 10, backend="cpu")[1])
+
+
 def test_approx_knn_same_seed_same_result(rng):
     X, _ = ge.datasets.rotating_objects(n_objects=4, size=16)
     a, b = (ge.approx_knn(X, 10, n_lists=17, n_probe=2, random_state=3, backend="cpu")
@@ -113,6 +156,8 @@ def test_approx_knn_same_seed_same_result(rng):
 @pytest.mark.parametrize("kwargs,match", [
     ({"n_neighbors": 0}, "n_neighbors"), ({"n_neighbors": 100}, "n_neighbors"),
     ({"n_lists": 0}, "n_lists"), ({"n_lists": 101}, "n_lists"), ({"n_probe": 0}, "n_probe"),
+    ({"n_probe": "fast"}, "n_probe"), ({"recall": 0.0}, "recall"), ({"recall": 1.5}, "recall"),
+    ({"recall": np.nan}, "recall"),
 ])
 def test_approx_knn_bad_parameters(rng, kwargs, match):
     X = rng.standard_normal((100, 20))
