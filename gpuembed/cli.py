@@ -80,7 +80,7 @@ METHODS = {"tsne": _estimator(TSNE), "ee": _estimator(EE), "ssne": _estimator(SS
 def _run_method(X, n_components, backend, args):
     if args.n_landmarks is not None and args.method != "le":
         raise ValueError("--n-landmarks applies to --method le (Locally Linear Landmarks) only")
-    if args.neighbors != "exact" and args.method == "msne":
+    if args.neighbors == "approx" and args.method == "msne":
         raise ValueError("--neighbors approx does not apply to --method msne (its scales reach "
                          "thousands of neighbours per point)")
     return METHODS[args.method](X, n_components, backend, args)
@@ -266,9 +266,10 @@ def _method_options(parser):
                              "(default 1e-4; msne: 1e-7)")
     parser.add_argument("--n-landmarks", type=int,
                         help="le: solve by Locally Linear Landmarks with this many landmarks")
-    parser.add_argument("--neighbors", choices=("exact", "approx"), default="exact",
+    parser.add_argument("--neighbors", choices=("auto", "exact", "approx"), default="auto",
                         help="k-NN search of the affinities (approx: k-means lists, several "
-                             "times faster from some 50,000 points, some neighbours missed)")
+                             "times faster from some 50,000 points, some neighbours missed; "
+                             "auto: approx from 100,000 points on the CPU)")
     parser.add_argument("--random-state", type=int, default=None,
                         help="seed of the random parts (init random, landmarks)")
     parser.add_argument("--nbody", choices=("auto", "exact", "fgt", "bh"), default="auto",

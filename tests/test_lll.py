@@ -274,8 +274,8 @@ def test_fit_grid_equals_separate_fits_and_shares_the_search_and_z(estimator, gr
 
     X, _ = ge.datasets.gaussian_clusters(500, 4, 6, random_state=0)
     calls = {"knn": [], "reconstruction_weights": 0}
-    knn, weights = laplacian.SEARCHES["exact"], lll.reconstruction_weights
-    monkeypatch.setitem(laplacian.SEARCHES, "exact", lambda X, k, **kw: calls["knn"].append(k)
+    knn, weights = laplacian.SEARCHES["auto"], lll.reconstruction_weights
+    monkeypatch.setitem(laplacian.SEARCHES, "auto", lambda X, k, **kw: calls["knn"].append(k)
                         or knn(X, k, **kw))
     monkeypatch.setattr(lll, "reconstruction_weights", lambda *a, **kw: (
         calls.__setitem__("reconstruction_weights", calls["reconstruction_weights"] + 1)
@@ -379,7 +379,7 @@ def test_fit_grid_bad_arguments(estimator, grid, error, match, monkeypatch):
 
     X = np.random.default_rng(0).standard_normal((100, 3))
     estimator = estimator or ge.LaplacianEigenmaps(2, n_neighbors=10, sigma=1.0)
-    monkeypatch.setitem(laplacian.SEARCHES, "exact", None)
+    monkeypatch.setitem(laplacian.SEARCHES, "auto", None)
     with pytest.raises(error, match=match):
         ge.spectral.fit_grid(estimator, X, grid)
 

@@ -219,6 +219,36 @@ def test_spectral_estimators_search_approximately_when_asked():
         ge.LaplacianEigenmaps(2, n_neighbors=10, neighbors="annoy").fit(X)
 
 
+def test_auto_search_is_approximate_from_its_threshold(backend, monkeypatch):
+    """neighbors="auto", the default of the affinities, the estimators and the
+    spectral graph: approx_knn from AUTO_APPROX_FROM points of the device on
+    (here lowered to 900 digits; 100,000 on the CPU), the exact search below it and
+    on the GPU (None)."""
+    from gpuembed.spectral import affinity_graph
+
+    X = ge.datasets.digits()[0][:900]
+    monkeypatch.setattr(neighbors_ivf, "MIN_POINTS", 0)
+    monkeypatch.setitem(neighbors_ivf.AUTO_APPROX_FROM, "cpu", len(X))
+    approx = ge.approx_knn(X, 30, backend="cpu")[1]
+    exact = ge.knn(X, 30, backend="cpu")[1]
+    assert recall(approx, exact) < 1.0
+    found = approx if backend.name == "cpu" else backend.to_host(ge.knn(X, 30, backend=backend)[1])
+    for search in (neighbors_ivf.auto_knn, neighbors_ivf.SEARCHES["auto"]):
+        np.testing.assert_array_equal(backend.to_host(search(X, 30, backend=backend)[1]), found)
+    A = ge.entropic_affinities(X, 10.0, backend=backend)
+    np.testing.assert_array_equal(backend.to_host(A.neighbors[1]), found)
+    named = {"cpu": "approx", "gpu": "exact"}[backend.name]
+    W = affinity_graph(X, 30, 20.0, backend=backend)
+    assert (W != affinity_graph(X, 30, 20.0, neighbors=named, backend=backend)).nnz == 0
+    if backend.name == "cpu":          # the estimators' default (exact on the GPU: slow there)
+        Y = ge.LaplacianEigenmaps(2, n_neighbors=30, sigma=20.0).fit_transform(X)
+        np.testing.assert_array_equal(Y, ge.LaplacianEigenmaps(
+            2, n_neighbors=30, sigma=20.0, neighbors="approx").fit_transform(X))
+    below = neighbors_ivf.auto_knn(X[:-1], 30, backend=backend)[1]
+    np.testing.assert_array_equal(backend.to_host(below),
+                                  backend.to_host(ge.knn(X[:-1], 30, backend=backend)[1]))
+
+
 def test_lists_ranked_by_centroid_distance_in_blocks(rng):
     """Each list that holds points ranks the others that do by centroid distance,
     itself first, the same a block of rows at a time as all at once."""

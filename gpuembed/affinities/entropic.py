@@ -58,9 +58,11 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
         the anchors' choice (scikit-learn, openTSNE), so results are comparable:
         beyond 3K neighbours the Gaussian weights are negligible for the entropy.
     neighbors : precomputed ``(sqdist, indices)``, each (N, k), self excluded; or the
-        search that finds them in X: "exact" (the default, :func:`gpuembed.knn`) or
-        "approx" (:func:`gpuembed.approx_knn`, several times faster for large N, with
-        some of the true neighbours missed).
+        search that finds them in X: "exact" (:func:`gpuembed.knn`), "approx"
+        (:func:`gpuembed.approx_knn`, several times faster for large N, with some of
+        the true neighbours missed) or "auto" (the default, None: "approx" from
+        ``neighbors_ivf.AUTO_APPROX_FROM`` points on, 100,000 on the CPU; "exact"
+        below and on the GPU).
     method : "newton" | "halley" | "euler" | "bisection" (Algorithm 1).
     order : "dk" | "mst" | "msp" | "bounds" | "none" warm-start order, or a
         sequence of all N point indices (e.g. ``raster_order(h, w)`` for the
@@ -241,7 +243,7 @@ def _neighbors(X, neighbors, perplexity, n_neighbors, be):
     if n_neighbors is None:
         n_neighbors = min(n - 1, math.ceil(3 * float(np.max(perplexity))))
     n_neighbors = check_int(n_neighbors, "n_neighbors", 2, n - 1)
-    return SEARCHES[neighbors or "exact"](X, n_neighbors, backend=be)
+    return SEARCHES[neighbors or "auto"](X, n_neighbors, backend=be)
 
 
 def _perplexity_values(perplexity):

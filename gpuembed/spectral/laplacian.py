@@ -38,13 +38,14 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=Non
     dtype (integers: the backend's default float).  ``neighbors``: X's k-NN
     ``(sqdist, indices)`` for some k >= n_neighbors, of which the first
     n_neighbors columns are used (a sweep over n_neighbors searches once), or the
-    search that finds them: "exact" (None) or "approx" (:func:`gpuembed.approx_knn`)."""
+    search that finds them: "auto" (None), "exact" or "approx" (as in
+    :func:`gpuembed.entropic_affinities`)."""
     be = get_backend(backend)
     X = check_data(X, be, sparse=True)
     n = X.shape[0]
     k, sigma, K = _graph_parameters(n, n_neighbors, sigma, perplexity)
     if neighbors is None or isinstance(neighbors, str):
-        neighbors = SEARCHES[check_choice(neighbors or "exact", "neighbors", tuple(SEARCHES))](
+        neighbors = SEARCHES[check_choice(neighbors or "auto", "neighbors", tuple(SEARCHES))](
             X, k, backend=be)
     elif neighbors[0].shape[0] != n or neighbors[0].shape[1] < k:
         raise ValueError(f"neighbors must hold at least n_neighbors = {k} columns for each "
@@ -159,10 +160,11 @@ class LaplacianEigenmaps(_SpectralBase):
     """Laplacian eigenmaps; ``n_landmarks`` switches to LLL with ``kz`` landmarks per
     point (default :func:`~gpuembed.spectral.lll.default_kz`: min(n_components + 1, 6))
     chosen by ``landmarks`` (Algorithm 3).  ``neighbors``: the graph's k-NN search,
-    "exact" or "approx" (:func:`gpuembed.approx_knn`, for large N)."""
+    "auto" (approximate from 100,000 points on the CPU), "exact" or "approx"
+    (:func:`gpuembed.approx_knn`), as in :func:`gpuembed.entropic_affinities`."""
 
     def __init__(self, n_components=2, *, n_neighbors, sigma=None, perplexity=None,
-                 neighbors="exact", n_landmarks=None, kz=None, landmarks="random",
+                 neighbors="auto", n_landmarks=None, kz=None, landmarks="random",
                  random_state=None, backend="auto"):
         super().__init__(n_neighbors=n_neighbors, sigma=sigma, perplexity=perplexity,
                          neighbors=neighbors, n_landmarks=n_landmarks, kz=kz,
@@ -191,7 +193,7 @@ class SpectralClustering(_SpectralBase):
     ``neighbors`` as in :class:`LaplacianEigenmaps`."""
 
     def __init__(self, n_clusters, *, n_neighbors, sigma=None, perplexity=None,
-                 neighbors="exact", n_landmarks=None, kz=None, landmarks="random", n_init=20,
+                 neighbors="auto", n_landmarks=None, kz=None, landmarks="random", n_init=20,
                  random_state=None, backend="auto"):
         super().__init__(n_neighbors=n_neighbors, sigma=sigma, perplexity=perplexity,
                          neighbors=neighbors, n_landmarks=n_landmarks, kz=kz,
