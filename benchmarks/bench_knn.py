@@ -47,7 +47,7 @@ import numpy as np
 
 from common import bag_of_words, best_time, device_sync, write_result
 import gpuembed as ge
-from gpuembed import neighbors
+from gpuembed import neighbors, neighbors_ivf
 
 
 def run(n=None, k=90, repeat=2, gpu_only=False, stages_n=1_000_000):
@@ -251,7 +251,9 @@ def run_approx(n=None, k=90, probes=(8, 16, 32), repeat=2, backend="cpu", tsne_n
     searches.update({f"approx, {p} probes": (lambda p=p: ge.approx_knn(X, k, n_probe=p,
                                                                        backend=be))
                      for p in probes})
-    searches["approx, auto (recall 0.95)"] = lambda: ge.approx_knn(X, k, backend=be)
+    chosen = []
+    searches["approx, auto (recall 0.95)"] = lambda: auto_probes(
+        lambda: ge.approx_knn(X, k, backend=be), chosen)
     seconds = dict.fromkeys(searches, np.inf)
     found = {}
     for _ in range(repeat):            # alternate, so drifts in machine speed hit all
@@ -264,11 +266,25 @@ def run_approx(n=None, k=90, probes=(8, 16, 32), repeat=2, backend="cpu", tsne_n
              "speedup": seconds["exact"] / seconds[name],
              "recall": float((found[name][:, :, None] == exact[:, None, :]).any(axis=2).mean())}
             for name in searches]
+    rows[-1]["n_probe_chosen"] = chosen[-1]
     for row in rows:
         print(row, flush=True)
     return {"n": X.shape[0], "dim": X.shape[1], "k": k, "dtype": "float32", "searches": rows,
             "tsne": tsne_on_approx(X[:tsne_n], y[:tsne_n], be, sync),
             "laplacian_eigenmaps": le_on_approx(X, y, be, sync)}
+
+
+def auto_probes(search, chosen):
+    """search(), appending to ``chosen`` the probes that approx_knn's
+    n_probe="auto" chose in it (by its own rule, from its sampled recalls)."""
+    real = neighbors_ivf._recall_by_probes
+
+    def spy(*args):
+        found = real(*args)
+        chosen.append(neighbors_ivf.fewest_probes(found, neighbors_ivf.DEFAULT_RECALL))
+        return found
+    with mock.patch.object(neighbors_ivf, "_recall_by_probes", spy):
+        return search()
 
 
 def tsne_on_approx(X, y, be, sync):
@@ -306,7 +322,9 @@ def run_approx_large(n, k=90, n_probe="auto", sampled=1000, exact_n=140_000):
     (their exact k-NN by knn_query), and the exact search of the first
     ``exact_n``, whose time grows as N^2."""
     X = shifted_fashion_mnist(n)
-    t_approx, (_, idx) = best_time(lambda: ge.approx_knn(X, k, n_probe=n_probe, backend="cpu"))
+    chosen = []
+    t_approx, (_, idx) = best_time(lambda: auto_probes(
+        lambda: ge.approx_knn(X, k, n_probe=n_probe, backend="cpu"), chosen))
     rows = np.random.default_rng(0).choice(n, sampled, replace=False)
     exact = ge.neighbors.knn_query(X[rows], X, k + 1, backend="cpu")[1]
     drop = exact == rows[:, None]             # each row's own index (or its last, for copies)
@@ -315,6 +333,7 @@ def run_approx_large(n, k=90, n_probe="auto", sampled=1000, exact_n=140_000):
     recall = float((idx[rows][:, :, None] == exact[:, None, :]).any(axis=2).mean())
     t_exact, _ = best_time(lambda: ge.knn(X[:exact_n], k, backend="cpu"))
     figures = {"n": n, "dim": 784, "k": k, "dtype": "float32", "n_probe": n_probe,
+               "n_probe_chosen": chosen[-1] if chosen else None,
                "approx_seconds": t_approx, "recall_sampled_rows": sampled, "recall": recall,
                "exact_n": exact_n, "exact_seconds": t_exact,
                "exact_seconds_scaled_to_n": t_exact * (n / exact_n) ** 2}

@@ -115,10 +115,8 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_R
     filled = np.flatnonzero(sizes)
     if auto:
         sample = np.sort(rng.choice(n, min(n, RECALL_SAMPLE), replace=False))
-        found = _recall_by_probes(be, X, k, centroids, lists, sizes, sample)
-        # The sample's mean less two standard errors must reach the target.
-        bound = found.mean(axis=0) - 2 * found.std(axis=0) / math.sqrt(len(sample))
-        n_probe = int(np.argmax(bound >= recall))
+        n_probe = fewest_probes(_recall_by_probes(be, X, k, centroids, lists, sizes, sample),
+                                recall)
         if n_probe > AUTO_EXACT_FRACTION * len(filled):
             return _knn(be, X, X, k, True, None)
     starts = np.concatenate([[0], np.cumsum(sizes)])
@@ -182,6 +180,13 @@ def _lists(be, X, n_lists, rng):
     centroids = _centroids(be, X, n_lists, rng)
     lists = be.to_host(knn_query(X, centroids, 1, backend=be)[1][:, 0])
     return centroids, lists, np.bincount(lists, minlength=n_lists)
+
+
+def fewest_probes(found, recall):
+    """The fewest probes p whose recall over the sampled points (``found[i, p]``,
+    :func:`_recall_by_probes`), less two standard errors, reaches ``recall``."""
+    bound = found.mean(axis=0) - 2 * found.std(axis=0) / math.sqrt(len(found))
+    return int(np.argmax(bound >= recall))
 
 
 def _recall_by_probes(be, X, k, centroids, lists, sizes, sample):
