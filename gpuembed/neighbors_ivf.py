@@ -89,8 +89,8 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_R
         follow the data (as for i.i.d. Gaussian points).
     recall : in (0, 1], the fraction of the true neighbours that ``n_probe="auto"``
         aims at.
-    random_state : seed of the k-means sample and its initial centroids; the same
-        seed gives the same result.
+    random_state : seed of the k-means sample, its initial centroids and the
+        points that choose n_probe="auto"; the same seed gives the same result.
     backend : "auto" | "cpu" | "gpu" | Backend.
 
     Returns ``(sqdist, indices)`` as :func:`gpuembed.knn` does (ascending, ties in
