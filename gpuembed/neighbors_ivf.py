@@ -105,11 +105,12 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_R
     auto = isinstance(n_probe, str)
     if auto and n_probe != "auto":
         raise ValueError(f'n_probe must be "auto" or an integer >= 1, got {n_probe!r}')
-    n_probe = n_lists if auto else check_int(n_probe, "n_probe", 1)
+    n_probe = None if auto else check_int(n_probe, "n_probe", 1)
     recall = check_float(recall, "recall", 0.0, 1.0, low_open=True)
     rng = make_rng(random_state)
     tree = not be.is_gpu and X.shape[1] <= TREE_MAX_DIM
-    if small or n_probe >= n_lists and not auto or tree or is_sparse(X):
+    every_list = not auto and n_probe >= n_lists
+    if small or every_list or tree or is_sparse(X):
         return _knn(be, X, X, k, True, None)
     centroids, lists, sizes = _lists(be, X, n_lists, rng)
     filled = np.flatnonzero(sizes)
@@ -182,6 +183,15 @@ def _lists(be, X, n_lists, rng):
     return centroids, lists, np.bincount(lists, minlength=n_lists)
 
 
+def sampled_knn(be, X, rows, k):
+    """The exact k-NN indices (host) of the points ``rows`` of X, each left out of
+    its own (or, where copies of it tie at distance 0, the last of them)."""
+    true = be.to_host(knn_query(X[be.asarray(rows)], X, k + 1, backend=be)[1])
+    own = true == rows[:, None]
+    own[:, -1] |= ~own.any(axis=1)
+    return true[~own].reshape(len(rows), k)
+
+
 def fewest_probes(found, recall):
     """The fewest probes p whose recall over the sampled points (``found[i, p]``,
     :func:`_recall_by_probes`), less two standard errors, reaches ``recall``."""
@@ -195,10 +205,7 @@ def _recall_by_probes(be, X, k, centroids, lists, sizes, sample):
     neighbour lying in the list ranked r-th nearest (0: itself) the list of its
     query is found with r + 1 probes, or with fewer where the query's list must
     probe more than r lists to hold k + 1 points (as approx_knn does)."""
-    true = be.to_host(knn_query(X[be.asarray(sample)], X, k + 1, backend=be)[1])
-    own = true == sample[:, None]       # each row's own index (or its last, for copies)
-    own[:, -1] |= ~own.any(axis=1)
-    true = true[~own].reshape(len(sample), k)
+    true = sampled_knn(be, X, sample, k)
     filled = np.flatnonzero(sizes)
     ranked = _lists_by_distance(be.to_host(centroids), filled, len(filled), of=lists[sample])
     rank = np.empty((len(sample), len(sizes)), dtype=np.int64)
