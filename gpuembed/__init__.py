@@ -5,14 +5,14 @@ from .affinities import entropic_affinities, multiscale_affinities
 from .backend import Backend, BackendUnavailable, get_backend
 from .embedding import EE, SNE, SSNE, TSNE, MultiscaleSNE
 from .neighbors import knn
-from .neighbors_ivf import approx_knn
+from .neighbors_ivf import ListIndex, approx_knn, approx_knn_query
 from .parametric import ParametricEmbedding
 from .spectral import LaplacianEigenmaps, SpectralClustering
 
 __version__ = "0.1.0"
 
 __all__ = ["Backend", "BackendUnavailable", "NotFittedError", "get_backend", "knn",
-           "approx_knn", "entropic_affinities", "multiscale_affinities", "TSNE", "SSNE", "EE",
-           "SNE", "MultiscaleSNE", "ParametricEmbedding", "LaplacianEigenmaps",
-           "SpectralClustering", "datasets", "metrics", "nbody", "objectives", "optim",
-           "parametric", "__version__"]
+           "approx_knn", "approx_knn_query", "ListIndex", "entropic_affinities",
+           "multiscale_affinities", "TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE",
+           "ParametricEmbedding", "LaplacianEigenmaps", "SpectralClustering", "datasets",
+           "metrics", "nbody", "objectives", "optim", "parametric", "__version__"]

@@ -29,7 +29,7 @@ from .affinities.entropic import conditional_affinities
 from .backend import get_backend
 from .nbody import check_accuracy, engine_sums, resolve_method
 from .neighbors import knn_query
-from .neighbors_ivf import SEARCHES
+from .neighbors_ivf import SEARCHES, QuerySearch
 from .objectives import OBJECTIVES, default_lambda, make_objective
 from .optim import (DIRECTIONS, Monitor, Result, accuracy_schedule, homotopy, homotopy_path,
                     minimize, tsne_classic)
@@ -146,6 +146,7 @@ class _Embedding(Params):
         self.history_ = result.history
         self.n_features_in_ = X.shape[1]
         self._fitted = (be, X, result.X, objective, P.shape[0])
+        self._queries = QuerySearch(X, self._method_params.get("neighbors"), be)
         return self
 
     def fit_transform(self, X, y=None):
@@ -338,7 +339,7 @@ class _Embedding(Params):
         check_features(X_new, self)
         K = float(np.max(self._perplexity_used))
         k = min(n, max(math.ceil(3 * K), math.floor(K) + 1))
-        sqdist, idx = knn_query(X_new, X_train, k, backend=be)
+        sqdist, idx = self._queries(X_new, k)
         W = conditional_affinities(sqdist, min(K, k - 0.5), backend=be).astype(Y_train.dtype)
         Y = (W[:, :, None] * Y_train[idx]).sum(axis=1)        # affinity-weighted mean
         mapping = _OutOfSample(self.objective_name, Y_train, idx, W, objective, be)

@@ -47,7 +47,8 @@ from .nbody.exact import squared_distances
 from .neighbors import (CANDIDATE_MARGIN, DEFAULT_BLOCK_BYTES, TREE_MAX_DIM, _block_rows,
                         _finish_all, _knn, _select_cpu, _select_gpu, knn, knn_query)
 
-__all__ = ["approx_knn", "auto_knn", "SEARCHES"]
+__all__ = ["approx_knn", "approx_knn_query", "ListIndex", "QuerySearch", "auto_knn",
+           "SEARCHES"]
 
 DEFAULT_RECALL = 0.95
 RECALL_SAMPLE = 256         # points whose exact k-NN choose n_probe="auto"
@@ -69,6 +70,7 @@ LIST_BLOCK_BYTES = 2**27    # centroid distances ranked a block of rows at a tim
 # 9 min); below 10^5 the exact search costs under a minute and is kept.  On the GPU
 # the exact 90-NN of 70k takes 0.22 s (H200) and the lists are unmeasured: exact.
 AUTO_APPROX_FROM = {"cpu": 100_000, "gpu": None}
+AUTO_QUERIES_FROM = 2_000
 
 
 def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_RECALL,
@@ -98,67 +100,167 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_R
     """
     be = get_backend(backend)
     X = check_data(X, be, sparse=True)
-    n = X.shape[0]
-    k = check_int(n_neighbors, "n_neighbors", 1, n - 1)
-    small = n_lists is None and n < MIN_POINTS
-    n_lists = round(math.sqrt(n)) if n_lists is None else check_int(n_lists, "n_lists", 1, n)
-    auto = isinstance(n_probe, str)
-    if auto and n_probe != "auto":
-        raise ValueError(f'n_probe must be "auto" or an integer >= 1, got {n_probe!r}')
-    n_probe = None if auto else check_int(n_probe, "n_probe", 1)
-    recall = check_float(recall, "recall", 0.0, 1.0, low_open=True)
+    k = check_int(n_neighbors, "n_neighbors", 1, X.shape[0] - 1)
+    n_probe, recall = _check_probes(n_probe, recall)
+    if n_probe is not None and n_probe >= _list_count(X.shape[0], n_lists):
+        return _knn(be, X, X, k, True, None)           # every list probed: no lists needed
     rng = make_rng(random_state)
-    tree = not be.is_gpu and X.shape[1] <= TREE_MAX_DIM
-    every_list = not auto and n_probe >= n_lists
-    if small or every_list or tree or is_sparse(X):
-        return _knn(be, X, X, k, True, None)
-    centroids, lists, sizes = _lists(be, X, n_lists, rng)
-    filled = np.flatnonzero(sizes)
-    if auto:
-        sample = np.sort(rng.choice(n, min(n, RECALL_SAMPLE), replace=False))
-        n_probe = fewest_probes(_recall_by_probes(be, X, k, centroids, lists, sizes, sample),
-                                recall)
-        if n_probe > AUTO_EXACT_FRACTION * len(filled):
-            return _knn(be, X, X, k, True, None)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    # Probe at least n_probe lists, and enough for k candidates besides the query:
-    # at most k + 1 lists, as none of those ranked is empty.
-    nearest_lists = _lists_by_distance(be.to_host(centroids), filled, max(n_probe, k + 1))
-    held = np.cumsum(sizes[nearest_lists], axis=1)
-    n_probed = np.maximum(n_probe, (held < k + 1).sum(axis=1) + 1)
+    index = ListIndex(X, n_lists, random_state=rng, backend=be)
+    return index._search(X, k, n_probe, recall, rng, exclude_self=True)
 
-    # The points in one centred copy (as the exact search keeps them), each list's
-    # members in a random order, which keeps the CPU's candidate heaps'
-    # improvements few, as in the exact search.
-    xp = be.xp
-    Xc = X - X.mean(axis=0)
-    sq = row_sqnorms(xp, Xc)
-    order = rng.permutation(n)
-    order = order[np.argsort(lists[order], kind="stable")]
-    position = np.empty(n, dtype=np.int64)
-    select = _select_gpu if be.is_gpu else _select_cpu
-    sqdist = xp.empty((n, k), dtype=X.dtype)
-    indices = xp.empty((n, k), dtype=xp.int64)
-    for c, nearest, probed in zip(filled, nearest_lists, n_probed):
-        cand = np.concatenate([order[starts[p]:starts[p + 1]] for p in nearest[:probed]])
-        queries = order[starts[c]:starts[c + 1]]
-        position[cand] = np.arange(cand.size)
-        m = min(cand.size - 1, k + CANDIDATE_MARGIN)
-        cand_dev = be.asarray(cand)
-        minus2 = Xc[cand_dev]               # a fresh gather: scaled in place, exactly
-        minus2 *= -2
-        sq_cand = sq[cand_dev]
-        rows = _block_rows(queries.size, cand.size, X, DEFAULT_BLOCK_BYTES[be.name])
-        for first in range(0, queries.size, rows):
-            q = be.asarray(queries[first:first + rows])
-            Q, sq_q = Xc[q], sq[q]
-            # Each query is among its list's candidates: skip leaves it out.
-            values, best = select(be, Q @ minus2.T, sq_cand,
-                                  be.asarray(position[queries[first:first + rows]]), m)
-            values += sq_q[:, None]
-            sqdist[q], indices[q] = _finish_all(xp, Q, Xc, values, sq_q, sq_cand, cand_dev,
-                                                best, k, DEFAULT_BLOCK_BYTES[be.name])
-    return sqdist, indices
+
+def approx_knn_query(Q, X, n_neighbors, *, n_lists=None, n_probe="auto",
+                     recall=DEFAULT_RECALL, random_state=0, backend="auto"):
+    """Approximate k nearest neighbours in ``X`` of every row of ``Q`` (no self
+    exclusion), by the lists of X: :func:`approx_knn`'s parameters, and
+    ``ListIndex(X, ...).query(Q, ...)``, which keeps the lists for more queries."""
+    index = ListIndex(X, n_lists, random_state=random_state, backend=backend)
+    return index.query(Q, n_neighbors, n_probe=n_probe, recall=recall,
+                       random_state=random_state)
+
+
+class ListIndex:
+    """The k-means lists of the rows of ``X`` (module doc), built once and
+    searched for the nearest rows of X to new points (:meth:`query`; the lists
+    of 10^6 images take about half a minute on 2 cores, a tenth of an exact
+    search of 10,000 queries there).  ``n_lists``, ``random_state`` (the
+    k-means') and ``backend`` as in :func:`approx_knn`; X is kept, not copied.
+    Where the lists cannot save time (module doc: few points, the k-d tree's
+    few features, sparse rows) none are built and queries are searched exactly.
+    """
+
+    def __init__(self, X, n_lists=None, *, random_state=0, backend="auto"):
+        be = get_backend(backend)
+        X = check_data(X, be, sparse=True)
+        self.n_lists = _list_count(X.shape[0], n_lists)
+        self.backend, self.X = be, X
+        self.exact = ((n_lists is None and X.shape[0] < MIN_POINTS) or is_sparse(X)
+                      or (not be.is_gpu and X.shape[1] <= TREE_MAX_DIM))
+        if self.exact:
+            return
+        self.centroids = _centroids(be, X, self.n_lists, make_rng(random_state))
+        self.lists = self.list_of(X, range(self.n_lists))
+        self.sizes = np.bincount(self.lists, minlength=self.n_lists)
+        self.filled = np.flatnonzero(self.sizes)
+        self.mean = X.mean(axis=0)
+        self.sq = row_sqnorms(be.xp, X - self.mean)         # the centred rows' norms
+
+    def list_of(self, Q, among=None):
+        """The list (host) whose centroid lies nearest each row of Q, among the
+        lists ``among`` (default: those that hold points)."""
+        be = self.backend
+        among = self.filled if among is None else np.asarray(among)
+        nearest = knn_query(Q, self.centroids[be.asarray(among)], 1, backend=be)[1][:, 0]
+        return among[be.to_host(nearest)]
+
+    def query(self, Q, n_neighbors, *, n_probe="auto", recall=DEFAULT_RECALL, random_state=0):
+        """Approximate k nearest rows of X to every row of ``Q`` (no self
+        exclusion): each query searches the ``n_probe`` lists whose centroids lie
+        nearest its own list's, as :func:`approx_knn` does for the rows of X;
+        "auto" chooses n_probe from the exact search of RECALL_SAMPLE random
+        queries.  Returns ``(sqdist, indices)`` as :func:`gpuembed.knn_query`."""
+        be = self.backend
+        Q = check_data(Q, be, name="Q", dtype=self.X.dtype, min_samples=1, sparse=True)
+        if Q.shape[1] != self.X.shape[1]:
+            raise ValueError(f"Q has {Q.shape[1]} features but X has {self.X.shape[1]}")
+        k = check_int(n_neighbors, "n_neighbors", 1, self.X.shape[0])
+        n_probe, recall = _check_probes(n_probe, recall)
+        return self._search(Q, k, n_probe, recall, make_rng(random_state), exclude_self=False)
+
+    def _search(self, Q, k, n_probe, recall, rng, exclude_self):
+        """approx_knn (Q is X, ``exclude_self``) and query (n_probe None:
+        "auto"), exact where the lists cannot save time."""
+        be, X = self.backend, self.X
+        if self.exact or is_sparse(Q) or (n_probe is not None and n_probe >= self.n_lists):
+            return self._exact(Q, k, exclude_self)
+        of = self.lists if exclude_self else self.list_of(Q)
+        if n_probe is None:
+            n = Q.shape[0]
+            sample = np.sort(rng.choice(n, min(n, RECALL_SAMPLE), replace=False))
+            true = (sampled_knn(be, X, sample, k) if exclude_self else
+                    be.to_host(knn_query(Q[be.asarray(sample)], X, k, backend=be)[1]))
+            n_probe = fewest_probes(self._recall_by_probes(true, of[sample], k + exclude_self),
+                                    recall)
+            if n_probe > AUTO_EXACT_FRACTION * len(self.filled):
+                return self._exact(Q, k, exclude_self)
+        return self._search_lists(Q, of, k, n_probe, rng, exclude_self)
+
+    def _exact(self, Q, k, exclude_self):
+        if exclude_self:
+            return _knn(self.backend, self.X, self.X, k, True, None)
+        return knn_query(Q, self.X, k, backend=self.backend)
+
+    def _search_lists(self, Q, of, k, n_probe, rng, exclude_self):
+        """The queries of each list (``of``: each row of Q's list) searched
+        exactly among the points of the n_probe lists nearest it."""
+        be, X, sizes = self.backend, self.X, self.sizes
+        held = k + exclude_self                 # candidates needed, the query among them
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        # Probe at least n_probe lists, and enough for k candidates besides the query:
+        # at most k + 1 lists, as none of those ranked is empty.
+        queried = np.unique(of)
+        nearest_lists = _lists_by_distance(be.to_host(self.centroids), self.filled,
+                                           max(n_probe, held), of=queried)
+        n_probed = np.maximum(n_probe,
+                              (np.cumsum(sizes[nearest_lists], axis=1) < held).sum(axis=1) + 1)
+
+        # Each list's members in a random order, which keeps the CPU's candidate
+        # heaps' improvements few, as in the exact search.
+        xp = be.xp
+        order = rng.permutation(X.shape[0])
+        order = order[np.argsort(self.lists[order], kind="stable")]
+        by_list = np.argsort(of, kind="stable")
+        first_query = np.concatenate([[0], np.cumsum(np.bincount(of)[queried])])
+        position = np.empty(X.shape[0], dtype=np.int64)
+        select = _select_gpu if be.is_gpu else _select_cpu
+        sqdist = xp.empty((Q.shape[0], k), dtype=X.dtype)
+        indices = xp.empty((Q.shape[0], k), dtype=xp.int64)
+        for nearest, probed, first, stop in zip(nearest_lists, n_probed, first_query,
+                                                first_query[1:]):
+            cand = np.concatenate([order[starts[p]:starts[p + 1]] for p in nearest[:probed]])
+            queries = by_list[first:stop]
+            position[cand] = np.arange(cand.size)
+            m = min(cand.size - exclude_self, k + CANDIDATE_MARGIN)
+            cand_dev = be.asarray(cand)
+            centred_cand = X[cand_dev]             # a fresh gather: centred in place
+            centred_cand -= self.mean
+            sq_cand = self.sq[cand_dev]
+            rows = _block_rows(queries.size, cand.size, X, DEFAULT_BLOCK_BYTES[be.name])
+            for start in range(0, queries.size, rows):
+                block = queries[start:start + rows]
+                q = be.asarray(block)
+                Qb = Q[q]
+                minus2 = Qb - self.mean
+                sq_q = row_sqnorms(xp, minus2)
+                minus2 *= -2                        # exact: the products are as if unscaled
+                # A point among its list's candidates: skip leaves it out.
+                skip = position[block] if exclude_self else np.full(block.size, -1)
+                values, best = select(be, minus2 @ centred_cand.T, sq_cand, be.asarray(skip), m)
+                values += sq_q[:, None]
+                sqdist[q], indices[q] = _finish_all(xp, Qb, X, values, sq_q, sq_cand, cand_dev,
+                                                    best, k, DEFAULT_BLOCK_BYTES[be.name])
+        return sqdist, indices
+
+    def _recall_by_probes(self, true, of, held):
+        """found[i, p]: the fraction of ``true[i]`` (the true k-NN of a query in
+        list of[i]) that a search with p probes finds, for p = 0 .. (lists that
+        hold points).  A true neighbour lying in the list ranked r-th nearest
+        (0: itself) the list of its query is found with r + 1 probes, or with
+        fewer where the query's list must probe more than r lists to hold
+        ``held`` points (k, and the query where it is a point of X)."""
+        sizes, filled = self.sizes, self.filled
+        n, k = true.shape
+        ranked = _lists_by_distance(self.backend.to_host(self.centroids), filled, len(filled),
+                                    of=of)
+        rank = np.empty((n, len(sizes)), dtype=np.int64)
+        np.put_along_axis(rank, ranked, np.arange(len(filled)), axis=1)
+        r = np.take_along_axis(rank, self.lists[true], axis=1)
+        needed = (np.cumsum(sizes[ranked], axis=1) < held).sum(axis=1) + 1
+        probes = np.where(r < needed[:, None], 1, r + 1)
+        width = len(filled) + 1
+        per_point = np.bincount((probes + width * np.arange(n)[:, None]).ravel(),
+                                minlength=width * n).reshape(n, width)
+        return np.cumsum(per_point, axis=1) / k
 
 
 def auto_knn(X, n_neighbors, *, backend="auto"):
@@ -175,12 +277,30 @@ def auto_knn(X, n_neighbors, *, backend="auto"):
 SEARCHES = {"auto": auto_knn, "exact": knn, "approx": approx_knn}
 
 
-def _lists(be, X, n_lists, rng):
-    """The k-means lists: their (n_lists, D) centroids, each point's list (host)
-    and each list's size."""
-    centroids = _centroids(be, X, n_lists, rng)
-    lists = be.to_host(knn_query(X, centroids, 1, backend=be)[1][:, 0])
-    return centroids, lists, np.bincount(lists, minlength=n_lists)
+class QuerySearch:
+    """The k nearest of fixed points X (an estimator's training points) to new
+    points, by the search that ``neighbors`` names ("auto", None: "auto";
+    "exact"; "approx": a :class:`ListIndex` of X, built at the first query and
+    kept for later ones).  "auto" searches approximately from AUTO_APPROX_FROM
+    points of the device on (as :func:`auto_knn` does X's own k-NN) for at
+    least AUTO_QUERIES_FROM queries, fewer taking the exact search about as
+    long as the lists' k-means and sampled search."""
+
+    def __init__(self, X, neighbors, backend):
+        self.X, self.neighbors, self.backend = X, neighbors or "auto", backend
+        self.index = None
+
+    def __call__(self, Q, n_neighbors):
+        be = self.backend
+        start = AUTO_APPROX_FROM[be.name]
+        approx = self.neighbors == "approx" or (
+            self.neighbors == "auto" and start is not None and self.X.shape[0] >= start
+            and Q.shape[0] >= AUTO_QUERIES_FROM)
+        if not approx:
+            return knn_query(Q, self.X, n_neighbors, backend=be)
+        if self.index is None:
+            self.index = ListIndex(self.X, backend=be)
+        return self.index.query(Q, n_neighbors)
 
 
 def sampled_knn(be, X, rows, k):
@@ -192,31 +312,27 @@ def sampled_knn(be, X, rows, k):
     return true[~own].reshape(len(rows), k)
 
 
+def _list_count(n, n_lists):
+    """The number of lists: ``n_lists`` checked, default round(sqrt(n))."""
+    return round(math.sqrt(n)) if n_lists is None else check_int(n_lists, "n_lists", 1, n)
+
+
+def _check_probes(n_probe, recall):
+    """(n_probe, recall) checked; n_probe None for "auto"."""
+    if isinstance(n_probe, str):
+        if n_probe != "auto":
+            raise ValueError(f'n_probe must be "auto" or an integer >= 1, got {n_probe!r}')
+        n_probe = None
+    else:
+        n_probe = check_int(n_probe, "n_probe", 1)
+    return n_probe, check_float(recall, "recall", 0.0, 1.0, low_open=True)
+
+
 def fewest_probes(found, recall):
     """The fewest probes p whose recall over the sampled points (``found[i, p]``,
-    :func:`_recall_by_probes`), less two standard errors, reaches ``recall``."""
+    :meth:`ListIndex._recall_by_probes`), less two standard errors, reaches ``recall``."""
     bound = found.mean(axis=0) - 2 * found.std(axis=0) / math.sqrt(len(found))
     return int(np.argmax(bound >= recall))
-
-
-def _recall_by_probes(be, X, k, centroids, lists, sizes, sample):
-    """found[i, p]: the fraction of the true k-NN of point sample[i] that a
-    search with p probes finds, for p = 0 .. (lists that hold points).  A true
-    neighbour lying in the list ranked r-th nearest (0: itself) the list of its
-    query is found with r + 1 probes, or with fewer where the query's list must
-    probe more than r lists to hold k + 1 points (as approx_knn does)."""
-    true = sampled_knn(be, X, sample, k)
-    filled = np.flatnonzero(sizes)
-    ranked = _lists_by_distance(be.to_host(centroids), filled, len(filled), of=lists[sample])
-    rank = np.empty((len(sample), len(sizes)), dtype=np.int64)
-    np.put_along_axis(rank, ranked, np.arange(len(filled)), axis=1)
-    r = np.take_along_axis(rank, lists[true], axis=1)
-    needed = (np.cumsum(sizes[ranked], axis=1) < k + 1).sum(axis=1) + 1
-    probes = np.where(r < needed[:, None], 1, r + 1)
-    width = len(filled) + 1
-    per_point = np.bincount((probes + width * np.arange(len(sample))[:, None]).ravel(),
-                            minlength=width * len(sample)).reshape(len(sample), width)
-    return np.cumsum(per_point, axis=1) / k
 
 
 def _centroids(be, X, n_lists, rng):

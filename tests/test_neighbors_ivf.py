@@ -7,7 +7,7 @@ import scipy.sparse
 
 import gpuembed as ge
 from gpuembed import neighbors_ivf
-from test_neighbors import brute_knn
+from test_neighbors import best_by_distance_then_index, brute_knn
 
 
 def clusters(rng, n_clusters=6, per=60, dim=20, spread=50.0):
@@ -110,10 +110,10 @@ def test_recall_by_probes_is_the_recall_of_each_probe_count(backend):
     X = X.astype(np.float32)
     k, n_lists, seed = 12, 15, 3
     sample = np.arange(0, 360, 7)
-    lists = neighbors_ivf._lists(backend, backend.asarray(X), n_lists,
-                                 np.random.default_rng(seed))
-    found = neighbors_ivf._recall_by_probes(backend, backend.asarray(X), k, *lists, sample)
-    filled = np.count_nonzero(lists[2])
+    index = ge.ListIndex(backend.asarray(X), n_lists, random_state=seed, backend=backend)
+    true = neighbors_ivf.sampled_knn(backend, index.X, sample, k)
+    found = index._recall_by_probes(true, index.lists[sample], k + 1)
+    filled = len(index.filled)
     assert found.shape == (len(sample), filled + 1) and (found[:, 0] == 0).all()
     ref_i = ge.knn(X, k, backend="cpu")[1][sample]
     for p in (1, 2, 3, 5, 8, filled):
@@ -263,3 +263,192 @@ def test_lists_ranked_by_centroid_distance_in_blocks(rng):
     np.testing.assert_array_equal(ranked, expected)
     assert (ranked[:, 0] == filled).all()
     assert neighbors_ivf._lists_by_distance(centroids, filled[:5], 40).shape == (5, 5)
+
+
+# -- queries: new points' neighbours among the listed points --------------------------
+
+def split_views(n_objects=5, size=16):
+    """rotating_objects as float32: every third view held out as a query."""
+    X, y = ge.datasets.rotating_objects(n_objects=n_objects, size=size)
+    held = np.arange(len(X)) % 3 == 0
+    return X[~held].astype(np.float32), X[held].astype(np.float32), y[~held], y[held]
+
+
+def brute_query(Q, X, k):
+    """Full M x N reference in float64, ties ordered by index."""
+    D = ((Q[:, None, :].astype(np.float64) - X[None, :, :]) ** 2).sum(-1)
+    return best_by_distance_then_index(D, k)
+
+
+def test_query_recall_by_probes_is_the_recall_of_each_probe_count(backend):
+    """As for the points' own search: the recall that n_probe="auto" predicts for
+    p probes, query by query, is what a query with p probes finds, and the queries
+    come back well formed (their own distances, ascending, no repeat)."""
+    X, Q, _, _ = split_views()
+    k, n_lists = 12, 15
+    index = ge.ListIndex(backend.asarray(X), n_lists, random_state=3, backend=backend)
+    ref_i = brute_query(Q, X, k)[1]
+    found = index._recall_by_probes(ref_i, index.list_of(backend.asarray(Q)), k)
+    filled = len(index.filled)
+    assert found.shape == (len(Q), filled + 1) and (found[:, 0] == 0).all()
+    recalls = []
+    for p in (1, 2, 3, 5, 8, filled):
+        sqdist, idx = on_host(backend, index.query(backend.asarray(Q), k, n_probe=p))
+        found_now = (idx[:, :, None] == ref_i[:, None, :]).any(axis=2).mean(1)
+        np.testing.assert_allclose(found[:, p], found_now)
+        true = ((Q[:, None, :].astype(np.float64) - X[idx]) ** 2).sum(axis=2)
+        np.testing.assert_allclose(sqdist, true, rtol=1e-4, atol=1e-6)
+        assert (np.diff(sqdist, axis=1) >= 0).all()
+        assert (np.sort(idx, axis=1)[:, 1:] != np.sort(idx, axis=1)[:, :-1]).all()
+        recalls.append(found_now.mean())
+    assert recalls[0] < 0.9 and recalls[-1] == 1.0 and np.all(np.diff(recalls) >= 0)
+
+
+@pytest.mark.parametrize("target", [0.6, 0.8])
+def test_query_auto_probes_reach_the_recall_asked_for(target):
+    """n_probe="auto" for queries: all 240 held-out views are the sample here, so
+    the recall reached is at least the target (two standard errors above it at
+    most), and a higher target probes more."""
+    X, Q, _, _ = split_views(n_objects=10, size=32)
+    ref_i = brute_query(Q, X, 15)[1]
+    index = ge.ListIndex(X, 40, backend="cpu")
+    reached = [recall(index.query(Q, 15, recall=t)[1], ref_i) for t in (target, target + 0.1)]
+    assert target <= reached[0] < reached[1] < 1.0
+    assert reached[0] <= target + 0.12
+
+
+def test_query_finds_points_of_the_index_themselves(backend, rng):
+    """No self exclusion: a query equal to a listed point gets it first, at 0."""
+    X = clusters(rng, per=80).astype(np.float32)
+    rows = np.arange(0, len(X), 11)
+    sqdist, idx = on_host(backend, ge.approx_knn_query(
+        backend.asarray(X[rows]), backend.asarray(X), 5, n_lists=12, n_probe=2,
+        backend=backend))
+    np.testing.assert_array_equal(idx[:, 0], rows)
+    np.testing.assert_array_equal(sqdist[:, 0], 0.0)
+
+
+def test_query_index_kept_gives_the_same_result(rng):
+    """A ListIndex queried twice, and approx_knn_query (which builds one), agree:
+    the same seed gives the same lists and the same neighbours."""
+    X, Q, _, _ = split_views()
+    index = ge.ListIndex(X, 15, random_state=4, backend="cpu")
+    a, b = (index.query(Q, 10, n_probe=3) for _ in range(2))
+    c = ge.approx_knn_query(Q, X, 10, n_lists=15, n_probe=3, random_state=4, backend="cpu")
+    for other in (b, c):
+        np.testing.assert_array_equal(a[1], other[1])
+        np.testing.assert_array_equal(a[0], other[0])
+
+
+def test_query_is_exact_where_lists_cannot_save(rng):
+    """Few points (default lists), the k-d tree's few features, sparse rows and
+    every list probed: the exact query search."""
+    from gpuembed.neighbors import knn_query
+
+    X, Q = rng.standard_normal((500, 20)), rng.standard_normal((40, 20))
+    ref = knn_query(Q, X, 7, backend="cpu")[1]
+    for index, kwargs in ((ge.ListIndex(X, backend="cpu"), {"n_probe": 1}),
+                          (ge.ListIndex(X, 30, backend="cpu"), {"n_probe": 30}),
+                          (ge.ListIndex(scipy.sparse.csr_matrix(X), 30, backend="cpu"),
+                           {"n_probe": 1})):
+        assert index.exact == (kwargs["n_probe"] == 1)
+        np.testing.assert_array_equal(index.query(Q, 7, **kwargs)[1], ref)
+    low = ge.ListIndex(X[:, :3], 30, backend="cpu")
+    assert low.exact
+    np.testing.assert_array_equal(low.query(Q[:, :3], 7, n_probe=1)[1],
+                                  knn_query(Q[:, :3], X[:, :3], 7, backend="cpu")[1])
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"n_neighbors": 0}, "n_neighbors"), ({"n_neighbors": 301}, "n_neighbors"),
+    ({"n_probe": 0}, "n_probe"), ({"n_probe": "fast"}, "n_probe"), ({"recall": 1.5}, "recall"),
+])
+def test_query_bad_parameters(rng, kwargs, match):
+    X = clusters(rng, per=50)
+    index = ge.ListIndex(X, 10, backend="cpu")
+    with pytest.raises(ValueError, match=match):
+        index.query(X[:5], **{"n_neighbors": 5, **kwargs})
+
+
+def test_query_bad_data(rng):
+    X = clusters(rng, per=50)
+    index = ge.ListIndex(X, 10, backend="cpu")
+    Q = X[:5].copy()
+    Q[2, 3] = np.nan
+    with pytest.raises(ValueError, match="Q"):
+        index.query(Q, 5)
+    with pytest.raises(ValueError, match="Q has 19 features"):
+        index.query(X[:5, :19], 5)
+    with pytest.raises(ValueError, match="n_lists"):
+        ge.ListIndex(X, 0, backend="cpu")
+    X[0, 0] = np.inf
+    with pytest.raises(ValueError, match="X"):
+        ge.ListIndex(X, 10, backend="cpu")
+
+
+def test_query_search_follows_the_neighbors_name(backend, monkeypatch):
+    """QuerySearch, behind the estimators' transform: "exact" the exact search;
+    "approx" a ListIndex of the training points built at the first query and kept;
+    "auto" (and None) approximate from AUTO_APPROX_FROM points of the device and
+    AUTO_QUERIES_FROM queries on (lowered here; the GPU's None: always exact)."""
+    from gpuembed.neighbors import knn_query
+
+    X, Q, _, _ = split_views(n_objects=10, size=32)
+    X, Q = backend.asarray(X), backend.asarray(Q)
+    monkeypatch.setattr(neighbors_ivf, "MIN_POINTS", 0)
+    monkeypatch.setattr(neighbors_ivf, "AUTO_EXACT_FRACTION", 1.0)     # 480 points: few lists
+    exact = backend.to_host(knn_query(Q, X, 10, backend=backend)[1])
+    approx = backend.to_host(ge.ListIndex(X, backend=backend).query(Q, 10)[1])
+    assert recall(approx, exact) < 1.0
+
+    def found(search):
+        return backend.to_host(search(Q, 10)[1])
+
+    np.testing.assert_array_equal(found(neighbors_ivf.QuerySearch(X, "exact", backend)), exact)
+    with mock.patch.object(neighbors_ivf, "ListIndex", wraps=neighbors_ivf.ListIndex) as built:
+        search = neighbors_ivf.QuerySearch(X, "approx", backend)
+        for _ in range(2):
+            np.testing.assert_array_equal(found(search), approx)
+    assert built.call_count == 1
+    monkeypatch.setitem(neighbors_ivf.AUTO_APPROX_FROM, "cpu", X.shape[0])
+    monkeypatch.setattr(neighbors_ivf, "AUTO_QUERIES_FROM", Q.shape[0])
+    on_cpu = approx if backend.name == "cpu" else exact
+    for name in ("auto", None):
+        np.testing.assert_array_equal(found(neighbors_ivf.QuerySearch(X, name, backend)), on_cpu)
+    monkeypatch.setattr(neighbors_ivf, "AUTO_QUERIES_FROM", Q.shape[0] + 1)
+    np.testing.assert_array_equal(found(neighbors_ivf.QuerySearch(X, "auto", backend)), exact)
+    monkeypatch.setattr(neighbors_ivf, "AUTO_QUERIES_FROM", Q.shape[0])
+    monkeypatch.setitem(neighbors_ivf.AUTO_APPROX_FROM, "cpu", X.shape[0] + 1)
+    np.testing.assert_array_equal(found(neighbors_ivf.QuerySearch(X, "auto", backend)), exact)
+
+
+def test_transform_searches_new_points_approximately(monkeypatch):
+    """t-SNE's and exact Laplacian eigenmaps' transform find the new points'
+    neighbours by the training points' lists where the estimator's search is
+    "approx" (one ListIndex, kept across calls), and the held-out views still
+    land by their own object."""
+    X, Q, y, y_new = split_views(n_objects=10, size=32)
+    monkeypatch.setattr(neighbors_ivf, "MIN_POINTS", 0)
+    monkeypatch.setattr(neighbors_ivf, "AUTO_EXACT_FRACTION", 1.0)
+    with mock.patch.object(neighbors_ivf.ListIndex, "query",
+                           autospec=True, side_effect=neighbors_ivf.ListIndex.query) as query:
+        model = ge.TSNE(perplexity=10, neighbors="approx", random_state=0,
+                        backend="cpu").fit(X)
+        Y_new = model.transform(Q)
+        np.testing.assert_array_equal(model.transform(Q), Y_new)
+        assert query.call_count == 2 and model._queries.index is not None
+        assert ge.metrics.knn_accuracy(model.embedding_, y, k=1) >= 0.95
+        le = ge.LaplacianEigenmaps(5, n_neighbors=10, sigma=30.0, neighbors="approx",
+                                   backend="cpu").fit(X)
+        Y_le = le.transform(Q)
+        assert query.call_count == 3
+    from gpuembed.neighbors import knn_query
+
+    nearest = knn_query(Y_new, model.embedding_, 1, backend="cpu")[1][:, 0]
+    assert (y[nearest] == y_new).mean() >= 0.95
+    nearest = knn_query(Y_le, le.embedding_, 1, backend="cpu")[1][:, 0]
+    assert (y[nearest] == y_new).mean() >= 0.95
+    # Where a view's 6 nearest training views all came, its reconstruction is exact's.
+    le._queries = neighbors_ivf.QuerySearch(le._X, "exact", le._queries.backend)
+    same_rows = np.isclose(Y_le, le.transform(Q), rtol=1e-6, atol=1e-9).all(axis=1).mean()
+    assert 0.85 <= same_rows < 1.0

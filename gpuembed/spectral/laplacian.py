@@ -22,7 +22,7 @@ from .._checks import (check_choice, check_data, check_features, check_fitted, c
 from .._params import Params
 from ..affinities import entropic_affinities
 from ..backend import get_backend
-from ..neighbors_ivf import SEARCHES
+from ..neighbors_ivf import SEARCHES, QuerySearch
 from .embedding import points_suit_shift_invert, spectral_embedding
 from .kmeans import kmeans
 from .lll import (LANDMARK_METHODS, _landmark_basis, default_kz, reconstruction_weights,
@@ -122,6 +122,7 @@ class _SpectralBase(Params):
         W = affinity_graph(X, self.n_neighbors, self.sigma, self.perplexity,
                            neighbors=neighbors or self.neighbors, backend=be)
         self._X = X
+        self._queries = QuerySearch(X, self.neighbors, be)
         self.n_features_in_ = X.shape[1]
         if self.n_landmarks is None:
             self.landmarks_ = self.Z_ = None
@@ -151,7 +152,8 @@ class _SpectralBase(Params):
         check_features(X_new, self)
         if self.landmarks_ is None:
             kz = default_kz(embedding.shape[1])
-            return reconstruction_weights(X_new, self._X, kz, backend=self.backend) @ embedding
+            return reconstruction_weights(X_new, self._X, kz, backend=self.backend,
+                                          search=self._queries) @ embedding
         return reconstruction_weights(X_new, self._X[self.landmarks_], self._kz,
                                       backend=self.backend) @ self.landmark_embedding_
 

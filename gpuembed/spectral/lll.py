@@ -100,7 +100,7 @@ def _choose_landmarks(Y, n_landmarks, method, random_state):
     return np.unique(nearest)
 
 
-def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto"):
+def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
     """Sparse (N, L) Z: each row reconstructs y_n from its kz nearest landmarks with
     weights summing to one (LLE-style local Gram system, eqs 4.7-4.8; ridge
     1e-3 trace(G) / kz, needed when kz > D or landmarks are degenerate).  A point
@@ -109,13 +109,16 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto"):
     G_ij = (y - l_i).(y - l_j) = (|y - l_i|^2 + |y - l_j|^2 - |l_i - l_j|^2) / 2 comes
     from the k-NN distances and the landmarks' own distances, so no (N, kz, D)
     array of differences is formed: O(N kz^2 + L^2 D) instead of O(N kz^2 D).
-    The k-NN search runs on ``backend`` in the inputs' dtype, the Gram systems on
-    the host in float64.
+    The k-NN search runs on ``backend`` in the inputs' dtype (``search(Y, kz)``:
+    another search of the landmarks, such as a :class:`~gpuembed.neighbors_ivf.QuerySearch`
+    of them), the Gram systems on the host in float64.
     """
     n, L = Y.shape[0], Y_landmarks.shape[0]
     kz = check_int(kz, "kz", 1, L)
     be = get_backend(backend)
-    sqdist, idx = (be.to_host(a) for a in knn_query(Y, Y_landmarks, kz, backend=be))
+    neighbours = (search(Y, kz) if search is not None
+                  else knn_query(Y, Y_landmarks, kz, backend=be))
+    sqdist, idx = (be.to_host(a) for a in neighbours)
     sqdist = sqdist.astype(np.float64, copy=False)
     landmarks = be.to_host(Y_landmarks)
     between = squared_distances(np, landmarks, landmarks)
