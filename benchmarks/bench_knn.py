@@ -275,15 +275,15 @@ def run_approx(n=None, k=90, probes=(8, 16, 32), repeat=2, backend="cpu", tsne_n
 
 
 def auto_probes(search, chosen):
-    """search(), appending to ``chosen`` the probes that approx_knn's
-    n_probe="auto" chose in it (by its own rule, from its sampled recalls)."""
-    real = neighbors_ivf._recall_by_probes
+    """search(), appending to ``chosen`` the probes that n_probe="auto" chose in
+    it (by its own rule, from its sampled recalls)."""
+    real = neighbors_ivf.ListIndex._recall_by_probes
 
     def spy(*args):
         found = real(*args)
         chosen.append(neighbors_ivf.fewest_probes(found, neighbors_ivf.DEFAULT_RECALL))
         return found
-    with mock.patch.object(neighbors_ivf, "_recall_by_probes", spy):
+    with mock.patch.object(neighbors_ivf.ListIndex, "_recall_by_probes", spy):
         return search()
 
 
@@ -308,13 +308,16 @@ def shifted_fashion_mnist(n):
     pixels (zero fill; the shifts in order of length), as the dissertation's
     infinite MNIST grows MNIST: 25 x 70,000 images at most."""
     X, _ = ge.datasets.fashion_mnist()
-    images = X.reshape(-1, 28, 28).astype(np.float32)
-    padded = np.pad(images, ((0, 0), (2, 2), (2, 2)))
     shifts = sorted(((dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)),
                     key=lambda s: (s[0] ** 2 + s[1] ** 2, s))
-    copies = [padded[:, 2 + dy:30 + dy, 2 + dx:30 + dx].reshape(-1, 784)
-              for dy, dx in shifts[:-(-n // len(images))]]
-    return np.concatenate(copies)[:n]
+    return np.concatenate([shifted_images(X, dy, dx)
+                           for dy, dx in shifts[:-(-n // len(X))]])[:n]
+
+
+def shifted_images(X, dy, dx):
+    """The 28 x 28 images X (rows) shifted by (dy, dx) pixels, |dy|, |dx| <= 2, zero fill."""
+    padded = np.pad(X.reshape(-1, 28, 28).astype(np.float32), ((0, 0), (2, 2), (2, 2)))
+    return padded[:, 2 + dy:30 + dy, 2 + dx:30 + dx].reshape(-1, 784)
 
 
 def run_approx_large(n, k=90, n_probe="auto", sampled=1000, exact_n=140_000):
@@ -336,6 +339,37 @@ def run_approx_large(n, k=90, n_probe="auto", sampled=1000, exact_n=140_000):
                "exact_seconds_scaled_to_n": t_exact * (n / exact_n) ** 2}
     print(figures, flush=True)
     return figures
+
+
+def run_approx_query(n, k=90, n_queries=(1000, 2000, 5000, 10_000), repeat=2):
+    """New points' k-NN among n shifted images (CPU): the exact knn_query against
+    a ListIndex of the images (its k-means lists timed apart) queried with the
+    default n_probe="auto", for each number of queries; the queries are the
+    first images shifted by (2, 2), a shift the training images' do not include
+    below 25 x 70,000.  Alternating, best of ``repeat``."""
+    be = ge.get_backend("cpu")
+    X = shifted_fashion_mnist(n)
+    Q_all = shifted_images(ge.datasets.fashion_mnist()[0][:max(n_queries)], 2, 2)
+    t_index, index = best_time(lambda: ge.ListIndex(X, backend=be))
+    rows = []
+    for m in n_queries:
+        Q = Q_all[:m]
+        chosen = []
+        seconds = {"exact": np.inf, "approx": np.inf}
+        for _ in range(repeat):
+            t, (_, exact) = best_time(lambda: neighbors.knn_query(Q, X, k, backend=be))
+            seconds["exact"] = min(seconds["exact"], t)
+            t, (_, idx) = best_time(lambda: auto_probes(lambda: index.query(Q, k), chosen))
+            seconds["approx"] = min(seconds["approx"], t)
+        row = {"queries": m, "exact_seconds": seconds["exact"],
+               "approx_query_seconds": seconds["approx"], "n_probe_chosen": chosen[-1],
+               "speedup_with_index_built": seconds["exact"] / seconds["approx"],
+               "speedup_with_index_building": seconds["exact"] / (seconds["approx"] + t_index),
+               "recall": float((idx[:, :, None] == exact[:, None, :]).any(axis=2).mean())}
+        print(row, flush=True)
+        rows.append(row)
+    return {"n": n, "dim": 784, "k": k, "dtype": "float32", "n_lists": index.n_lists,
+            "index_seconds": t_index, "queries": rows}
 
 
 def le_on_approx(X, y, be, sync, d=10, n_neighbors=20):
@@ -421,9 +455,16 @@ def main(argv=None):
                         help="approx_knn of N shifted Fashion-MNIST images on the CPU, its "
                              "recall on 1,000 rows, the exact search of 140,000 "
                              "(knn_approx_large.json)")
+    parser.add_argument("--approx-query", type=int, metavar="N",
+                        help="new points' k-NN among N shifted images on the CPU: a ListIndex "
+                             "against the exact knn_query (knn_approx_query.json)")
     parser.add_argument("--backend", default="cpu", help="with --approx")
     parser.add_argument("--tsne-n", type=int, default=20_000, help="with --approx")
     args = parser.parse_args(argv)
+    if args.approx_query:
+        write_result("knn_approx_query", run_approx_query(args.approx_query),
+                     suffix=f"_n{args.approx_query}")
+        return
     if args.approx_large:
         write_result("knn_approx_large", run_approx_large(args.approx_large))
         return

@@ -112,7 +112,9 @@ def test_recall_by_probes_is_the_recall_of_each_probe_count(backend):
     sample = np.arange(0, 360, 7)
     index = ge.ListIndex(backend.asarray(X), n_lists, random_state=seed, backend=backend)
     true = neighbors_ivf.sampled_knn(backend, index.X, sample, k)
-    found = index._recall_by_probes(true, index.lists[sample], k + 1)
+    ranked = neighbors_ivf._lists_by_distance(backend.to_host(index.centroids), index.filled,
+                                              len(index.filled), of=index.lists[sample])
+    found = index._recall_by_probes(true, ranked, k + 1)
     filled = len(index.filled)
     assert found.shape == (len(sample), filled + 1) and (found[:, 0] == 0).all()
     ref_i = ge.knn(X, k, backend="cpu")[1][sample]
@@ -288,7 +290,8 @@ def test_query_recall_by_probes_is_the_recall_of_each_probe_count(backend):
     k, n_lists = 12, 15
     index = ge.ListIndex(backend.asarray(X), n_lists, random_state=3, backend=backend)
     ref_i = brute_query(Q, X, k)[1]
-    found = index._recall_by_probes(ref_i, index.list_of(backend.asarray(Q)), k)
+    ranked = index._nearest_lists(backend.asarray(Q), len(index.filled))
+    found = index._recall_by_probes(ref_i, ranked, k)
     filled = len(index.filled)
     assert found.shape == (len(Q), filled + 1) and (found[:, 0] == 0).all()
     recalls = []
@@ -448,7 +451,9 @@ def test_transform_searches_new_points_approximately(monkeypatch):
     assert (y[nearest] == y_new).mean() >= 0.95
     nearest = knn_query(Y_le, le.embedding_, 1, backend="cpu")[1][:, 0]
     assert (y[nearest] == y_new).mean() >= 0.95
-    # Where a view's 6 nearest training views all came, its reconstruction is exact's.
+    # Where a view's 6 nearest training views all came, its reconstruction is exact's
+    # (to the float32 distances' rounding, which the Gram solve amplifies to 1e-4).
     le._queries = neighbors_ivf.QuerySearch(le._X, "exact", le._queries.backend)
-    same_rows = np.isclose(Y_le, le.transform(Q), rtol=1e-6, atol=1e-9).all(axis=1).mean()
+    exact = le.transform(Q)
+    same_rows = (np.abs(Y_le - exact).max(axis=1) <= 2e-4 * np.abs(exact).max()).mean()
     assert 0.85 <= same_rows < 1.0
