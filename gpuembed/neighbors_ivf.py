@@ -33,6 +33,11 @@ Their lists' sparse products were slower than the exact search's compiled one:
 synthetic TF-IDF documents (benchmarks/common.bag_of_words, 20,000 words),
 20,000 documents 6.2 s against 2.3 s, 60,000 27.8 s against 13.5 s (recall 0.71:
 such documents have no cluster structure for the lists to follow).
+
+New points (an estimator's ``transform``) are searched in the same lists, kept
+as a :class:`ListIndex`: each probes the lists whose centroids lie nearest
+itself, "auto" choosing how many from the exact search of RECALL_SAMPLE of them
+(the same rule, with each sampled query's own ranking of the lists).
 """
 from __future__ import annotations
 
@@ -70,7 +75,11 @@ LIST_BLOCK_BYTES = 2**27    # centroid distances ranked a block of rows at a tim
 # 9 min); below 10^5 the exact search costs under a minute and is kept.  On the GPU
 # the exact 90-NN of 70k takes 0.22 s (H200) and the lists are unmeasured: exact.
 AUTO_APPROX_FROM = {"cpu": 100_000, "gpu": None}
-AUTO_QUERIES_FROM = 2_000
+# ... and new points' (QuerySearch) from this many queries on: 280,000 shifted images
+# (benchmarks/results/knn_approx_query_n280000.json), the lists 5.3 s, then 1,000 /
+# 2,000 / 5,000 / 10,000 queries 1.5 / 1.7 / 2.4 / 3.3 s against the exact search's
+# 3.0 / 5.0 / 11.6 / 23.6 s: even with the lists' cost at about 2,800 queries.
+AUTO_QUERIES_FROM = 3_000
 
 
 def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_RECALL,
@@ -121,12 +130,12 @@ def approx_knn_query(Q, X, n_neighbors, *, n_lists=None, n_probe="auto",
 
 class ListIndex:
     """The k-means lists of the rows of ``X`` (module doc), built once and
-    searched for the nearest rows of X to new points (:meth:`query`; the lists
-    of 10^6 images take about half a minute on 2 cores, a tenth of an exact
-    search of 10,000 queries there).  ``n_lists``, ``random_state`` (the
-    k-means') and ``backend`` as in :func:`approx_knn`; X is kept, not copied.
-    Where the lists cannot save time (module doc: few points, the k-d tree's
-    few features, sparse rows) none are built and queries are searched exactly.
+    searched for the nearest rows of X to new points (:meth:`query`).
+    ``n_lists``, ``random_state`` (the k-means' and the order within lists) and
+    ``backend`` as in :func:`approx_knn`.  It keeps X and a centred copy of its
+    rows, list after list (the memory of X again).  Where the lists cannot save
+    time (module doc: few points, the k-d tree's few features, sparse rows) none
+    are built, nothing is copied, and queries are searched exactly.
     """
 
     def __init__(self, X, n_lists=None, *, random_state=0, backend="auto"):
@@ -147,8 +156,9 @@ class ListIndex:
         # The rows centred (as the exact search keeps them), list after list, each
         # list's in a random order, which keeps the CPU's candidate heaps'
         # improvements few (as in the exact search): a list's candidates are then
-        # slices of one array, where gathering them cost more than their GEMM
-        # for queries (10,000 into 10^5 images: 9.0 s against the exact 7.0 s).
+        # slices of one array.  Gathered for each group of queries instead, they
+        # cost more than their GEMM (10,000 queries into 10^5 images, grouped by
+        # nearest list: 9.0 s against the exact search's 7.0 s).
         order = rng.permutation(X.shape[0])
         self.order = order[np.argsort(self.lists[order], kind="stable")]
         self.mean = X.mean(axis=0)
@@ -167,9 +177,10 @@ class ListIndex:
     def query(self, Q, n_neighbors, *, n_probe="auto", recall=DEFAULT_RECALL, random_state=0):
         """Approximate k nearest rows of X to every row of ``Q`` (no self
         exclusion): each query searches the ``n_probe`` lists whose centroids lie
-        nearest its own list's, as :func:`approx_knn` does for the rows of X;
-        "auto" chooses n_probe from the exact search of RECALL_SAMPLE random
-        queries.  Returns ``(sqdist, indices)`` as :func:`gpuembed.knn_query`."""
+        nearest itself (:func:`approx_knn`'s points: those nearest their own
+        list's); "auto" chooses n_probe from the exact search of RECALL_SAMPLE
+        random queries.  Returns ``(sqdist, indices)`` as :func:`gpuembed.knn_query`
+        (on the backend's device)."""
         be = self.backend
         Q = check_data(Q, be, name="Q", dtype=self.X.dtype, min_samples=1, sparse=True)
         if Q.shape[1] != self.X.shape[1]:
