@@ -4,40 +4,43 @@ The exact search (neighbors.py) computes all N^2 distances: Fashion-MNIST's
 70,000 x 784 images take about 25 s on 2 cores, a quarter of a default t-SNE,
 and 10^6 points would take hours.  Here a k-means on a sample of the points
 (SAMPLE_PER_LIST per list, KMEANS_ITER Lloyd steps) splits them into
-``n_lists`` lists (default sqrt(N)), and the points of each list are searched
-exactly, by the exact search's own code, among the points of the ``n_probe``
-lists whose centroids lie nearest that list's centroid (more where those hold
-fewer than k + 1 points).  All queries of a list share its candidates, so each
-list is one GEMM against about n_probe N / n_lists points: n_lists / (2 n_probe)
-times fewer products than the exact search's half of the distance matrix.
+``n_lists`` lists (default sqrt(N)), kept centred, list after list, as a
+:class:`ListIndex`; each point is searched exactly among the points of the
+``n_probe`` lists whose centroids lie nearest it (more where those hold fewer
+than k + 1 points).  The points that probe one list are one GEMM against its
+points, about n_probe N^2 / n_lists products in all: n_lists / (2 n_probe)
+times fewer than the exact search's half of the distance matrix.  Each point's
+distances go to one row, and the exact search's selection and finish take its
+k best.
 
 What comes back has the exact search's form (each row's k best candidates by
 (distance, index), self excluded); a true neighbour is missed when it lies in a
 list that is not probed.  Recall of the 90-NN of Fashion-MNIST 70k (265 lists):
-0.872 with 8 probes, 0.958 with 16 (benchmarks/results/knn_approx.json has the
+0.881 with 4 probes, 0.968 with 8 (benchmarks/results/knn_approx.json has the
 timings).  It rests on the data's cluster and manifold structure, which the
-lists follow, and falls as N grows (0.90 with 16 probes of 10^6 shifted
-images); 20,001 i.i.d. Gaussian points in 50-D, which have none, get recall 0.30
-of their 15-NN with 16 probes.  Hence the default n_probe="auto": the exact k-NN
-of RECALL_SAMPLE random points tell, for every probe count at once, which of
-their neighbours its search would find (a neighbour in the list ranked r-th
-nearest the query's list is found with r + 1 probes), and the search probes the
-fewest lists whose sampled recall, less two standard errors, reaches ``recall``
-(0.95 by default): 17 for Fashion-MNIST 70k, recall 0.962.  The result is exact
-where the lists cannot save time: with ``n_probe >= n_lists``, where every list
-is probed, or with "auto" beyond AUTO_EXACT_FRACTION of them (the Gaussian
-points above); for fewer than MIN_POINTS points with the default lists; for the
-CPU's points of at most TREE_MAX_DIM features, which its k-d tree searches
-exactly and faster; and for sparse rows.
-Their lists' sparse products were slower than the exact search's compiled one:
-synthetic TF-IDF documents (benchmarks/common.bag_of_words, 20,000 words),
-20,000 documents 6.2 s against 2.3 s, 60,000 27.8 s against 13.5 s (recall 0.71:
-such documents have no cluster structure for the lists to follow).
+lists follow, and falls as N grows at a fixed n_probe; i.i.d. Gaussian points
+in 50-D, which have none, need most lists probed.  Hence the default
+n_probe="auto": the exact k-NN of RECALL_SAMPLE random points tell, for every
+probe count at once, which of their neighbours its search would find (a
+neighbour in the list ranked r-th nearest its query is found with r + 1
+probes), and the search probes the fewest lists whose sampled recall, less two
+standard errors, reaches ``recall`` (0.95 by default): 7 for Fashion-MNIST 70k,
+recall 0.957.  (Probing the lists nearest each point's own list's centroid, as
+all points of a list then shared their candidates, took 16 probes for that
+recall, 6.6 s against 5.5 s.)  The result is exact where the lists cannot save
+time: with ``n_probe >= n_lists``, where every list is probed, or with "auto"
+beyond AUTO_EXACT_FRACTION of them (the Gaussian points above); for fewer than
+MIN_POINTS points with the default lists; for the CPU's points of at most
+TREE_MAX_DIM features, which its k-d tree searches exactly and faster; and for
+sparse rows.  Their lists' sparse products were slower than the exact search's
+compiled one: synthetic TF-IDF documents (benchmarks/common.bag_of_words,
+20,000 words), 20,000 documents 6.2 s against 2.3 s, 60,000 27.8 s against
+13.5 s (recall 0.71: such documents have no cluster structure for the lists to
+follow).
 
-New points (an estimator's ``transform``) are searched in the same lists, kept
-as a :class:`ListIndex`: each probes the lists whose centroids lie nearest
-itself, "auto" choosing how many from the exact search of RECALL_SAMPLE of them
-(the same rule, with each sampled query's own ranking of the lists).
+New points (an estimator's ``transform``) are searched the same way in a
+ListIndex of the training points (:meth:`ListIndex.query`, :class:`QuerySearch`),
+"auto" choosing n_probe from the exact search of RECALL_SAMPLE of them.
 """
 from __future__ import annotations
 
@@ -48,9 +51,8 @@ import numpy as np
 from ._checks import check_data, check_float, check_int, make_rng
 from ._sparse import is_sparse, row_sqnorms
 from .backend import get_backend
-from .nbody.exact import squared_distances
-from .neighbors import (CANDIDATE_MARGIN, DEFAULT_BLOCK_BYTES, TREE_MAX_DIM, _block_rows,
-                        _finish_all, _knn, _select_cpu, _select_gpu, knn, knn_query)
+from .neighbors import (CANDIDATE_MARGIN, DEFAULT_BLOCK_BYTES, TREE_MAX_DIM, _finish_all,
+                        _knn, _select_cpu, _select_gpu, knn, knn_query)
 
 __all__ = ["approx_knn", "approx_knn_query", "ListIndex", "QuerySearch", "auto_knn",
            "SEARCHES"]
@@ -59,16 +61,16 @@ DEFAULT_RECALL = 0.95
 RECALL_SAMPLE = 256         # points whose exact k-NN choose n_probe="auto"
 # n_probe="auto" searches exactly where it would probe more than this fraction of
 # the lists, as the exact search is faster there: Fashion-MNIST 70k, 90-NN, 265
-# lists, took about 3 s + 0.29 s per probe against the exact search's 25.9 s.
+# lists, took about 3.2 s + 0.25 s per probe (4 to 64 probes: 4.3 to 19.1 s)
+# against the exact search's 23.4 s.
 AUTO_EXACT_FRACTION = 0.3
-# With the default lists, fewer points than this are searched exactly: the lists'
-# many small GEMMs and selections do not pay there.  Fashion-MNIST, 90-NN, 16
-# probes, against the exact search (2-core Xeon VM): 10,000 points 1.25 s against
-# 0.90 s, 20,000 1.89 s against 2.82 s, 40,000 3.9 s against 8.8 s.
+# With the default lists, fewer points than this are searched exactly: the lists
+# save little there.  Fashion-MNIST, 90-NN, "auto", against the exact search
+# (2-core Xeon VM): 10,000 points 0.62 s against 0.75 s (recall 0.967), 20,000
+# 1.29 s against 2.31 s, 40,000 3.3 s against 8.1 s.
 MIN_POINTS = 20_000
 SAMPLE_PER_LIST = 32        # k-means sample: this many points per list
 KMEANS_ITER = 10
-LIST_BLOCK_BYTES = 2**27    # centroid distances ranked a block of rows at a time
 # neighbors="auto" searches approximately from this many points on: on the CPU the
 # exact search's N^2 distances took 26.7 s at 70k against the lists' 7.9 s (recall
 # 0.962; the t-SNE from them as accurate) and would take 83 min at 10^6 (against
@@ -198,80 +200,44 @@ class ListIndex:
         if n_probe is None:
             n = Q.shape[0]
             sample = np.sort(rng.choice(n, min(n, RECALL_SAMPLE), replace=False))
-            if exclude_self:
-                true = sampled_knn(be, X, sample, k)
-                ranked = _lists_by_distance(be.to_host(self.centroids), self.filled,
-                                            len(self.filled), of=self.lists[sample])
-            else:
-                Q_sample = Q[be.asarray(sample)]
-                true = be.to_host(knn_query(Q_sample, X, k, backend=be)[1])
-                ranked = self._nearest_lists(Q_sample, len(self.filled))
+            Q_sample = Q[be.asarray(sample)]
+            true = (sampled_knn(be, X, sample, k) if exclude_self
+                    else be.to_host(knn_query(Q_sample, X, k, backend=be)[1]))
+            ranked = self._nearest_lists(Q_sample, len(self.filled))
             n_probe = fewest_probes(self._recall_by_probes(true, ranked, k + exclude_self),
                                     recall)
             if n_probe > AUTO_EXACT_FRACTION * len(self.filled):
                 return self._exact(Q, k, exclude_self)
-        if exclude_self:
-            return self._search_lists(k, n_probe)
-        return self._search_queries(Q, k, n_probe)
+        return self._probe(Q, k, n_probe, exclude_self)
 
     def _exact(self, Q, k, exclude_self):
         if exclude_self:
             return _knn(self.backend, self.X, self.X, k, True, None)
         return knn_query(Q, self.X, k, backend=self.backend)
 
-    def _search_lists(self, k, n_probe):
-        """approx_knn: the points of each list searched exactly among the points
-        of the n_probe lists whose centroids lie nearest its own (more where
-        those hold fewer than k + 1 points), as one GEMM per list."""
+    def _probe(self, Q, k, n_probe, exclude_self):
+        """Each row of Q searched exactly among the points of the n_probe lists
+        whose centroids lie nearest it (more where those hold fewer than k
+        points besides the query; ``exclude_self``: Q is X, each point left out).
+        The queries of a chunk that probe one list are one GEMM against its
+        points, whose distances go to the queries' rows of one (queries, probes x
+        largest list) array, inf where no candidate is; one selection runs over
+        each row.  (10,000 new points into 10^5 images grouped by their nearest
+        list, each group one GEMM against its probed lists, made GEMMs of about
+        30 rows at a third of the speed; a selection per query and list kept a
+        third of each list: 9.0 and 6.4 s against this 2.1 s.)"""
         be, X, sizes, starts = self.backend, self.X, self.sizes, self.starts
         xp = be.xp
-        # Probe at least n_probe lists, and enough for k candidates besides the query:
-        # at most k + 1 lists, as none of those ranked is empty.
-        nearest_lists = _lists_by_distance(be.to_host(self.centroids), self.filled,
-                                           max(n_probe, k + 1))
-        n_probed = np.maximum(n_probe,
-                              (np.cumsum(sizes[nearest_lists], axis=1) < k + 1).sum(axis=1) + 1)
-        position = np.empty(X.shape[0], dtype=np.int64)
-        select = _select_gpu if be.is_gpu else _select_cpu
-        sqdist = xp.empty((X.shape[0], k), dtype=X.dtype)
-        indices = xp.empty((X.shape[0], k), dtype=xp.int64)
-        for c, nearest, probed in zip(self.filled, nearest_lists, n_probed):
-            slices = [slice(starts[p], starts[p + 1]) for p in nearest[:probed]]
-            cand = np.concatenate([self.order[s] for s in slices])
-            queries = self.order[starts[c]:starts[c + 1]]
-            position[cand] = np.arange(cand.size)
-            m = min(cand.size - 1, k + CANDIDATE_MARGIN)
-            cand_dev = be.asarray(cand)
-            sq_cand = xp.concatenate([self.sq[s] for s in slices])
-            rows = _block_rows(queries.size, cand.size, X, DEFAULT_BLOCK_BYTES[be.name])
-            for start in range(0, queries.size, rows):
-                block = slice(starts[c] + start, min(starts[c + 1], starts[c] + start + rows))
-                q = be.asarray(self.order[block])
-                minus2 = -2 * self.rows[block]      # exact: the products are as if unscaled
-                products = xp.concatenate([minus2 @ self.rows[s].T for s in slices], axis=1)
-                # Each point is among its list's candidates: skip leaves it out.
-                values, best = select(be, products, sq_cand,
-                                      be.asarray(position[self.order[block]]), m)
-                values += self.sq[block][:, None]
-                sqdist[q], indices[q] = _finish_all(xp, X[q], X, values, self.sq[block], sq_cand,
-                                                    cand_dev, best, k,
-                                                    DEFAULT_BLOCK_BYTES[be.name])
-        return sqdist, indices
-
-    def _search_queries(self, Q, k, n_probe):
-        """query: each new point searched exactly among the points of the n_probe
-        lists whose centroids lie nearest it (more where those hold fewer than k
-        points).  The queries of a chunk that probe one list are one GEMM against
-        its points, whose distances go to the queries' rows of one (queries,
-        probes x largest list) array, and one selection runs over each row.
-        (Grouped by their nearest list instead, as the points' own search is, new
-        points made GEMMs of about 30 rows at a third of the speed; a selection per
-        query and list kept a third of each list.)"""
-        be, X, sizes, starts = self.backend, self.X, self.sizes, self.starts
-        xp = be.xp
-        ranked = self._nearest_lists(Q, min(len(self.filled), max(n_probe, k)))
+        held = k + exclude_self                 # candidates needed, the query among them
+        # Enough lists for k candidates besides the query: any w hold at least the
+        # w smallest.
+        enough = int(np.searchsorted(np.cumsum(np.sort(sizes[self.filled])), held)) + 1
+        ranked = self._nearest_lists(Q, min(len(self.filled), max(n_probe, enough)))
         n_probed = np.minimum(ranked.shape[1], np.maximum(
-            n_probe, (np.cumsum(sizes[ranked], axis=1) < k).sum(axis=1) + 1))
+            n_probe, (np.cumsum(sizes[ranked], axis=1) < held).sum(axis=1) + 1))
+        if exclude_self:
+            where = np.empty(X.shape[0], dtype=np.int64)     # each point's row in self.rows
+            where[self.order] = np.arange(X.shape[0])
         select = _select_gpu if be.is_gpu else _select_cpu
         sqdist = xp.empty((Q.shape[0], k), dtype=X.dtype)
         indices = xp.empty((Q.shape[0], k), dtype=xp.int64)
@@ -291,6 +257,7 @@ class ListIndex:
             n_rows = Qc.shape[0]
             dist = buffer[:n_rows * width]
             dist.fill(xp.inf)                       # inf: no candidate there
+            slots = dist.reshape(n_rows, -1, slot_width)
             probed = n_probed[rows]
             query = np.repeat(np.arange(n_rows), probed)
             slot = np.arange(query.size) - np.repeat(np.cumsum(probed) - probed, probed)
@@ -300,9 +267,14 @@ class ListIndex:
             for p in np.flatnonzero(np.diff(bounds)):
                 pairs = by_list[bounds[p]:bounds[p + 1]]
                 s = slice(starts[p], starts[p + 1])
-                at = be.asarray(query[pairs] * width + slot[pairs] * slot_width)
-                dist[at[:, None] + xp.arange(sizes[p])] = (
-                    minus2[be.asarray(query[pairs])] @ self.rows[s].T + self.sq[s])
+                q = be.asarray(query[pairs])
+                slots[q, be.asarray(slot[pairs]), :sizes[p]] = (minus2[q] @ self.rows[s].T
+                                                                + self.sq[s])
+            if exclude_self:                        # each point left out of its own list
+                own = np.arange(rows.start, rows.stop)
+                slot_own = np.argmax(ranked[rows] == self.lists[own][:, None], axis=1)
+                column = slot_own * slot_width + where[own] - starts[self.lists[own]]
+                dist[be.asarray(np.arange(n_rows) * width + column)] = xp.inf
             values, best = select(be, dist.reshape(n_rows, width), xp.zeros(width, X.dtype),
                                   xp.full(n_rows, -1, dtype=xp.int64), m)
             values += sq_q[:, None]
@@ -425,25 +397,3 @@ def _centroids(be, X, n_lists, rng):
         filled = counts > 0
         centroids[filled] = sums[filled] / counts[filled][:, None].astype(X.dtype)
     return centroids
-
-
-def _lists_by_distance(centroids, filled, width, of=None):
-    """(len(of), w) for each list of ``of`` (default ``filled``, the lists that
-    hold points), the w = min(width, len(filled)) lists of ``filled`` whose
-    centroids lie nearest its own, itself first; in blocks of rows of
-    LIST_BLOCK_BYTES (all n_lists^2 distances at once would be 2 GB for 16,000
-    lists)."""
-    of = filled if of is None else of
-    C = centroids[filled]
-    m = len(filled)
-    w = min(width, m)
-    nearest = np.empty((len(of), w), dtype=np.int64)
-    rows = max(1, LIST_BLOCK_BYTES // (8 * m))
-    for start in range(0, len(of), rows):
-        own = np.searchsorted(filled, of[start:start + rows])
-        D = squared_distances(np, C[own], C)
-        D[np.arange(len(D)), own] = -np.inf
-        part = np.argpartition(D, w - 1, axis=1)[:, :w]
-        by_distance = np.argsort(np.take_along_axis(D, part, axis=1), axis=1, kind="stable")
-        nearest[start:start + rows] = np.take_along_axis(part, by_distance, axis=1)
-    return filled[nearest]

@@ -112,8 +112,7 @@ def test_recall_by_probes_is_the_recall_of_each_probe_count(backend):
     sample = np.arange(0, 360, 7)
     index = ge.ListIndex(backend.asarray(X), n_lists, random_state=seed, backend=backend)
     true = neighbors_ivf.sampled_knn(backend, index.X, sample, k)
-    ranked = neighbors_ivf._lists_by_distance(backend.to_host(index.centroids), index.filled,
-                                              len(index.filled), of=index.lists[sample])
+    ranked = index._nearest_lists(index.X[backend.asarray(sample)], len(index.filled))
     found = index._recall_by_probes(true, ranked, k + 1)
     filled = len(index.filled)
     assert found.shape == (len(sample), filled + 1) and (found[:, 0] == 0).all()
@@ -248,23 +247,6 @@ def test_auto_search_is_approximate_from_its_threshold(backend, monkeypatch):
     below = neighbors_ivf.auto_knn(X[:-1], 30, backend=backend)[1]
     np.testing.assert_array_equal(backend.to_host(below),
                                   backend.to_host(ge.knn(X[:-1], 30, backend=backend)[1]))
-
-
-def test_lists_ranked_by_centroid_distance_in_blocks(rng):
-    """Each list that holds points ranks the others that do by centroid distance,
-    itself first, the same a block of rows at a time as all at once."""
-    from gpuembed.nbody.exact import squared_distances
-
-    centroids = rng.standard_normal((300, 20))
-    filled = np.sort(rng.choice(300, 250, replace=False))
-    D = squared_distances(np, centroids[filled], centroids[filled])
-    np.fill_diagonal(D, -np.inf)
-    expected = filled[np.argsort(D, axis=1, kind="stable")[:, :40]]
-    with mock.patch.object(neighbors_ivf, "LIST_BLOCK_BYTES", 8 * 250 * 7):   # 7 rows a block
-        ranked = neighbors_ivf._lists_by_distance(centroids, filled, 40)
-    np.testing.assert_array_equal(ranked, expected)
-    assert (ranked[:, 0] == filled).all()
-    assert neighbors_ivf._lists_by_distance(centroids, filled[:5], 40).shape == (5, 5)
 
 
 # -- queries: new points' neighbours among the listed points --------------------------
