@@ -11,6 +11,10 @@ points.  ``--backend gpu`` runs gpuembed's methods on the GPU (the anchors stay
 on the CPU, where they are installed).
 
 Writes results/transform.json (``--suffix`` for another name).
+
+``--large N``: TSNE of N shifted images (CPU), then ``--m`` new ones mapped with
+their neighbours from the training points' k-means lists (the default from 100,000
+training points) and from the exact search (transform_large.json).
 """
 from __future__ import annotations
 
@@ -97,6 +101,47 @@ def run(name, X, y, n, m, backend="cpu"):
     return row
 
 
+def run_large(n, m, repeat=2):
+    """TSNE (defaults, CPU) of ``n`` shifted images (bench_knn.shifted_fashion_mnist;
+    from 100,000 on its affinities take the approximate search), then ``m`` new
+    images (the first, shifted by (2, 2), a shift the training set lacks below
+    25 x 70,000) mapped into it, their neighbours from the training points' lists
+    (transform's default from 100,000 training points; the first call builds
+    them, timed apart) and from the exact search, alternating, best of ``repeat``."""
+    from bench_knn import shifted_fashion_mnist, shifted_images
+    from gpuembed.neighbors_ivf import QuerySearch
+
+    X = shifted_fashion_mnist(n)
+    images, labels = ge.datasets.fashion_mnist()
+    y = np.tile(labels, -(-n // len(labels)))[:n]
+    Q, y_new = shifted_images(images[:m], 2, 2), labels[:m]
+    start = time.perf_counter()
+    model = ge.TSNE(random_state=0, backend="cpu").fit(X)
+    fit_seconds = time.perf_counter() - start
+    # The fitted model's search of new points' neighbours, swapped to compare.
+    searches = {"lists": model._queries, "exact": QuerySearch(X, "exact", model._queries.backend)}
+    start = time.perf_counter()
+    model.transform(Q)
+    first_seconds = time.perf_counter() - start
+    seconds, mapped = dict.fromkeys(searches, np.inf), {}
+    for _ in range(repeat):
+        for name, search in searches.items():
+            model._queries = search
+            start = time.perf_counter()
+            mapped[name] = model.transform(Q)
+            seconds[name] = min(seconds[name], time.perf_counter() - start)
+    rows = [{"neighbors": name, "transform_seconds": seconds[name],
+             "heldout_knn_accuracy": heldout_accuracy(model.embedding_, y, mapped[name], y_new, K)}
+            for name in searches]
+    figures = {"n_train": n, "n_new": m, "k": K, "fit_seconds": fit_seconds,
+               "n_probe": searches["lists"].probes, "first_transform_seconds": first_seconds,
+               "runs": rows,
+               "train_knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y, k=K),
+               "largest_difference": float(np.abs(mapped["lists"] - mapped["exact"]).max())}
+    print(figures, flush=True)
+    return figures
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=10000, help="training points")
@@ -104,7 +149,13 @@ def main(argv=None):
     parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--backend", default="cpu", help="gpuembed's methods' backend")
     parser.add_argument("--suffix", default="")
+    parser.add_argument("--large", type=int, metavar="N",
+                        help="TSNE of N shifted images, then --m new ones mapped with their "
+                             "neighbours from the lists and exactly (transform_large.json)")
     args = parser.parse_args(argv)
+    if args.large:
+        write_result("transform_large", run_large(args.large, args.m), args.suffix)
+        return
     X, y = ge.datasets.fashion_mnist()
     rows = [run(name, X, y, args.n, args.m, args.backend) for name in args.methods]
     write_result("transform", {"dataset": "fashion_mnist", "n_train": args.n,

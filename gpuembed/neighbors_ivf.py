@@ -77,11 +77,6 @@ KMEANS_ITER = 10
 # 9 min); below 10^5 the exact search costs under a minute and is kept.  On the GPU
 # the exact 90-NN of 70k takes 0.22 s (H200) and the lists are unmeasured: exact.
 AUTO_APPROX_FROM = {"cpu": 100_000, "gpu": None}
-# ... and new points' (QuerySearch) from this many queries on: 280,000 shifted images
-# (benchmarks/results/knn_approx_query_n280000.json), the lists 5.3 s, then 1,000 /
-# 2,000 / 5,000 / 10,000 queries 1.5 / 1.7 / 2.4 / 3.3 s against the exact search's
-# 3.0 / 5.0 / 11.6 / 23.6 s: even with the lists' cost at about 2,800 queries.
-AUTO_QUERIES_FROM = 3_000
 
 
 def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_RECALL,
@@ -95,8 +90,8 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_R
     n_neighbors : int in [1, N - 1].
     n_lists : number of k-means lists, in [1, N]; default round(sqrt(N)), and for
         fewer than MIN_POINTS points none: the exact search, faster there.
-    n_probe : lists searched for the points of each list (module doc), >= 1;
-        more is slower and finds more of the true neighbours.  "auto": the fewest
+    n_probe : lists searched for each point (those whose centroids lie nearest
+        it), >= 1; more is slower and finds more of the true neighbours.  "auto": the fewest
         that find ``recall`` of the true neighbours of RECALL_SAMPLE random points
         (their exact search tells), which is the exact search where the lists do not
         follow the data (as for i.i.d. Gaussian points).
@@ -179,10 +174,10 @@ class ListIndex:
     def query(self, Q, n_neighbors, *, n_probe="auto", recall=DEFAULT_RECALL, random_state=0):
         """Approximate k nearest rows of X to every row of ``Q`` (no self
         exclusion): each query searches the ``n_probe`` lists whose centroids lie
-        nearest itself (:func:`approx_knn`'s points: those nearest their own
-        list's); "auto" chooses n_probe from the exact search of RECALL_SAMPLE
-        random queries.  Returns ``(sqdist, indices)`` as :func:`gpuembed.knn_query`
-        (on the backend's device)."""
+        nearest it, as :func:`approx_knn`'s points do; "auto" chooses n_probe from
+        the exact search of RECALL_SAMPLE random queries (:meth:`auto_probes`:
+        from X's own points, for any batch).  Returns ``(sqdist, indices)`` as
+        :func:`gpuembed.knn_query` does (on the backend's device)."""
         be = self.backend
         Q = check_data(Q, be, name="Q", dtype=self.X.dtype, min_samples=1, sparse=True)
         if Q.shape[1] != self.X.shape[1]:
@@ -194,21 +189,35 @@ class ListIndex:
     def _search(self, Q, k, n_probe, recall, rng, exclude_self):
         """approx_knn (Q is X, ``exclude_self``) and query (n_probe None:
         "auto"), exact where the lists cannot save time."""
-        be, X = self.backend, self.X
         if self.exact or is_sparse(Q) or (n_probe is not None and n_probe >= self.n_lists):
             return self._exact(Q, k, exclude_self)
         if n_probe is None:
-            n = Q.shape[0]
-            sample = np.sort(rng.choice(n, min(n, RECALL_SAMPLE), replace=False))
-            Q_sample = Q[be.asarray(sample)]
-            true = (sampled_knn(be, X, sample, k) if exclude_self
-                    else be.to_host(knn_query(Q_sample, X, k, backend=be)[1]))
-            ranked = self._nearest_lists(Q_sample, len(self.filled))
-            n_probe = fewest_probes(self._recall_by_probes(true, ranked, k + exclude_self),
-                                    recall)
-            if n_probe > AUTO_EXACT_FRACTION * len(self.filled):
+            n_probe = self._auto_probes(Q, k, recall, rng, exclude_self)
+            if n_probe is None:
                 return self._exact(Q, k, exclude_self)
         return self._probe(Q, k, n_probe, exclude_self)
+
+    def auto_probes(self, n_neighbors, *, recall=DEFAULT_RECALL, random_state=0):
+        """n_probe="auto" of X's own k-NN (from RECALL_SAMPLE random points of X,
+        each left out of its own): a probe count for queries drawn as X's rows
+        are, whatever the batch; None where the exact search is faster."""
+        k = check_int(n_neighbors, "n_neighbors", 1, self.X.shape[0] - 1)
+        recall = _check_probes("auto", recall)[1]
+        if self.exact:
+            return None
+        return self._auto_probes(self.X, k, recall, make_rng(random_state), exclude_self=True)
+
+    def _auto_probes(self, Q, k, recall, rng, exclude_self):
+        """The fewest probes for ``recall`` of RECALL_SAMPLE random rows of Q
+        (fewest_probes), or None beyond AUTO_EXACT_FRACTION of the lists."""
+        be, X = self.backend, self.X
+        sample = np.sort(rng.choice(Q.shape[0], min(Q.shape[0], RECALL_SAMPLE), replace=False))
+        Q_sample = Q[be.asarray(sample)]
+        true = (sampled_knn(be, X, sample, k) if exclude_self
+                else be.to_host(knn_query(Q_sample, X, k, backend=be)[1]))
+        ranked = self._nearest_lists(Q_sample, len(self.filled))
+        n_probe = fewest_probes(self._recall_by_probes(true, ranked, k + exclude_self), recall)
+        return None if n_probe > AUTO_EXACT_FRACTION * len(self.filled) else n_probe
 
     def _exact(self, Q, k, exclude_self):
         if exclude_self:
@@ -323,28 +332,34 @@ SEARCHES = {"auto": auto_knn, "exact": knn, "approx": approx_knn}
 
 class QuerySearch:
     """The k nearest of fixed points X (an estimator's training points) to new
-    points, by the search that ``neighbors`` names ("auto", None: "auto";
-    "exact"; "approx": a :class:`ListIndex` of X, built at the first query and
-    kept for later ones).  "auto" searches approximately from AUTO_APPROX_FROM
-    points of the device on (as :func:`auto_knn` does X's own k-NN) for at
-    least AUTO_QUERIES_FROM queries, fewer taking the exact search about as
-    long as the lists' k-means and sampled search."""
+    points, by the search that ``neighbors`` names: "exact"; "approx", a
+    :class:`ListIndex` of X built at the first query and kept, probed as many
+    lists as X's own points need for a recall of 0.95 (:meth:`ListIndex.auto_probes`,
+    once per k); "auto" (or None) "approx" from AUTO_APPROX_FROM points of the
+    device on, as :func:`auto_knn`, else "exact".  So a new point's neighbours do
+    not depend on the other points searched with it, or before it.  The first
+    approximate query pays for the lists: for 280,000 shifted images 5.3 s, the
+    exact search of about 2,000 queries (knn_approx_query_n280000.json)."""
 
     def __init__(self, X, neighbors, backend):
         self.X, self.neighbors, self.backend = X, neighbors or "auto", backend
         self.index = None
+        self.probes = {}            # n_probe by k; None: the exact search
 
     def __call__(self, Q, n_neighbors):
-        be = self.backend
+        be, n = self.backend, self.X.shape[0]
         start = AUTO_APPROX_FROM[be.name]
-        approx = self.neighbors == "approx" or (
-            self.neighbors == "auto" and start is not None and self.X.shape[0] >= start
-            and Q.shape[0] >= AUTO_QUERIES_FROM)
-        if not approx:
+        exact = self.neighbors == "exact" or n_neighbors >= n or (
+            self.neighbors == "auto" and (start is None or n < start))
+        if not exact:
+            if self.index is None:
+                self.index = ListIndex(self.X, backend=be)
+            if n_neighbors not in self.probes:
+                self.probes[n_neighbors] = self.index.auto_probes(n_neighbors)
+            exact = self.probes[n_neighbors] is None
+        if exact:
             return knn_query(Q, self.X, n_neighbors, backend=be)
-        if self.index is None:
-            self.index = ListIndex(self.X, backend=be)
-        return self.index.query(Q, n_neighbors)
+        return self.index.query(Q, n_neighbors, n_probe=self.probes[n_neighbors])
 
 
 def sampled_knn(be, X, rows, k):

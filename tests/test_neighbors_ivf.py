@@ -1,4 +1,5 @@
 """approx_knn: the inverted-file search against the exact k-NN."""
+import pickle
 from unittest import mock
 
 import numpy as np
@@ -355,6 +356,14 @@ def test_query_bad_parameters(rng, kwargs, match):
         index.query(X[:5], **{"n_neighbors": 5, **kwargs})
 
 
+def test_auto_probes_bad_parameters(rng):
+    index = ge.ListIndex(clusters(rng, per=50), 10, backend="cpu")
+    with pytest.raises(ValueError, match="n_neighbors"):
+        index.auto_probes(300)                  # 300 points: each has 299 others
+    with pytest.raises(ValueError, match="recall"):
+        index.auto_probes(5, recall=0.0)
+
+
 def test_query_bad_data(rng):
     X = clusters(rng, per=50)
     index = ge.ListIndex(X, 10, backend="cpu")
@@ -373,9 +382,10 @@ def test_query_bad_data(rng):
 
 def test_query_search_follows_the_neighbors_name(backend, monkeypatch):
     """QuerySearch, behind the estimators' transform: "exact" the exact search;
-    "approx" a ListIndex of the training points built at the first query and kept;
-    "auto" (and None) approximate from AUTO_APPROX_FROM points of the device and
-    AUTO_QUERIES_FROM queries on (lowered here; the GPU's None: always exact)."""
+    "approx" a ListIndex of the training points built at the first query and kept,
+    probed as the training points' own sample asks; "auto" (and None) approximate
+    from AUTO_APPROX_FROM points of the device on (lowered here; the GPU's None:
+    always exact).  A query's neighbours do not depend on the batch."""
     from gpuembed.neighbors import knn_query
 
     X, Q, _, _ = split_views(n_objects=10, size=32)
@@ -383,26 +393,25 @@ def test_query_search_follows_the_neighbors_name(backend, monkeypatch):
     monkeypatch.setattr(neighbors_ivf, "MIN_POINTS", 0)
     monkeypatch.setattr(neighbors_ivf, "AUTO_EXACT_FRACTION", 1.0)     # 480 points: few lists
     exact = backend.to_host(knn_query(Q, X, 10, backend=backend)[1])
-    approx = backend.to_host(ge.ListIndex(X, backend=backend).query(Q, 10)[1])
+    index = ge.ListIndex(X, backend=backend)
+    n_probe = index.auto_probes(10)
+    assert 1 <= n_probe < len(index.filled)
+    approx = backend.to_host(index.query(Q, 10, n_probe=n_probe)[1])
     assert recall(approx, exact) < 1.0
 
-    def found(search):
-        return backend.to_host(search(Q, 10)[1])
+    def found(search, rows=slice(None)):
+        return backend.to_host(search(Q[rows], 10)[1])
 
     np.testing.assert_array_equal(found(neighbors_ivf.QuerySearch(X, "exact", backend)), exact)
     with mock.patch.object(neighbors_ivf, "ListIndex", wraps=neighbors_ivf.ListIndex) as built:
         search = neighbors_ivf.QuerySearch(X, "approx", backend)
-        for _ in range(2):
-            np.testing.assert_array_equal(found(search), approx)
+        for rows in (slice(None), slice(None), slice(5, 42), slice(200, 201)):
+            np.testing.assert_array_equal(found(search, rows), approx[rows])
     assert built.call_count == 1
     monkeypatch.setitem(neighbors_ivf.AUTO_APPROX_FROM, "cpu", X.shape[0])
-    monkeypatch.setattr(neighbors_ivf, "AUTO_QUERIES_FROM", Q.shape[0])
     on_cpu = approx if backend.name == "cpu" else exact
     for name in ("auto", None):
         np.testing.assert_array_equal(found(neighbors_ivf.QuerySearch(X, name, backend)), on_cpu)
-    monkeypatch.setattr(neighbors_ivf, "AUTO_QUERIES_FROM", Q.shape[0] + 1)
-    np.testing.assert_array_equal(found(neighbors_ivf.QuerySearch(X, "auto", backend)), exact)
-    monkeypatch.setattr(neighbors_ivf, "AUTO_QUERIES_FROM", Q.shape[0])
     monkeypatch.setitem(neighbors_ivf.AUTO_APPROX_FROM, "cpu", X.shape[0] + 1)
     np.testing.assert_array_equal(found(neighbors_ivf.QuerySearch(X, "auto", backend)), exact)
 
@@ -420,13 +429,17 @@ def test_transform_searches_new_points_approximately(monkeypatch):
         model = ge.TSNE(perplexity=10, neighbors="approx", random_state=0,
                         backend="cpu").fit(X)
         Y_new = model.transform(Q)
-        np.testing.assert_array_equal(model.transform(Q), Y_new)
+        # The same neighbours in a smaller batch (the sums' rounding aside).
+        np.testing.assert_allclose(model.transform(Q[7:30]), Y_new[7:30], rtol=1e-6)
         assert query.call_count == 2 and model._queries.index is not None
+        loaded = pickle.loads(pickle.dumps(model))          # the lists travel with the model
+        np.testing.assert_allclose(loaded.transform(Q[:9]), Y_new[:9], rtol=1e-6)
+        assert query.call_count == 3
         assert ge.metrics.knn_accuracy(model.embedding_, y, k=1) >= 0.95
         le = ge.LaplacianEigenmaps(5, n_neighbors=10, sigma=30.0, neighbors="approx",
                                    backend="cpu").fit(X)
         Y_le = le.transform(Q)
-        assert query.call_count == 3
+        assert query.call_count == 4
     from gpuembed.neighbors import knn_query
 
     nearest = knn_query(Y_new, model.embedding_, 1, backend="cpu")[1][:, 0]
