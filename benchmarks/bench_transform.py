@@ -104,17 +104,17 @@ def run(name, X, y, n, m, backend="cpu"):
 def run_large(n, m, repeat=2):
     """TSNE (defaults, CPU) of ``n`` shifted images (bench_knn.shifted_fashion_mnist;
     from 100,000 on its affinities take the approximate search), then ``m`` new
-    images (the first, shifted by (2, 2), a shift the training set lacks below
-    25 x 70,000) mapped into it, their neighbours from the training points' lists
+    images (the first, shifted by the next shift, one the training set lacks)
+    mapped into it, their neighbours from the training points' lists
     (transform's default from 100,000 training points; the first call builds
     them, timed apart) and from the exact search, alternating, best of ``repeat``."""
-    from bench_knn import shifted_fashion_mnist, shifted_images
+    from bench_knn import shifted_fashion_mnist, shifted_images, unseen_shift
     from gpuembed.neighbors_ivf import QuerySearch
 
     X = shifted_fashion_mnist(n)
     images, labels = ge.datasets.fashion_mnist()
     y = np.tile(labels, -(-n // len(labels)))[:n]
-    Q, y_new = shifted_images(images[:m], 2, 2), labels[:m]
+    Q, y_new = shifted_images(images[:m], *unseen_shift(n)), labels[:m]
     start = time.perf_counter()
     model = ge.TSNE(random_state=0, backend="cpu").fit(X)
     fit_seconds = time.perf_counter() - start
@@ -133,7 +133,8 @@ def run_large(n, m, repeat=2):
     rows = [{"neighbors": name, "transform_seconds": seconds[name],
              "heldout_knn_accuracy": heldout_accuracy(model.embedding_, y, mapped[name], y_new, K)}
             for name in searches]
-    figures = {"n_train": n, "n_new": m, "k": K, "fit_seconds": fit_seconds,
+    figures = {"n_train": n, "n_new": m, "query_shift": unseen_shift(n), "k": K,
+               "fit_seconds": fit_seconds,
                "n_probe": searches["lists"].probes, "first_transform_seconds": first_seconds,
                "runs": rows,
                "train_knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y, k=K),

@@ -69,11 +69,15 @@ AUTO_EXACT_FRACTION = 0.3
 # (2-core Xeon VM): 10,000 points 0.62 s against 0.75 s (recall 0.967), 20,000
 # 1.29 s against 2.31 s, 40,000 3.3 s against 8.1 s.
 MIN_POINTS = 20_000
-# The distances of a chunk of queries to their probed lists' points, padded to the
-# largest list: a list's GEMM has about PROBE_BUFFER_BYTES / (4 N padding) rows.
-# 280,000 shifted images, 90-NN, "auto" (10 probes with those that hold k): 256 MiB
-# made GEMMs of about 90 rows at 168 GFLOP/s, 38.7 s in all; 1 GiB 258 GFLOP/s, 33.6 s.
+# The distances of a chunk of queries to their probed lists' points (padded to the
+# largest list) take at most PROBE_BUFFER_BYTES, and chunks are no larger than
+# needed for GEMMs of about PROBE_GEMM_ROWS queries per list.  280,000 shifted
+# images, 90-NN, "auto" (10 probes with those that hold k): chunks of 256 MiB made
+# GEMMs of about 90 rows at 168 GFLOP/s, 38.7 s in all; of 1 GiB about 360 rows,
+# 258 GFLOP/s, 33.6 s.  At 70k, 1 GiB chunks (1,500 rows) took 7.5 s with 8 probes
+# against 5.5 s with 256 MiB (380 rows).
 PROBE_BUFFER_BYTES = 2**30
+PROBE_GEMM_ROWS = 384
 SAMPLE_PER_LIST = 32        # k-means sample: this many points per list
 KMEANS_ITER = 10
 # neighbors="auto" searches approximately from this many points on: on the CPU the
@@ -259,7 +263,8 @@ class ListIndex:
         width = int(n_probed.max()) * slot_width
         m = min(width, k + CANDIDATE_MARGIN)
         starts_dev, order_dev = be.asarray(starts), be.asarray(self.order)
-        chunk = max(1, PROBE_BUFFER_BYTES // (width * X.dtype.itemsize))
+        chunk = max(1, min(PROBE_BUFFER_BYTES // (width * X.dtype.itemsize),
+                           PROBE_GEMM_ROWS * len(self.filled) // int(n_probed.mean())))
         # One buffer for all chunks: fresh pages for each took a quarter of the time.
         buffer = xp.empty(min(chunk, Q.shape[0]) * width, dtype=X.dtype)
         for first in range(0, Q.shape[0], chunk):
