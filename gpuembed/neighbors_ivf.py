@@ -80,11 +80,12 @@ PROBE_BUFFER_BYTES = 2**30
 PROBE_GEMM_ROWS = 384
 SAMPLE_PER_LIST = 32        # k-means sample: this many points per list
 KMEANS_ITER = 10
-# neighbors="auto" searches approximately from this many points on: on the CPU the
-# exact search's N^2 distances took 26.7 s at 70k against the lists' 7.9 s (recall
-# 0.962; the t-SNE from them as accurate) and would take 83 min at 10^6 (against
-# 9 min); below 10^5 the exact search costs under a minute and is kept.  On the GPU
-# the exact 90-NN of 70k takes 0.22 s (H200) and the lists are unmeasured: exact.
+# neighbors="auto" searches approximately from this many points on (X's own k-NN,
+# and new points' in QuerySearch): on the CPU the exact search's N^2 distances took
+# 23.2 s at 70k against the lists' 5.2 s (recall 0.957; the t-SNE from them as
+# accurate) and would take 82 min at 10^6 (against 4 min); below 10^5 the exact
+# search costs under a minute and is kept.  On the GPU the exact 90-NN of 70k takes
+# 0.22 s (H200) and the lists are unmeasured: exact.
 AUTO_APPROX_FROM = {"cpu": 100_000, "gpu": None}
 
 
