@@ -101,10 +101,10 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_R
     n_lists : number of k-means lists, in [1, N]; default round(sqrt(N)), and for
         fewer than MIN_POINTS points none: the exact search, faster there.
     n_probe : lists searched for each point (those whose centroids lie nearest
-        it), >= 1; more is slower and finds more of the true neighbours.  "auto": the fewest
-        that find ``recall`` of the true neighbours of RECALL_SAMPLE random points
-        (their exact search tells), which is the exact search where the lists do not
-        follow the data (as for i.i.d. Gaussian points).
+        it), >= 1; more is slower and finds more of the true neighbours.  "auto":
+        the fewest that find ``recall`` of the true neighbours of RECALL_SAMPLE
+        random points (their exact search tells), which is the exact search where
+        the lists do not follow the data (as for i.i.d. Gaussian points).
     recall : in (0, 1], the fraction of the true neighbours that ``n_probe="auto"``
         aims at.
     random_state : seed of the k-means sample, its initial centroids and the
@@ -349,7 +349,7 @@ class QuerySearch:
     once per k); "auto" (or None) "approx" from AUTO_APPROX_FROM points of the
     device on, as :func:`auto_knn`, else "exact".  So a new point's neighbours do
     not depend on the other points searched with it, or before it.  The first
-    approximate query pays for the lists: for 280,000 shifted images 5.3 s, the
+    approximate query pays for the lists: for 280,000 shifted images 5.1 s, the
     exact search of about 2,000 queries (knn_approx_query_n280000.json)."""
 
     def __init__(self, X, neighbors, backend):
