@@ -32,6 +32,11 @@ copies shifted by up to 2 pixels, as infinite MNIST grows MNIST), its recall on 
 random rows, and the exact search of the first 140,000 (written to
 knn_approx_large.json).
 
+``--approx-query N``: new points' 90-NN among N shifted images on the CPU: a
+``ListIndex`` of them (its build timed apart) queried with the default probes
+against the exact ``knn_query``, for 1,000 to 10,000 queries shifted by a shift
+the N images lack, and the recall (written to knn_approx_query_nN.json).
+
 ``--low-dim``: points of 2 to 10 coordinates (a layout, a point cloud, a few
 principal components), where gpuembed's CPU path is a k-d tree: against its own
 brute force and scikit-learn's KDTree (NearestNeighbors(algorithm="kd_tree")),
