@@ -293,8 +293,8 @@ def test_query_recall_by_probes_is_the_recall_of_each_probe_count(backend):
 @pytest.mark.parametrize("target", [0.6, 0.8])
 def test_query_auto_probes_reach_the_recall_asked_for(target):
     """n_probe="auto" for queries: all 240 held-out views are the sample here, so
-    the recall reached is at least the target (two standard errors above it at
-    most), and a higher target probes more."""
+    the recall reached is at least the target (and, with the two standard errors'
+    margin, not far above it), and a higher target probes more."""
     X, Q, _, _ = split_views(n_objects=10, size=32)
     ref_i = brute_query(Q, X, 15)[1]
     index = ge.ListIndex(X, 40, backend="cpu")
