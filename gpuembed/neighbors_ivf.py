@@ -212,7 +212,7 @@ class ListIndex:
         each left out of its own): a probe count for queries drawn as X's rows
         are, whatever the batch; None where the exact search is faster."""
         k = check_int(n_neighbors, "n_neighbors", 1, self.X.shape[0] - 1)
-        recall = _check_probes("auto", recall)[1]
+        recall = _check_recall(recall)
         if self.exact:
             return None
         return self._auto_probes(self.X, k, recall, make_rng(random_state), exclude_self=True)
@@ -331,10 +331,15 @@ def auto_knn(X, n_neighbors, *, backend="auto"):
     """``neighbors="auto"``, the estimators' and affinities' default: :func:`approx_knn`
     from AUTO_APPROX_FROM points of the backend's device on, else :func:`gpuembed.knn`."""
     be = get_backend(backend)
-    start = AUTO_APPROX_FROM[be.name]
     n = X.shape[0] if hasattr(X, "shape") else len(X)
-    search = approx_knn if start is not None and n >= start else knn
+    search = approx_knn if _auto_approximates(be, n) else knn
     return search(X, n_neighbors, backend=be)
+
+
+def _auto_approximates(be, n):
+    """Whether "auto" searches ``n`` points of the backend's device approximately."""
+    start = AUTO_APPROX_FROM[be.name]
+    return start is not None and n >= start
 
 
 # The neighbour searches that the estimators' and affinities' ``neighbors`` names.
@@ -359,9 +364,8 @@ class QuerySearch:
 
     def __call__(self, Q, n_neighbors):
         be, n = self.backend, self.X.shape[0]
-        start = AUTO_APPROX_FROM[be.name]
         exact = self.neighbors == "exact" or n_neighbors >= n or (
-            self.neighbors == "auto" and (start is None or n < start))
+            self.neighbors == "auto" and not _auto_approximates(be, n))
         if not exact:
             if self.index is None:
                 self.index = ListIndex(self.X, backend=be)
@@ -395,7 +399,11 @@ def _check_probes(n_probe, recall):
         n_probe = None
     else:
         n_probe = check_int(n_probe, "n_probe", 1)
-    return n_probe, check_float(recall, "recall", 0.0, 1.0, low_open=True)
+    return n_probe, _check_recall(recall)
+
+
+def _check_recall(recall):
+    return check_float(recall, "recall", 0.0, 1.0, low_open=True)
 
 
 def fewest_probes(found, recall):
