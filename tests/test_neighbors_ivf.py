@@ -224,7 +224,7 @@ def test_spectral_estimators_search_approximately_when_asked():
 def test_auto_search_is_approximate_from_its_threshold(backend, monkeypatch):
     """neighbors="auto", the default of the affinities, the estimators and the
     spectral graph: approx_knn from AUTO_APPROX_FROM points of the device on
-    (here lowered to 900 digits; 100,000 on the CPU), the exact search below it and
+    (here lowered to 900 digits; 50,000 on the CPU), the exact search below it and
     on the GPU (None)."""
     from gpuembed.spectral import affinity_graph
 

@@ -61,7 +61,7 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
         search that finds them in X: "exact" (:func:`gpuembed.knn`), "approx"
         (:func:`gpuembed.approx_knn`, several times faster for large N, with some of
         the true neighbours missed) or "auto" (the default, None: "approx" from
-        ``neighbors_ivf.AUTO_APPROX_FROM`` points on, 100,000 on the CPU; "exact"
+        ``neighbors_ivf.AUTO_APPROX_FROM`` points on, 50,000 on the CPU; "exact"
         below and on the GPU).
     method : "newton" | "halley" | "euler" | "bisection" (Algorithm 1).
     order : "dk" | "mst" | "msp" | "bounds" | "none" warm-start order, or a

@@ -162,7 +162,7 @@ class LaplacianEigenmaps(_SpectralBase):
     """Laplacian eigenmaps; ``n_landmarks`` switches to LLL with ``kz`` landmarks per
     point (default :func:`~gpuembed.spectral.lll.default_kz`: min(n_components + 1, 6))
     chosen by ``landmarks`` (Algorithm 3).  ``neighbors``: the graph's k-NN search,
-    "auto" (approximate from 100,000 points on the CPU), "exact" or "approx"
+    "auto" (approximate from 50,000 points on the CPU), "exact" or "approx"
     (:func:`gpuembed.approx_knn`), as in :func:`gpuembed.entropic_affinities`."""
 
     def __init__(self, n_components=2, *, n_neighbors, sigma=None, perplexity=None,
