@@ -27,10 +27,10 @@ the exact search's affinities; and Laplacian eigenmaps (d = 10) of all of them o
 either search's 20-NN graph: seconds from the data, 10-NN accuracy and Procrustes
 error against the exact graph's.  Written to knn_approx[_gpu].json (``--backend``).
 
-``--approx-large N``: ``approx_knn`` (default probes) of N images on the CPU (Fashion-MNIST and its
+``--approx-large N``: ``approx_knn`` (default probes) of N images (Fashion-MNIST and its
 copies shifted by up to 2 pixels, as infinite MNIST grows MNIST), its recall on 1,000
-random rows, and the exact search of the first 140,000 (written to
-knn_approx_large.json).
+random rows, and the exact search of the first 140,000 on the CPU, of all N on the GPU
+(``--backend gpu``; written to knn_approx_large.json, knn_approx_large_gpu_n<N>.json).
 
 ``--approx-query N``: new points' 90-NN among N shifted images on the CPU: a
 ``ListIndex`` of them (its build timed apart) queried with the default probes
@@ -332,18 +332,23 @@ def shifted_images(X, dy, dx):
     return padded[:, 2 + dy:30 + dy, 2 + dx:30 + dx].reshape(-1, 784)
 
 
-def run_approx_large(n, k=90, n_probe="auto", sampled=1000, exact_n=140_000):
-    """approx_knn of n shifted images (CPU), its recall on ``sampled`` random rows
-    (their exact k-NN by knn_query), and the exact search of the first
-    ``exact_n``, whose time grows as N^2."""
-    X = shifted_fashion_mnist(n)
+def run_approx_large(n, k=90, n_probe="auto", sampled=1000, exact_n=None, backend="cpu"):
+    """approx_knn of n shifted images, its recall on ``sampled`` random rows (their
+    exact k-NN by knn_query), and the exact search of the first ``exact_n`` (default:
+    140,000 on the CPU, whose time grows as N^2, all n on the GPU)."""
+    be = ge.get_backend(backend)
+    sync = device_sync(be)
+    exact_n = min(n, exact_n or (n if be.is_gpu else 140_000))
+    X = be.asarray(shifted_fashion_mnist(n))
+    ge.approx_knn(X[:30_000], k, backend=be)         # compile + warm up
+    ge.knn(X[:3000], k, backend=be)
     chosen = []
     t_approx, (_, idx) = best_time(lambda: auto_probes(
-        lambda: ge.approx_knn(X, k, n_probe=n_probe, backend="cpu"), chosen))
+        lambda: ge.approx_knn(X, k, n_probe=n_probe, backend=be), chosen), sync=sync)
     rows = np.random.default_rng(0).choice(n, sampled, replace=False)
-    exact = neighbors_ivf.sampled_knn(ge.get_backend("cpu"), X, rows, k)
-    recall = float((idx[rows][:, :, None] == exact[:, None, :]).any(axis=2).mean())
-    t_exact, _ = best_time(lambda: ge.knn(X[:exact_n], k, backend="cpu"))
+    exact = neighbors_ivf.sampled_knn(be, X, rows, k)
+    recall = float((be.to_host(idx)[rows][:, :, None] == exact[:, None, :]).any(axis=2).mean())
+    t_exact, _ = best_time(lambda: ge.knn(X[:exact_n], k, backend=be), sync=sync)
     figures = {"n": n, "dim": 784, "k": k, "dtype": "float32", "n_probe": n_probe,
                "n_probe_chosen": chosen[-1] if chosen else None,
                "approx_seconds": t_approx, "recall_sampled_rows": sampled, "recall": recall,
@@ -464,13 +469,13 @@ def main(argv=None):
                         help="approx_knn against the exact search, and t-SNE on its "
                              "neighbours (knn_approx.json)")
     parser.add_argument("--approx-large", type=int, metavar="N",
-                        help="approx_knn of N shifted Fashion-MNIST images on the CPU, its "
-                             "recall on 1,000 rows, the exact search of 140,000 "
-                             "(knn_approx_large.json)")
+                        help="approx_knn of N shifted Fashion-MNIST images, its recall on "
+                             "1,000 rows, the exact search of 140,000 of them on the CPU, of "
+                             "all on the GPU (knn_approx_large[_gpu_n<N>].json)")
     parser.add_argument("--approx-query", type=int, metavar="N",
                         help="new points' k-NN among N shifted images on the CPU: a ListIndex "
                              "against the exact knn_query (knn_approx_query.json)")
-    parser.add_argument("--backend", default="cpu", help="with --approx")
+    parser.add_argument("--backend", default="cpu", help="with --approx and --approx-large")
     parser.add_argument("--tsne-n", type=int, default=20_000, help="with --approx")
     args = parser.parse_args(argv)
     if args.approx_query:
@@ -478,7 +483,9 @@ def main(argv=None):
                      suffix=f"_n{args.approx_query}")
         return
     if args.approx_large:
-        write_result("knn_approx_large", run_approx_large(args.approx_large))
+        figures = run_approx_large(args.approx_large, backend=args.backend)
+        write_result("knn_approx_large", figures,
+                     suffix=f"_gpu_n{args.approx_large}" if args.backend == "gpu" else "")
         return
     if args.approx:
         suffix = ("" if args.n is None else f"_n{args.n}") + (

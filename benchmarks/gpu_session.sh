@@ -22,6 +22,8 @@
 #                                             # curvature pairs (there CG starts cold with them)
 #   bash benchmarks/gpu_session.sh approx     # approx_knn against the exact k-NN, and the
 #                                             # default t-SNE of Fashion-MNIST 70k on each
+#   bash benchmarks/gpu_session.sh approx-large  # approx_knn against the exact k-NN of
+#                                                # 280,000 and 10^6 shifted images
 #
 # Before spending device time, the same scripts' GPU branches can run here on the
 # CUDA emulator at small sizes, e.g.
@@ -97,6 +99,12 @@ approx)
     (cd benchmarks &&
      python3 bench_knn.py --approx --backend gpu --tsne-n 70000) 2>&1 | tee "$out/gpu_approx.log"
     ;;
+approx-large)
+    (cd benchmarks &&
+     python3 bench_knn.py --approx-large 280000 --backend gpu &&
+     python3 bench_knn.py --approx-large 1000000 --backend gpu) 2>&1 \
+        | tee "$out/gpu_approx_large.log"
+    ;;
 tsne)
     (cd benchmarks &&
      python3 bench_embedding.py --backend gpu --large 70000 --suffix _gpu_n70000) 2>&1 \
@@ -143,7 +151,7 @@ pairs)
     ;;
 *)
     printf '%s%s\n' "usage: $0 tests|bench|large|embedding|tsne|spectral|mac|mac-batch100|" \
-           "msne|profile|transform|pairs [more parts]" >&2
+           "msne|profile|transform|pairs|approx|approx-large [more parts]" >&2
     exit 2
     ;;
 esac
