@@ -13,7 +13,7 @@ on the CPU, where they are installed).
 Writes results/transform.json (``--suffix`` for another name).
 
 ``--large N``: TSNE of N shifted images (CPU), then ``--m`` new ones mapped with
-their neighbours from the training points' k-means lists (the default from 100,000
+their neighbours from the training points' k-means lists (the default from 50,000
 training points) and from the exact search (transform_large.json).
 """
 from __future__ import annotations
@@ -103,10 +103,10 @@ def run(name, X, y, n, m, backend="cpu"):
 
 def run_large(n, m, repeat=2):
     """TSNE (defaults, CPU) of ``n`` shifted images (bench_knn.shifted_fashion_mnist;
-    from 100,000 on its affinities take the approximate search), then ``m`` new
+    from 50,000 on its affinities take the approximate search), then ``m`` new
     images (the first, shifted by the next shift, one the training set lacks)
     mapped into it, their neighbours from the training points' lists
-    (transform's default from 100,000 training points; the first call builds
+    (transform's default from 50,000 training points; the first call builds
     them, timed apart) and from the exact search, alternating, best of ``repeat``."""
     from bench_knn import shifted_fashion_mnist, shifted_images, unseen_shift
     from gpuembed.neighbors_ivf import QuerySearch
