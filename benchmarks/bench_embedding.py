@@ -60,6 +60,11 @@ the default SD, which takes exaggeration and curvature pairs there
 seconds, iterations, KL (exact sums), 10-NN accuracy, written to
 embedding_split.json ("split_graphs").
 
+``--shifted N`` fits the default t-SNE to N images (Fashion-MNIST and its copies
+shifted by up to 2 pixels, as bench_knn's --approx-large), from the data: seconds
+(affinities apart), iterations, KL by the fit's engine, 10-NN accuracy and peak host
+memory, written to embedding_shifted_n<N>[_gpu].json ("tsne_shifted").
+
 ``--text N`` embeds N synthetic documents of 20 topics (common.topic_documents,
 sparse TF-IDF rows): gpuembed's default t-SNE on the sparse matrix against
 scikit-learn's and openTSNE's t-SNE and UMAP on the same matrix, each timed from
@@ -69,6 +74,7 @@ written to embedding_text_n<N>.json ("tsne_text").
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 
 import numpy as np
@@ -242,6 +248,35 @@ def large(n, backend="cpu"):
         print(r["optimizer"], "seconds of optimization to reach the final KL of",
               r["seconds_to_kl"], flush=True)
     return {"n": n, "affinity_seconds": affinity_seconds, "runs": runs}
+
+
+def shifted(n, backend="cpu"):
+    """The default TSNE of n images from the data, Fashion-MNIST grown by copies
+    shifted by up to 2 pixels (bench_knn.shifted_fashion_mnist): seconds of the
+    affinities (their k-NN included) and of the fit, iterations, the fit's KL by its
+    own N-body engine (exact sums cost N^2), the 10-NN accuracy of the images'
+    classes, and the process's peak resident memory (host)."""
+    from bench_knn import shifted_fashion_mnist
+
+    be = ge.get_backend(backend)
+    X = shifted_fashion_mnist(n)
+    labels = ge.datasets.fashion_mnist()[1]
+    y = np.tile(labels, -(-n // len(labels)))[:n]
+    warm_up_tsne(be, X, n)
+    start = time.perf_counter()
+    A = ge.entropic_affinities(X, 30.0, backend=be)
+    affinity_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    model = ge.TSNE(affinities=A, backend=be, random_state=0).fit(X)
+    seconds = time.perf_counter() - start
+    figures = {"n": n, "affinity_seconds": affinity_seconds, "pairs": int(A.P.nnz),
+               "fit_seconds": seconds, "seconds": affinity_seconds + seconds,
+               "iterations": model.n_iter_, "kl_by_fit_engine": model.objective_,
+               "knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y, backend=be),
+               "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+               "curve": [(h["iter"], h["time"], h["objective"]) for h in model.history_]}
+    print({k: v for k, v in figures.items() if k != "curve"}, flush=True)
+    return figures
 
 
 def text(n, backend="cpu"):
@@ -661,6 +696,8 @@ def main(argv=None):
                         help=f"comma-separated, of {', '.join(DATASETS)}")
     parser.add_argument("--large", type=int, help="only the t-SNE-at-scale part, N points")
     parser.add_argument("--text", type=int, help="only the sparse-documents part, N documents")
+    parser.add_argument("--shifted", type=int,
+                        help="only the default t-SNE of N shifted Fashion-MNIST images")
     parser.add_argument("--coil", type=int, help="only the rotating-objects part, K objects")
     parser.add_argument("--clusters", type=int,
                         help="only the separated-clusters part: N points, 20 clusters in 10-D")
@@ -702,6 +739,11 @@ def main(argv=None):
     if args.clusters:
         write_result("embedding", {"clusters": clusters(args.clusters, 20, 10, args.backend)},
                      args.suffix or f"_clusters_n{args.clusters}", merge=True)
+        return
+    if args.shifted:
+        suffix = f"_shifted_n{args.shifted}" + ("_gpu" if args.backend == "gpu" else "")
+        write_result("embedding", {"tsne_shifted": shifted(args.shifted, args.backend)},
+                     args.suffix or suffix, merge=True)
         return
     if args.text:
         write_result("embedding", {"tsne_text": text(args.text, args.backend)},

@@ -24,6 +24,8 @@
 #                                             # default t-SNE of Fashion-MNIST 70k on each
 #   bash benchmarks/gpu_session.sh approx-large  # approx_knn against the exact k-NN of
 #                                                # 280,000 and 10^6 shifted images
+#   bash benchmarks/gpu_session.sh tsne-shifted  # default t-SNE of 10^6 shifted images
+#                                                # from the data
 #
 # Before spending device time, the same scripts' GPU branches can run here on the
 # CUDA emulator at small sizes, e.g.
@@ -105,6 +107,11 @@ approx-large)
      python3 bench_knn.py --approx-large 1000000 --backend gpu) 2>&1 \
         | tee "$out/gpu_approx_large.log"
     ;;
+tsne-shifted)
+    (cd benchmarks &&
+     python3 bench_embedding.py --backend gpu --shifted 1000000) 2>&1 \
+        | tee "$out/gpu_tsne_shifted.log"
+    ;;
 tsne)
     (cd benchmarks &&
      python3 bench_embedding.py --backend gpu --large 70000 --suffix _gpu_n70000) 2>&1 \
@@ -151,7 +158,7 @@ pairs)
     ;;
 *)
     printf '%s%s\n' "usage: $0 tests|bench|large|embedding|tsne|spectral|mac|mac-batch100|" \
-           "msne|profile|transform|pairs|approx|approx-large [more parts]" >&2
+           "msne|profile|transform|pairs|approx|approx-large|tsne-shifted [more parts]" >&2
     exit 2
     ;;
 esac
