@@ -256,12 +256,10 @@ def shifted(n, backend="cpu"):
     affinities (their k-NN included) and of the fit, iterations, the fit's KL by its
     own N-body engine (exact sums cost N^2), the 10-NN accuracy of the images'
     classes, and the process's peak resident memory (host)."""
-    from bench_knn import shifted_fashion_mnist
+    from bench_knn import shifted_fashion_mnist, shifted_labels
 
     be = ge.get_backend(backend)
-    X = shifted_fashion_mnist(n)
-    labels = ge.datasets.fashion_mnist()[1]
-    y = np.tile(labels, -(-n // len(labels)))[:n]
+    X, y = shifted_fashion_mnist(n), shifted_labels(n)
     warm_up_tsne(be, X, n)
     start = time.perf_counter()
     A = ge.entropic_affinities(X, 30.0, backend=be)

@@ -321,6 +321,12 @@ def shifted_fashion_mnist(n):
     return np.concatenate([shifted_images(X, dy, dx) for dy, dx in SHIFTS[:-(-n // len(X))]])[:n]
 
 
+def shifted_labels(n):
+    """The classes of shifted_fashion_mnist(n)'s images."""
+    labels = ge.datasets.fashion_mnist()[1]
+    return np.tile(labels, -(-n // len(labels)))[:n]
+
+
 def unseen_shift(n):
     """The first shift (dy, dx) that shifted_fashion_mnist(n) has none of."""
     return SHIFTS[-(-n // 70_000)]

@@ -108,12 +108,11 @@ def run_large(n, m, repeat=2):
     mapped into it, their neighbours from the training points' lists
     (transform's default from 50,000 training points; the first call builds
     them, timed apart) and from the exact search, alternating, best of ``repeat``."""
-    from bench_knn import shifted_fashion_mnist, shifted_images, unseen_shift
+    from bench_knn import shifted_fashion_mnist, shifted_images, shifted_labels, unseen_shift
     from gpuembed.neighbors_ivf import QuerySearch
 
-    X = shifted_fashion_mnist(n)
+    X, y = shifted_fashion_mnist(n), shifted_labels(n)
     images, labels = ge.datasets.fashion_mnist()
-    y = np.tile(labels, -(-n // len(labels)))[:n]
     Q, y_new = shifted_images(images[:m], *unseen_shift(n)), labels[:m]
     start = time.perf_counter()
     model = ge.TSNE(random_state=0, backend="cpu").fit(X)
