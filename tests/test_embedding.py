@@ -499,6 +499,23 @@ def test_sd_refresh_rebuilds_b_from_the_layout(small):
     assert directions.Spectral(tsne, Y0, refresh=None).refresh is None
     never = directions.Spectral(tsne, Y0, refresh=None)
     np.testing.assert_allclose(never.B.toarray(), 4 * (np.diag(P.sum(1)) - P), atol=1e-12)
+    # Asked to renew before the loop stops (optim/loop.py), SD rebuilds B at the next
+    # call if the last build is more than the window's calls old, and counts its
+    # refreshes from there; EE, whose B never changes, and SD without refreshes do not.
+    d = directions.Spectral(tsne, Y0)
+    for _ in range(10):
+        d(Y0, G)
+    assert not d.renew(10)
+    d(Y0, G)
+    assert d.renew(10)
+    d(Y, G)
+    assert d.rebuilt
+    np.testing.assert_allclose(d.B.toarray(), expected_B(Y), rtol=1e-12, atol=1e-15)
+    assert [d(Y0, G) is not None and d.rebuilt for _ in range(50)] == [False] * 49 + [True]
+    for other in (directions.Spectral(ee, Y0), never):
+        for _ in range(20):
+            other(Y0, G)
+        assert not other.renew(10)
 
 
 def test_connected_sparsify_doubles_kappa_until_the_graph_holds_together(backend):
@@ -997,6 +1014,74 @@ def test_line_search_tries_the_retry_step_before_halving():
         result = minimize(Bumpy(), np.ones((1, 1)), d, max_iter=1, tol=0)
         steps[retry] = result.history[1]["step"]
     assert steps == {None: 0.25, 1.0: 1.0, 0.25: 0.25}
+
+
+def test_loop_asks_the_direction_to_renew_before_it_stops():
+    """Where the stopping test fires or the line search fails, minimize asks the
+    direction to renew its curvature model (SD rebuilds B) and, if it did, goes on
+    from a new stopping window; an iteration whose line search failed is taken
+    again.  The direction here stalls from its 16th call on (a B gone stale) and,
+    renewed once, steps well for ``more`` calls; the objective raises its trial
+    values by 1 while ``raised``, which fails every trial."""
+    from gpuembed.backend import get_backend
+    from gpuembed.optim import minimize
+    from gpuembed.optim.directions import Direction
+    from gpuembed.optim.loop import STOP_WINDOW, Monitor
+
+    class Quadratic:
+        be = get_backend("cpu")
+        raised = False
+
+        def value_and_grad(self, X):
+            return 0.5e-3 * float((X * X).sum()) + self.raised, 1e-3 * X
+
+    class Aging(Direction):
+        def __init__(self, objective, X, renewals, more):
+            super().__init__(objective, X)
+            self.calls, self.fresh_for, self.asked = 0, 15, []
+            self.renewals, self.more = renewals, more
+
+        def __call__(self, X, G):
+            self.calls += 1
+            return -G if self.calls <= self.fresh_for else -1e-7 * G
+
+        def renew(self, window):
+            self.asked.append((self.calls, window))
+            if len(self.asked) > self.renewals:
+                return False
+            self.fresh_for, self.objective.raised = self.calls + self.more, False
+            return True
+
+    def run(renewals, raise_at=None, more=5, **kw):
+        objective = Quadratic()
+        d = Aging(objective, np.ones((3, 2)), renewals, more)
+
+        def raising(iteration, time, value):
+            objective.raised = iteration == raise_at
+
+        result = minimize(objective, np.ones((3, 2)), d, monitor=Monitor(callbacks=[raising]),
+                          **kw)
+        assert [h["iter"] for h in result.history] == list(range(result.n_iter + 1))
+        return result, d.asked
+
+    # Stalled from call 16: the test fires once its window holds 10 stalled steps.
+    (stopped, asked), (renewed, asked_again) = (run(k, max_iter=100, tol=1e-5) for k in (0, 1))
+    assert STOP_WINDOW == 10 and stopped.n_iter == 25 and asked == [(25, 10)]
+    # Renewed: 5 good steps, then a window of 10 stalled ones before it stops.
+    assert renewed.n_iter == 40 and asked_again == [(25, 10), (40, 10)]
+    assert renewed.objective < stopped.objective * (1 - 0.009)
+    # A renewal that does not help: the test waits for a window of the new model's
+    # steps (a single one can be short: Fashion-MNIST 70k, tol 1e-4, after the B
+    # rebuilt at iteration 149).
+    still, asked = run(1, more=0, max_iter=100, tol=1e-5)
+    assert still.n_iter == 35 and asked == [(25, 10), (35, 10)]
+    # Every trial of iteration 4 fails: without a renewal the fit ends after 3, with one
+    # iteration 4 is taken again (one more call of the direction) and the fit goes on.
+    (failed, asked), (retried, asked_again) = (run(k, raise_at=3, max_iter=6, tol=0)
+                                               for k in (0, 1))
+    assert failed.n_iter == 3 and failed.converged and asked == [(4, 10)]
+    assert retried.n_iter == 6 and not retried.converged and asked_again == [(4, 10)]
+    assert retried.objective < failed.objective
 
 
 def test_tsne_sd_tries_a_unit_step_after_each_refresh(loops):

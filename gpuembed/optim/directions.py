@@ -211,6 +211,12 @@ class Direction:
     def update(self, X_old, X_new, G_old, G_new):
         pass
 
+    def renew(self, window):
+        """Asked when the loop would stop (slow progress or a failed line search):
+        True if the direction rebuilds its curvature model for the next call, False
+        if it has none to rebuild or built it within the last ``window`` calls."""
+        return False
+
 
 class GradientDescent(Direction):
     natural_step = math.inf
@@ -379,7 +385,9 @@ class Spectral(Direction):
     stays at 15 there).
 
     ``refresh=R`` (method_params ``sd_refresh``): every R iterations B is rebuilt
-    (and refactorized) from the attractive weights at the current layout.  For t-SNE
+    (and refactorized) from the attractive weights at the current layout, and where
+    the loop would stop with a B older than its stopping window (:meth:`renew`),
+    the next refresh R iterations after that one.  For t-SNE
     these are p / (1 + d^2), d^2 capped at 10 times its median over the edges
     (objectives/tsne.py, REFRESH_SQDIST_CAP: uncapped, points whose neighbours lay
     far off took steps of 1e4 units and ended stranded), and P, their value at X =
@@ -463,7 +471,8 @@ class Spectral(Direction):
         self.refresh = check_refresh(refresh)
         if self.refresh == "auto":
             self.refresh = self.REFRESH if objective.attractive_curvature_is_bound else None
-        self.calls = 0
+        self.calls = self.built_at = 0
+        self.renewing = False
         if solver == "auto":
             solver = self.auto_solver(X.shape[0], self.kappa,
                                       objective.attractive_curvature_is_bound, self.be.is_gpu)
@@ -585,11 +594,19 @@ class Spectral(Direction):
         return "cholesky" if n <= cls.CHOLESKY_MAX_N else "cg"
 
     def __call__(self, X, G):
-        self.rebuilt = bool(self.refresh and self.calls and self.calls % self.refresh == 0)
+        self.rebuilt = bool(self.refresh and (self.renewing
+                                              or self.calls - self.built_at >= self.refresh))
         if self.rebuilt:
             self._build(self.objective.attractive_weights(X), X)
+            self.built_at, self.renewing = self.calls, False
         self.calls += 1
         return self._quasi_newton(X, G)
+
+    def renew(self, window):
+        # A B built at an earlier layout slows the steps before its refresh (see
+        # STOP_WINDOW in optim/loop.py); one built within the window is the new model.
+        self.renewing = bool(self.refresh and self.calls - self.built_at > window)
+        return self.renewing
 
     def retry_step(self):
         # The step accepted with the old B says nothing of the scale of a direction
