@@ -497,6 +497,11 @@ def test_sd_refresh_rebuilds_b_from_the_layout(small):
     assert directions.Spectral(tsne, Y0).refresh == directions.Spectral.REFRESH == 50
     assert directions.Spectral(ee, Y0).refresh is None
     assert directions.Spectral(tsne, Y0, refresh=None).refresh is None
+    # CG's step limit: 20 where B is refreshed, 50 otherwise, or as given.
+    assert [directions.Spectral(obj, Y0, **kw).cg_maxiter
+            for obj, kw in ((tsne, {}), (ee, {}), (tsne, {"refresh": None}),
+                            (tsne, {"cg_maxiter": 7}))] == [20, 50, 50, 7]
+    assert (directions.REFRESHED_CG_MAXITER, directions.CG_MAXITER) == (20, 50)
     never = directions.Spectral(tsne, Y0, refresh=None)
     np.testing.assert_allclose(never.B.toarray(), 4 * (np.diag(P.sum(1)) - P), atol=1e-12)
     # Asked to renew before the loop stops (optim/loop.py), SD rebuilds B at the next
