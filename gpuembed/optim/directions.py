@@ -353,13 +353,15 @@ class Spectral(Direction):
     direction (compiled on the CPU, kernels/cg.cu on the GPU), to relative
     residual ``cg_tol`` (0.1, as SD-'s in seed 002; in float32 from 1e-4 up,
     SINGLE_CG_MIN_TOL) or ``cg_maxiter`` steps (None: 50, or REFRESHED_CG_MAXITER
-    where B is refreshed).  An inexact direction costs little progress per iteration and saves
-    most of the solve: Fashion-MNIST 20k, 200 iterations,
+    where B is refreshed).  An inexact direction costs little progress per
+    iteration and saves most of the solve: Fashion-MNIST 20k, 200 iterations,
     t-SNE (Barnes-Hut) KL 1.860 in 12.3 s with 5.5 products per iteration,
     against 1.857 in 44 s at 1e-3 / 100 steps (91 products) and 1.857 in 20.5 s
     with the Cholesky factor; EE (FGT) 26.40 in 35 s (27 products) against
-    26.37 in 73 s and, with Cholesky, 26.40 in 37 s.  Fewer than 50 steps
-    stall the early iterations (20: KL 1.907).  "auto": cholesky on the CPU up
+    26.37 in 73 s and, with Cholesky, 26.40 in 37 s (those t-SNE fits kept B
+    at X = 0, where fewer than 50 steps stalled the early iterations, 20: KL
+    1.907; a refreshed B does better with 20, see REFRESHED_CG_MAXITER).
+    "auto": cholesky on the CPU up
     to ``CHOLESKY_MAX_N`` points (fill grows fast with the graph's intrinsic
     dimension; at 10k points EE still ran 1.6x faster with it), CG beyond and
     on the GPU.  Where the curvature is only a bound (t-SNE), the factor only
