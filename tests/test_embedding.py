@@ -447,7 +447,7 @@ def test_tsne_sd_on_a_connected_graph_keeps_its_defaults(small):
     assert model._fit_params == {} and "exaggeration" not in model.history_[-1]
 
 
-def test_sd_refresh_rebuilds_b_from_the_layout(small):
+def test_sd_refresh_rebuilds_b_from_the_layout(small, monkeypatch):
     """With refresh=2, B is 4 L(W) + mu I for t-SNE's attractive weights at the
     start layout, W = p / (1 + min(d^2, 10 median d^2)) (the median over the
     edges; P itself at X = 0), and the third call rebuilds it at that call's
@@ -497,10 +497,14 @@ def test_sd_refresh_rebuilds_b_from_the_layout(small):
     assert directions.Spectral(tsne, Y0).refresh == directions.Spectral.REFRESH == 50
     assert directions.Spectral(ee, Y0).refresh is None
     assert directions.Spectral(tsne, Y0, refresh=None).refresh is None
-    # CG's step limit: 20 where B is refreshed, 50 otherwise, or as given.
-    assert [directions.Spectral(obj, Y0, **kw).cg_maxiter
-            for obj, kw in ((tsne, {}), (ee, {}), (tsne, {"refresh": None}),
-                            (tsne, {"cg_maxiter": 7}))] == [20, 50, 50, 7]
+    # CG's step limit: 20 where B is refreshed from REFRESHED_CG_MIN_N points (here
+    # lowered to these 120), 50 otherwise, or as given.
+    limits = lambda: [directions.Spectral(obj, Y0, **kw).cg_maxiter
+                      for obj, kw in ((tsne, {}), (ee, {}), (tsne, {"refresh": None}),
+                                      (tsne, {"cg_maxiter": 7}))]
+    assert limits() == [50, 50, 50, 7]
+    monkeypatch.setattr(directions, "REFRESHED_CG_MIN_N", 120)
+    assert limits() == [20, 50, 50, 7]
     assert (directions.REFRESHED_CG_MAXITER, directions.CG_MAXITER) == (20, 50)
     never = directions.Spectral(tsne, Y0, refresh=None)
     np.testing.assert_allclose(never.B.toarray(), 4 * (np.diag(P.sum(1)) - P), atol=1e-12)

@@ -117,16 +117,20 @@ def connected_sparsify(be, W, kappa, grow):
 # SD's and SD-'s linear CG: relative residual and step limit (seed 002's SD-;
 # for SD see Spectral's docstring).
 CG_TOL, CG_MAXITER = 0.1, 50
-# SD's step limit where B is refreshed (t-SNE): a B built at an earlier layout takes
-# 40-150 steps to the residual there, so 50 truncated nearly every solve, at 35% of
-# an iteration's time (Fashion-MNIST 70k: 83 of 239 ms).  With 20 the default fit
-# reached each KL below 2.28 sooner (2.25 after 59 s against 73 s) and stopped after
-# 85 s against 119 s at 2.244 against 2.238 (10-NN accuracy 0.846 both); on two 20k
-# subsets KL 1.77 after 10.2 s and 8.2 s against 14.3 s and 12.0 s, ending lower
-# (1.762, 1.751 against 1.768, 1.757).  Early iterations lose a little (KL 2.30 at
-# 70k after 28 s against 26 s); 15 was no better than 20, and with 10 a 20k fit
-# stopped at 1.800.
-REFRESHED_CG_MAXITER = 20
+# SD's step limit where B is refreshed (t-SNE) from REFRESHED_CG_MIN_N points: a B
+# built at an earlier layout takes 40-150 steps to the residual there, so 50
+# truncated nearly every solve, at 35% of an iteration's time (Fashion-MNIST 70k: 83
+# of 239 ms).  With 20 the default fit reached each KL below 2.28 sooner (2.25 after
+# 59 s against 73 s) and stopped after 85 s against 119 s at 2.244 against 2.238
+# (10-NN accuracy 0.846 both); on two 20k subsets KL 1.77 after 10.2 s and 8.2 s
+# against 14.3 s and 12.0 s, ending lower (1.762, 1.751 against 1.768, 1.757).  Early
+# iterations lose a little (KL 2.30 at 70k after 28 s against 26 s); 15 was no better
+# than 20, and with 10 a 20k fit stopped at 1.800.  Below, an evaluation costs more
+# against the solve, and the shorter solves lost: 5k with exact sums (the benchmark's
+# run at 8fdf35e, not kept, against 89e07b4's) KL 1.2492 against 1.2382 after 4 s, 1.2464 against
+# 1.2344 after 8 s; two 5k and two 10k subsets (Barnes-Hut) reached each KL sooner
+# but two of them stopped higher (1.2393 against 1.2317, 1.5055 against 1.5036).
+REFRESHED_CG_MAXITER, REFRESHED_CG_MIN_N = 20, 20_000
 # SD's CG runs in float32 whatever X's dtype for tolerances from SINGLE_CG_MIN_TOL
 # up (the default's 0.1 is far above float32's precision), and its products move
 # fewer bytes: t-SNE's refreshed B on Fashion-MNIST 20k (411k nonzeros, 50 steps on
@@ -353,9 +357,10 @@ class Spectral(Direction):
     direction (compiled on the CPU, kernels/cg.cu on the GPU), to relative
     residual ``cg_tol`` (0.1, as SD-'s in seed 002; in float32 from 1e-4 up,
     SINGLE_CG_MIN_TOL) or ``cg_maxiter`` steps (None: 50, or REFRESHED_CG_MAXITER
-    where B is refreshed).  An inexact direction costs little progress per
-    iteration and saves most of the solve: Fashion-MNIST 20k, 200 iterations,
-    t-SNE (Barnes-Hut) KL 1.860 in 12.3 s with 5.5 products per iteration,
+    where B is refreshed, from REFRESHED_CG_MIN_N points).  An inexact direction
+    costs little progress per iteration and saves most of the solve:
+    Fashion-MNIST 20k, 200 iterations, t-SNE (Barnes-Hut) KL 1.860 in 12.3 s
+    with 5.5 products per iteration,
     against 1.857 in 44 s at 1e-3 / 100 steps (91 products) and 1.857 in 20.5 s
     with the Cholesky factor; EE (FGT) 26.40 in 35 s (27 products) against
     26.37 in 73 s and, with Cholesky, 26.40 in 37 s (those t-SNE fits kept B
@@ -490,7 +495,8 @@ class Spectral(Direction):
                                       objective.attractive_curvature_is_bound, self.be.is_gpu)
         self.solver = solver
         if cg_maxiter is None:
-            cg_maxiter = REFRESHED_CG_MAXITER if self.refresh else CG_MAXITER
+            large = X.shape[0] >= REFRESHED_CG_MIN_N
+            cg_maxiter = REFRESHED_CG_MAXITER if self.refresh and large else CG_MAXITER
         self.cg_tol, self.cg_maxiter = cg_tol, cg_maxiter
         self.cg_dtype = np.dtype(np.float32 if self.single_precision_cg
                                  and cg_tol >= SINGLE_CG_MIN_TOL else X.dtype)
