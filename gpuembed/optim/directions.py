@@ -117,19 +117,19 @@ def connected_sparsify(be, W, kappa, grow):
 # SD's and SD-'s linear CG: relative residual and step limit (seed 002's SD-;
 # for SD see Spectral's docstring).
 CG_TOL, CG_MAXITER = 0.1, 50
-# SD's step limit where B is refreshed (t-SNE) from REFRESHED_CG_MIN_N points: a B
-# built at an earlier layout takes 40-150 steps to the residual there, so 50
-# truncated nearly every solve, at 35% of an iteration's time (Fashion-MNIST 70k: 83
-# of 239 ms).  With 20 the default fit reached each KL below 2.28 sooner (2.25 after
-# 59 s against 73 s) and stopped after 85 s against 119 s at 2.244 against 2.238
-# (10-NN accuracy 0.846 both); on two 20k subsets KL 1.77 after 10.2 s and 8.2 s
-# against 14.3 s and 12.0 s, ending lower (1.762, 1.751 against 1.768, 1.757).  Early
-# iterations lose a little (KL 2.30 at 70k after 28 s against 26 s); 15 was no better
-# than 20, and with 10 a 20k fit stopped at 1.800.  Below, an evaluation costs more
-# against the solve, and the shorter solves lost: 5k with exact sums (the benchmark's
-# run at 8fdf35e, not kept, against 89e07b4's) KL 1.2492 against 1.2382 after 4 s, 1.2464 against
-# 1.2344 after 8 s; two 5k and two 10k subsets (Barnes-Hut) reached each KL sooner
-# but two of them stopped higher (1.2393 against 1.2317, 1.5055 against 1.5036).
+# SD's step limit where B is refreshed (t-SNE) from REFRESHED_CG_MIN_N points: a B built
+# at an earlier layout takes 40-150 steps to the residual there, so 50 truncated nearly
+# every solve, at 35% of an iteration's time (Fashion-MNIST 70k: 83 of 239 ms).  With 20
+# the default fit reached each KL below 2.28 sooner (2.25 after 59 s against 73 s) and
+# stopped after 85 s against 119 s at 2.244 against 2.238 (10-NN accuracy 0.846 both);
+# on two 20k subsets KL 1.77 after 10.2 s and 8.2 s against 14.3 s and 12.0 s, ending
+# lower (1.762, 1.751 against 1.768, 1.757).  Early iterations lose a little (KL 2.30 at
+# 70k after 28 s against 26 s); 15 was no better than 20, and with 10 a 20k fit stopped
+# at 1.800.  Below, an evaluation costs more against the solve, and the shorter solves
+# lost: 5k with exact sums (the benchmark's run at 8fdf35e, not kept, against 89e07b4's)
+# KL 1.2492 against 1.2382 after 4 s, 1.2464 against 1.2344 after 8 s; two 5k and two
+# 10k subsets (Barnes-Hut) reached each KL sooner but two of them stopped higher (1.2393
+# against 1.2317, 1.5055 against 1.5036).
 REFRESHED_CG_MAXITER, REFRESHED_CG_MIN_N = 20, 20_000
 # SD's CG runs in float32 whatever X's dtype for tolerances from SINGLE_CG_MIN_TOL
 # up (the default's 0.1 is far above float32's precision), and its products move
@@ -360,14 +360,13 @@ class Spectral(Direction):
     where B is refreshed, from REFRESHED_CG_MIN_N points).  An inexact direction
     costs little progress per iteration and saves most of the solve:
     Fashion-MNIST 20k, 200 iterations, t-SNE (Barnes-Hut) KL 1.860 in 12.3 s
-    with 5.5 products per iteration,
-    against 1.857 in 44 s at 1e-3 / 100 steps (91 products) and 1.857 in 20.5 s
-    with the Cholesky factor; EE (FGT) 26.40 in 35 s (27 products) against
-    26.37 in 73 s and, with Cholesky, 26.40 in 37 s (those t-SNE fits kept B
-    at X = 0, where fewer than 50 steps stalled the early iterations, 20: KL
-    1.907; a refreshed B does better with 20, see REFRESHED_CG_MAXITER).
-    "auto": cholesky on the CPU up
-    to ``CHOLESKY_MAX_N`` points (fill grows fast with the graph's intrinsic
+    with 5.5 products per iteration, against 1.857 in 44 s at 1e-3 / 100 steps
+    (91 products) and 1.857 in 20.5 s with the Cholesky factor; EE (FGT) 26.40
+    in 35 s (27 products) against 26.37 in 73 s and, with Cholesky, 26.40 in
+    37 s (those t-SNE fits kept B at X = 0, where fewer than 50 steps stalled
+    the early iterations, 20: KL 1.907; a refreshed B does better with 20, see
+    REFRESHED_CG_MAXITER).  "auto": cholesky on the CPU up to
+    ``CHOLESKY_MAX_N`` points (fill grows fast with the graph's intrinsic
     dimension; at 10k points EE still ran 1.6x faster with it), CG beyond and
     on the GPU.  Where the curvature is only a bound (t-SNE), the factor only
     for the full L+, CG for every sparsified one.  An exact solve with a

@@ -190,10 +190,9 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
             return Result(X, E, it, monitor.history)
         hold = max(hold - 1, 0)
         if change < tol and not hold:
-            if d.renew(STOP_WINDOW):
-                hold = STOP_WINDOW
-                continue
-            return Result(X, E, it, monitor.history, converged=True)
+            if not d.renew(STOP_WINDOW):
+                return Result(X, E, it, monitor.history, converged=True)
+            hold = STOP_WINDOW
     return Result(X, E, max_iter, monitor.history)
 
 
