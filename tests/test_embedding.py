@@ -1026,16 +1026,20 @@ def test_line_search_tries_the_retry_step_before_halving():
 
 
 def test_loop_asks_the_direction_to_renew_before_it_stops():
-    """Where the stopping test fires or the line search fails, minimize asks the
-    direction to renew its curvature model (SD rebuilds B) and, if it did, goes on
-    from a new stopping window; an iteration whose line search failed is taken
-    again.  The direction here stalls from its 16th call on (a B gone stale) and,
-    renewed once, steps well for ``more`` calls; the objective raises its trial
-    values by 1 while ``raised``, which fails every trial."""
+    """Where the stopping test fires after steps the line search cut, or the line
+    search fails, minimize asks the direction to renew its curvature model (SD
+    rebuilds B) and, if it did, goes on from a new stopping window; an iteration
+    whose line search failed is taken again.  The direction here goes stale from
+    its 16th call on (a B built at an earlier layout): ``stale="cut"`` adds a large
+    part across the gradient, so that the line search cuts its steps to about
+    1e-3; ``"slow"`` shrinks it, so that whole steps barely move (a fit that has
+    converged: no renewal is asked).  Renewed once, it steps well for ``more``
+    calls from a unit step; the objective raises its trial values by 1 while
+    ``raised``, which fails every trial."""
     from gpuembed.backend import get_backend
     from gpuembed.optim import minimize
     from gpuembed.optim.directions import Direction
-    from gpuembed.optim.loop import STOP_WINDOW, Monitor
+    from gpuembed.optim.loop import STALL_STEP, STOP_WINDOW, Monitor
 
     class Quadratic:
         be = get_backend("cpu")
@@ -1045,25 +1049,37 @@ def test_loop_asks_the_direction_to_renew_before_it_stops():
             return 0.5e-3 * float((X * X).sum()) + self.raised, 1e-3 * X
 
     class Aging(Direction):
-        def __init__(self, objective, X, renewals, more):
+        def __init__(self, objective, X, renewals, more, stale):
             super().__init__(objective, X)
             self.calls, self.fresh_for, self.asked = 0, 15, []
-            self.renewals, self.more = renewals, more
+            self.renewals, self.more, self.stale = renewals, more, stale
 
         def __call__(self, X, G):
             self.calls += 1
-            return -G if self.calls <= self.fresh_for else -1e-7 * G
+            if self.calls <= self.fresh_for:
+                return -G
+            if self.stale == "slow":
+                return -1e-7 * G
+            return -G + 1e3 * G[:, ::-1] * np.array([1.0, -1.0])   # G turned by 90 degrees
 
         def renew(self, window):
             self.asked.append((self.calls, window))
             if len(self.asked) > self.renewals:
                 return False
             self.fresh_for, self.objective.raised = self.calls + self.more, False
+            self.restart = True
             return True
 
-    def run(renewals, raise_at=None, more=5, **kw):
+        def initial_step(self, previous, grow):
+            # A renewed model's line search starts from its own unit step.
+            if getattr(self, "restart", False):
+                self.restart = False
+                return 1.0
+            return super().initial_step(previous, grow)
+
+    def run(renewals, raise_at=None, more=5, stale="cut", **kw):
         objective = Quadratic()
-        d = Aging(objective, np.ones((3, 2)), renewals, more)
+        d = Aging(objective, np.ones((3, 2)), renewals, more, stale)
 
         def raising(iteration, time, value):
             objective.raised = iteration == raise_at
@@ -1073,10 +1089,12 @@ def test_loop_asks_the_direction_to_renew_before_it_stops():
         assert [h["iter"] for h in result.history] == list(range(result.n_iter + 1))
         return result, d.asked
 
-    # Stalled from call 16: the test fires once its window holds 10 stalled steps.
+    # Stale from call 16: the test fires once its window holds 10 stale steps.
     (stopped, asked), (renewed, asked_again) = (run(k, max_iter=100, tol=1e-5) for k in (0, 1))
-    assert STOP_WINDOW == 10 and stopped.n_iter == 25 and asked == [(25, 10)]
-    # Renewed: 5 good steps, then a window of 10 stalled ones before it stops.
+    steps = [h["step"] for h in stopped.history[16:]]
+    assert STOP_WINDOW == 10 and max(steps) < STALL_STEP / 10 < 1 <= stopped.history[15]["step"]
+    assert stopped.n_iter == 25 and asked == [(25, 10)]
+    # Renewed: 5 good steps, then a window of 10 stale ones before it stops.
     assert renewed.n_iter == 40 and asked_again == [(25, 10), (40, 10)]
     assert renewed.objective < stopped.objective * (1 - 0.009)
     # A renewal that does not help: the test waits for a window of the new model's
@@ -1084,6 +1102,10 @@ def test_loop_asks_the_direction_to_renew_before_it_stops():
     # rebuilt at iteration 149).
     still, asked = run(1, more=0, max_iter=100, tol=1e-5)
     assert still.n_iter == 35 and asked == [(25, 10), (35, 10)]
+    # Whole steps that barely move: the fit has converged with its model, and the
+    # loop stops without asking.
+    converged, asked = run(1, stale="slow", max_iter=100, tol=1e-5)
+    assert converged.n_iter == 25 and asked == [] and converged.history[-1]["step"] >= 1
     # Every trial of iteration 4 fails: without a renewal the fit ends after 3, with one
     # iteration 4 is taken again (one more call of the direction) and the fit goes on.
     (failed, asked), (retried, asked_again) = (run(k, raise_at=3, max_iter=6, tol=0)
