@@ -402,8 +402,9 @@ class Spectral(Direction):
 
     ``refresh=R`` (method_params ``sd_refresh``): every R iterations B is rebuilt
     (and refactorized) from the attractive weights at the current layout, and where
-    the loop would stop with a B older than its stopping window (:meth:`renew`),
-    the next refresh R iterations after that one.  For t-SNE
+    the loop would stop with a B older than its stopping window after steps that the
+    line search cut (:meth:`renew`; STALL_STEP in optim/loop.py), the next refresh R
+    iterations after that one.  For t-SNE
     these are p / (1 + d^2), d^2 capped at 10 times its median over the edges
     (objectives/tsne.py, REFRESH_SQDIST_CAP: uncapped, points whose neighbours lay
     far off took steps of 1e4 units and ended stranded), and P, their value at X =

@@ -38,7 +38,7 @@ STOP_WINDOW = 10
 # Where a stale B stalled the fit the medians were 2e-6 to 0.008 (Fashion-MNIST 5k
 # subsets, 20 rotating objects), and the renewal went on to lower KL (20 objects:
 # 0.668 against 0.772); where the fit had converged with its B they were 0.12 to 1.2,
-# and the renewal cost a factorization and 10-30 iterations for KL 0.0001-0.0003
+# and the renewal cost a factorization and 10-58 iterations for KL 0.0001-0.0008
 # lower (digits at perplexity 10, Fashion-MNIST 1,500 and 2,000: 0.85-1.51 s against
 # 0.60-1.17 s).  A failed line search is the limit of such cuts: it always asks.
 STALL_STEP = 0.03
