@@ -516,10 +516,13 @@ def test_sd_refresh_rebuilds_b_from_the_layout(small, monkeypatch):
         d(Y0, G)
     assert not d.renew(10)
     d(Y0, G)
+    assert d.initial_step(1e-6, False) == 1e-6
     assert d.renew(10)
     d(Y, G)
     assert d.rebuilt
     np.testing.assert_allclose(d.B.toarray(), expected_B(Y), rtol=1e-12, atol=1e-15)
+    # The renewed B's line search starts at its own step 1, once.
+    assert [d.initial_step(1e-6, False) for _ in range(2)] == [1.0, 1e-6]
     assert [d(Y0, G) is not None and d.rebuilt for _ in range(50)] == [False] * 49 + [True]
     for other in (directions.Spectral(ee, Y0), never):
         for _ in range(20):
@@ -1113,6 +1116,50 @@ def test_loop_asks_the_direction_to_renew_before_it_stops():
     assert failed.n_iter == 3 and failed.converged and asked == [(4, 10)]
     assert retried.n_iter == 6 and not retried.converged and asked_again == [(4, 10)]
     assert retried.objective < failed.objective
+
+
+def test_line_search_fails_below_a_visible_move():
+    """The line search's trials stop where no point would move by more than
+    MIN_MOVE of the layout's radius (at least 1): an objective that rejects every
+    trial costs log2(first trial / floor) + 1 evaluations on a layout, not
+    MAX_BACKTRACKS (as it still does where there is no layout).  The retry is
+    tried whatever the first trial."""
+    from gpuembed.backend import get_backend
+    from gpuembed.optim import minimize
+    from gpuembed.optim.loop import MAX_BACKTRACKS, MIN_MOVE, TRUST_RADIUS, _trial_steps
+
+    assert list(_trial_steps(1.0, floor=0.1)) == [1.0, 0.5, 0.25, 0.125]
+    assert list(_trial_steps(0.05, retry=1.0, floor=0.1)) == [1.0]
+    assert list(_trial_steps(0.05, floor=0.1)) == []
+
+    class Rejecting:
+        be = get_backend("cpu")
+        evaluations = 0
+
+        def __init__(self, is_layout):
+            self.is_layout = is_layout
+
+        def value_and_grad(self, X):
+            self.evaluations += 1
+            # Every trial raises the value; the gradient points along the first
+            # coordinate, so the GD direction moves each point by 1 per unit step.
+            G = np.zeros_like(X)
+            G[:, 0] = 1.0
+            return float(self.evaluations > 1), G
+
+    rng = np.random.default_rng(0)
+    X0 = 4.0 * rng.standard_normal((50, 2))
+    radius = np.median(np.linalg.norm(X0 - X0.mean(0), axis=1))
+    # GD's first trial is step 1 (within the trust region, 10 radii); each point
+    # moves by the step, so the floor is MIN_MOVE radii.
+    first = min(1.0, TRUST_RADIUS * radius)
+    visible = int(np.floor(np.log2(first / (MIN_MOVE * max(radius, 1.0))))) + 1
+    assert radius > 1 and visible == 21
+    for is_layout, trials in ((False, MAX_BACKTRACKS), (True, visible)):
+        objective = Rejecting(is_layout)
+        result = minimize(objective, X0, "gd", max_iter=5, tol=0)
+        assert result.n_iter == 0 and result.converged
+        assert objective.evaluations == 1 + trials, is_layout
 
 
 def test_tsne_sd_tries_a_unit_step_after_each_refresh(loops):

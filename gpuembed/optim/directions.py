@@ -625,7 +625,9 @@ class Spectral(Direction):
     def renew(self, window):
         # A B built at an earlier layout slows the steps before its refresh (see
         # STOP_WINDOW in optim/loop.py); one built within the window is the new model.
-        self.renewing = bool(self.refresh and self.calls - self.built_at > window)
+        # The steps that the old B's line search cut say nothing of the new one's: its
+        # search starts at step 1 and halves from there.
+        self.renewing = self.restart = bool(self.refresh and self.calls - self.built_at > window)
         return self.renewing
 
     def retry_step(self):
