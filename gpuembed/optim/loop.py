@@ -42,7 +42,10 @@ STOP_WINDOW = 10
 # 9-22% of the evaluations went to moves below 1e-7.  Failing there the loop asks for
 # a renewal sooner (whose search starts afresh, Spectral.renew) or stops: those fits
 # and two of three 20k ones reached their old final KL 5-15% sooner, 70k 5% sooner,
-# and most went on to lower KL.  Fits with exact sums took no step below 2e-5.
+# and most went on to lower KL.  Default fits with exact sums took no step below 2e-5;
+# fixed-length ones (tol=0) end at the floor once converged: EE on rotating_objects by
+# SD, FP, L-BFGS, CG and GD after 146, 817, 101, 225 and 926 of 1,000 iterations, at
+# their former final objectives to 10 digits.
 MIN_MOVE = 1e-7
 # The stopping test asks for a renewal only where the line search has been cutting the
 # steps: the window's median accepted step (in units of the direction) below this.
