@@ -1162,6 +1162,39 @@ def test_line_search_fails_below_a_visible_move():
         assert objective.evaluations == 1 + trials, is_layout
 
 
+def test_loop_falls_back_to_the_gradient_at_the_direction_s_length():
+    """A direction that is no descent direction gives way to -G scaled to its own
+    length, so that the step keeps its scale: on E = |X|^2 / 2000, whose Newton
+    step is -1000 G, an ascent direction of that length (+1000 G) falls back to the
+    Newton step, and the first trial (step 1) lands on the minimum.  Unscaled,
+    -G moved each point by a thousandth of the way."""
+    from gpuembed.backend import get_backend
+    from gpuembed.optim import minimize
+    from gpuembed.optim.directions import Direction
+    from gpuembed.optim.loop import _steepest_descent
+
+    class Quadratic:
+        be = get_backend("cpu")
+
+        def value_and_grad(self, X):
+            return 0.5e-3 * float((X * X).sum()), 1e-3 * X
+
+    class Ascent(Direction):
+        def __call__(self, X, G):
+            return 1e3 * G
+
+    X0 = np.arange(1.0, 7.0).reshape(3, 2)
+    result = minimize(Quadratic(), X0, Ascent(Quadratic(), X0), max_iter=1, tol=0)
+    assert result.n_iter == 1 and result.history[1]["step"] == 1.0
+    np.testing.assert_allclose(result.X, 0.0, atol=1e-12)
+    G = 1e-3 * X0
+    be = get_backend("cpu")
+    np.testing.assert_allclose(_steepest_descent(be, G, 1e3 * G), -X0, rtol=1e-12)
+    # A direction without a length (zero, NaN) leaves -G as it is.
+    for P in (np.zeros_like(G), np.full_like(G, np.nan)):
+        np.testing.assert_array_equal(_steepest_descent(be, G, P), -G)
+
+
 def test_tsne_sd_tries_a_unit_step_after_each_refresh(loops):
     """rotating_objects at perplexity 5 from the PCA start: along the direction of
     the first rebuilt B the KL rises for steps up to 0.12 (the step accepted

@@ -177,7 +177,7 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
         P = d(X, G)
         slope, trust = _slope_and_trust(objective.be, X, G, P, is_layout)
         if not slope < 0:                      # not a descent direction: fall back to -G
-            P = -G
+            P = _steepest_descent(objective.be, G, P)
             slope, trust = _slope_and_trust(objective.be, X, G, P, is_layout)
         if step_size is not None:
             alpha = min(step_size, trust)
@@ -222,6 +222,18 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
                 return Result(X, E, it, monitor.history, converged=True)
             hold = STOP_WINDOW
     return Result(X, E, max_iter, monitor.history)
+
+
+def _steepest_descent(be, G, P):
+    """-G at the length of P, the direction it stands in for, so that the line
+    search's steps keep their scale.  Unscaled, it moved t-SNE's points 1e-6 times
+    as far as SD's direction at the same step (Fashion-MNIST 5k, exact sums, where
+    the truncated CG's direction stopped being a descent direction 171 times), and
+    the steps took 44 iterations of doubling to move the layout again."""
+    xp = be.xp
+    length, norm = be.host_floats(xp.sqrt(xp.vdot(P, P)), xp.sqrt(xp.vdot(G, G)))
+    scale = length / norm if math.isfinite(length) and length > 0 and norm > 0 else 1.0
+    return -scale * G
 
 
 def _trial_steps(first, retry=None, floor=0.0):
