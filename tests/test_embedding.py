@@ -1167,7 +1167,8 @@ def test_loop_falls_back_to_the_gradient_at_the_direction_s_length():
     length, so that the step keeps its scale: on E = |X|^2 / 2000, whose Newton
     step is -1000 G, an ascent direction of that length (+1000 G) falls back to the
     Newton step, and the first trial (step 1) lands on the minimum.  Unscaled,
-    -G moved each point by a thousandth of the way."""
+    -G moves each point by a thousandth of the way, as it still does for a
+    direction in the gradient's units."""
     from gpuembed.backend import get_backend
     from gpuembed.optim import minimize
     from gpuembed.optim.directions import Direction
@@ -1183,10 +1184,17 @@ def test_loop_falls_back_to_the_gradient_at_the_direction_s_length():
         def __call__(self, X, G):
             return 1e3 * G
 
+    class AscentInGradientUnits(Ascent):
+        gradient_units = True
+
     X0 = np.arange(1.0, 7.0).reshape(3, 2)
     result = minimize(Quadratic(), X0, Ascent(Quadratic(), X0), max_iter=1, tol=0)
     assert result.n_iter == 1 and result.history[1]["step"] == 1.0
     np.testing.assert_allclose(result.X, 0.0, atol=1e-12)
+    # In the gradient's units (gradient descent, nonlinear CG) -G stays as it is.
+    result = minimize(Quadratic(), X0, AscentInGradientUnits(Quadratic(), X0), max_iter=1,
+                      tol=0)
+    np.testing.assert_allclose(result.X, (1 - 1e-3) * X0, rtol=1e-12)
     G = 1e-3 * X0
     be = get_backend("cpu")
     np.testing.assert_allclose(_steepest_descent(be, G, 1e3 * G), -X0, rtol=1e-12)

@@ -207,6 +207,10 @@ def floor_zero_curvature(xp, diag):
 class Direction:
     natural_step = 1.0
     scaled_by_attractive_curvature = False
+    # Whether the direction comes in the gradient's units, so that -G can stand in
+    # for it as it is where it is no descent direction (optim/loop.py: the others
+    # give way to -G at their own length).
+    gradient_units = False
 
     def __init__(self, objective, X):
         self.objective = objective
@@ -234,6 +238,7 @@ class Direction:
 
 class GradientDescent(Direction):
     natural_step = math.inf
+    gradient_units = True
 
     def __call__(self, X, G):
         return -G
@@ -826,6 +831,7 @@ class NonlinearCG(Direction):
     """Polak-Ribiere+ nonlinear conjugate gradients (restarts when beta < 0)."""
 
     natural_step = math.inf
+    gradient_units = True
 
     def __init__(self, objective, X):
         super().__init__(objective, X)
