@@ -632,7 +632,8 @@ class Spectral(Direction):
         # STOP_WINDOW in optim/loop.py); one built within the window is the new model.
         # The steps that the old B's line search cut say nothing of the new one's: its
         # search starts at step 1 and halves from there.
-        self.renewing = self.restart = bool(self.refresh and self.calls - self.built_at > window)
+        self.renewing = bool(self.refresh and self.calls - self.built_at > window)
+        self.restart = self.restart or self.renewing
         return self.renewing
 
     def retry_step(self):
