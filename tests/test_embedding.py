@@ -977,19 +977,21 @@ def test_tsne_sd_steps_past_its_curvature_at_zero(loops):
     assert ge.metrics.knn_accuracy(sd.embedding_, y) >= 0.95
 
 
+class ToyQuadratic:
+    """E = |X|^2 / 2000, the loop tests' toy objective: every step up to 1000 along -G
+    decreases it, and -1000 G is its Newton step."""
+    be = ge.get_backend("cpu")
+
+    def value_and_grad(self, X):
+        return 0.5e-3 * float((X * X).sum()), 1e-3 * X
+
+
 def test_line_search_doubles_after_three_first_trial_acceptances():
     """On E = c |x|^2 / 2 with tiny c every trial up to 1 / c is accepted at once:
     GD's steps go 1, 1, 1, 2, 2, 2, 4, ... (seed 002's previous step, grown)."""
-    from gpuembed.backend import get_backend
     from gpuembed.optim import minimize
 
-    class Quadratic:
-        be = get_backend("cpu")
-
-        def value_and_grad(self, X):
-            return 0.5e-3 * float((X * X).sum()), 1e-3 * X
-
-    result = minimize(Quadratic(), np.ones((3, 2)), "gd", max_iter=10, tol=0)
+    result = minimize(ToyQuadratic(), np.ones((3, 2)), "gd", max_iter=10, tol=0)
     steps = [h["step"] for h in result.history[1:]]
     assert steps == [1, 1, 1, 2, 2, 2, 4, 4, 4, 8]
 
@@ -1039,17 +1041,16 @@ def test_loop_asks_the_direction_to_renew_before_it_stops():
     converged: no renewal is asked).  Renewed once, it steps well for ``more``
     calls from a unit step; the objective raises its trial values by 1 while
     ``raised``, which fails every trial."""
-    from gpuembed.backend import get_backend
     from gpuembed.optim import minimize
     from gpuembed.optim.directions import Direction
     from gpuembed.optim.loop import STALL_STEP, STOP_WINDOW, Monitor
 
-    class Quadratic:
-        be = get_backend("cpu")
+    class Raising(ToyQuadratic):
         raised = False
 
         def value_and_grad(self, X):
-            return 0.5e-3 * float((X * X).sum()) + self.raised, 1e-3 * X
+            value, G = super().value_and_grad(X)
+            return value + self.raised, G
 
     class Aging(Direction):
         def __init__(self, objective, X, renewals, more, stale):
@@ -1081,7 +1082,7 @@ def test_loop_asks_the_direction_to_renew_before_it_stops():
             return super().initial_step(previous, grow)
 
     def run(renewals, raise_at=None, more=5, stale="cut", **kw):
-        objective = Quadratic()
+        objective = Raising()
         d = Aging(objective, np.ones((3, 2)), renewals, more, stale)
 
         def raising(iteration, time, value):
@@ -1174,12 +1175,6 @@ def test_loop_falls_back_to_the_gradient_at_the_direction_s_length():
     from gpuembed.optim.directions import Direction
     from gpuembed.optim.loop import _steepest_descent
 
-    class Quadratic:
-        be = get_backend("cpu")
-
-        def value_and_grad(self, X):
-            return 0.5e-3 * float((X * X).sum()), 1e-3 * X
-
     class Ascent(Direction):
         def __call__(self, X, G):
             return 1e3 * G
@@ -1188,12 +1183,12 @@ def test_loop_falls_back_to_the_gradient_at_the_direction_s_length():
         gradient_units = True
 
     X0 = np.arange(1.0, 7.0).reshape(3, 2)
-    result = minimize(Quadratic(), X0, Ascent(Quadratic(), X0), max_iter=1, tol=0)
+    result = minimize(ToyQuadratic(), X0, Ascent(ToyQuadratic(), X0), max_iter=1, tol=0)
     assert result.n_iter == 1 and result.history[1]["step"] == 1.0
     np.testing.assert_allclose(result.X, 0.0, atol=1e-12)
     # In the gradient's units (gradient descent, nonlinear CG) -G stays as it is.
-    result = minimize(Quadratic(), X0, AscentInGradientUnits(Quadratic(), X0), max_iter=1,
-                      tol=0)
+    result = minimize(ToyQuadratic(), X0, AscentInGradientUnits(ToyQuadratic(), X0),
+                      max_iter=1, tol=0)
     np.testing.assert_allclose(result.X, (1 - 1e-3) * X0, rtol=1e-12)
     G = 1e-3 * X0
     be = get_backend("cpu")
