@@ -152,6 +152,32 @@ def test_sd_cg_runs_in_float32_at_loose_tolerances(small):
         assert residual.max() < tol
 
 
+@pytest.mark.parametrize("name, params", [("sd", {"solver": "cg"}), ("sd-", {})])
+def test_sd_cg_retries_a_climbing_warm_start_from_zero(backend, small, name, params):
+    """CG's iterates from a zero start descend (-G.x = x.B x > 0 for each), those
+    from a warm start need not: started from a climbing direction, one CG step
+    still climbs, and ``descent_retry`` solves again from zero, to a descent
+    direction that the next solve starts from.  The factor's exact solve has no
+    retry."""
+    X, _, A = small
+    obj = objectives.make_objective("tsne", A.P, backend, np.float64)
+    Y = backend.asarray(np.random.default_rng(2).standard_normal((120, 2)))
+    _, G = obj.value_and_grad(Y)
+    slope = lambda P: float(backend.xp.vdot(G, P))
+    d = DIRECTIONS[name](obj, Y, cg_maxiter=1, **params)
+    assert d.descent_retry(Y, G) is None          # nothing solved from a warm start yet
+    P = d(Y, G)
+    assert slope(P) < 0
+    d.previous = -1e3 * P
+    assert slope(d(Y, G)) > 0
+    retried = d.descent_retry(Y, G)
+    assert slope(retried) < 0
+    assert d.previous is retried
+    factor = DIRECTIONS["sd"](obj, Y, solver="cholesky")
+    factor(Y, G)
+    assert factor.descent_retry(Y, G) is None
+
+
 def test_sd_auto_solver_factorizes_small_problems_only(small, monkeypatch):
     """Cholesky up to CHOLESKY_MAX_N points, CG beyond; where the curvature is
     only a bound (t-SNE), Cholesky for the full L+ alone, CG for a sparsified
@@ -1196,6 +1222,35 @@ def test_loop_falls_back_to_the_gradient_at_the_direction_s_length():
     # A direction without a length (zero, NaN) leaves -G as it is.
     for P in (np.zeros_like(G), np.full_like(G, np.nan)):
         np.testing.assert_array_equal(_steepest_descent(be, G, P), -G)
+
+
+def test_loop_takes_the_direction_s_retry_before_the_gradient():
+    """Where a direction climbs, the loop asks it for another (SD's CG solves again
+    from zero) and takes that one where it descends: on E = |X|^2 / 2000 a retry
+    of half the Newton step goes half the way at step 1.  A retry that climbs too
+    gives way to -G at the first direction's length (that of the Newton step
+    here), as without one, which lands on the minimum."""
+    from gpuembed.optim import minimize
+    from gpuembed.optim.directions import Direction
+
+    class Retrying(Direction):
+        def __init__(self, objective, X, retried):
+            super().__init__(objective, X)
+            self.retried, self.retries = retried, 0
+
+        def __call__(self, X, G):
+            return 1e3 * G
+
+        def descent_retry(self, X, G):
+            self.retries += 1
+            return self.retried * G
+
+    X0 = np.arange(1.0, 7.0).reshape(3, 2)
+    for retried, end in ((-500.0, 0.5), (1e3, 0.0)):
+        d = Retrying(ToyQuadratic(), X0, retried)
+        result = minimize(ToyQuadratic(), X0, d, max_iter=1, tol=0)
+        assert d.retries == 1 and result.history[1]["step"] == 1.0
+        np.testing.assert_allclose(result.X, end * X0, atol=1e-12)
 
 
 def test_tsne_sd_tries_a_unit_step_after_each_refresh(loops):

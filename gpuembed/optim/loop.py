@@ -175,10 +175,7 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
         it += 1
         _set_accuracy(objective, schedule, it)
         P = d(X, G)
-        slope, trust = _slope_and_trust(objective.be, X, G, P, is_layout)
-        if not slope < 0:                      # not a descent direction: fall back to -G
-            P = -G if d.gradient_units else _steepest_descent(objective.be, G, P)
-            slope, trust = _slope_and_trust(objective.be, X, G, P, is_layout)
+        P, slope, trust = _descent(objective.be, d, X, G, P, is_layout)
         if step_size is not None:
             alpha = min(step_size, trust)
             X_new = X + alpha * P
@@ -222,6 +219,22 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
                 return Result(X, E, it, monitor.history, converged=True)
             hold = STOP_WINDOW
     return Result(X, E, max_iter, monitor.history)
+
+
+def _descent(be, d, X, G, P, layout):
+    """(P, its slope <G, P>, its trust step; see _slope_and_trust) where P is a descent
+    direction, else the same for the direction's retry (Direction.descent_retry) where
+    that is one, else for -G (_steepest_descent)."""
+    slope, trust = _slope_and_trust(be, X, G, P, layout)
+    if slope < 0:
+        return P, slope, trust
+    retried = d.descent_retry(X, G)
+    if retried is not None:
+        slope, trust = _slope_and_trust(be, X, G, retried, layout)
+        if slope < 0:
+            return retried, slope, trust
+    fallback = -G if d.gradient_units else _steepest_descent(be, G, P)
+    return (fallback,) + _slope_and_trust(be, X, G, fallback, layout)
 
 
 def _steepest_descent(be, G, P):
