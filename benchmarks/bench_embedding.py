@@ -491,10 +491,12 @@ def fit_runs(X, y, fits, be, perplexity=30.0, affinities=None, curves=False):
     # Compile on 500 points, by the N-body engine that "auto" takes at X's size: with the
     # exact one there, the first fit of Fashion-MNIST 5k in a fresh clone paid for
     # compiling Barnes-Hut's walk: 6.5 s for 218 iterations, the next fit 3.8 s for 197.
+    # SD's and SD-'s sparsified L+ through kappa, which the other optimizers refuse.
     for name, _, extra in fits:
         kernel = "student" if name == "TSNE" else "gaussian"
         nbody = ge.nbody.resolve_method("auto", X.shape[0], 2, kernel, be)
-        getattr(ge, name)(max_iter=3, backend=be, **{"nbody": nbody, **extra, "kappa": 5}
+        sparse = {"kappa": 5} if extra.get("optimizer", "sd") in ("sd", "sd-") else {}
+        getattr(ge, name)(max_iter=3, backend=be, **{"nbody": nbody, **extra, **sparse}
                           ).fit(X[:500])
     exact = {name: ge.objectives.make_objective(name.lower(), A.P, be, np.float64,
                                                 nbody="exact") for name in {f[0] for f in fits}}

@@ -50,6 +50,13 @@ METHOD_PARAMS = {"n_neighbors", "neighbors", "kappa", "sd_solver", "sd_refresh",
                  "sd_memory_start", "lbfgs_memory",
                  "step_size", "learning_rate", "early_exaggeration", "exaggeration_iter",
                  "transform_max_iter", "accuracy", "accuracy_schedule"}
+# The optimizers that read each optimizer-specific method parameter (step_size: the
+# line-search ones).  Any other ignores it, so giving it there raises: openTSNE's
+# learning_rate given to the default optimizer "sd" changed nothing, silently.
+OPTIMIZER_PARAMS = {"kappa": ("sd", "sd-"), "sd_memory": ("sd", "sd-"),
+                    "sd_memory_start": ("sd", "sd-"), "sd_solver": ("sd",), "sd_refresh": ("sd",),
+                    "lbfgs_memory": ("lbfgs",), "learning_rate": ("tsne",),
+                    "step_size": tuple(DIRECTIONS)}
 # Iterations of the out-of-sample mappings (TSNE & co.: method_params
 # ``transform_max_iter``).
 TRANSFORM_MAX_ITER = 200
@@ -200,7 +207,13 @@ class _Embedding(Params):
             "accuracy_schedule": lambda v: check_int(v, "accuracy_schedule", 1),
         }
         for name, value in self._method_params.items():
-            if name in checks and value is not None:
+            if value is None:
+                continue
+            readers = OPTIMIZER_PARAMS.get(name, (self.optimizer,))
+            if self.optimizer not in readers:
+                raise TypeError(f"{name} applies to optimizer "
+                                f"{' or '.join(map(repr, readers))} only, not {self.optimizer!r}")
+            if name in checks:
                 checks[name](value)
         p = self._method_params
         if p.get("accuracy_schedule") is not None and p.get("accuracy"):

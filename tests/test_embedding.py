@@ -2017,6 +2017,27 @@ def test_bad_data_and_unknown_parameters(small):
         ge.TSNE().transform(X)
 
 
+@pytest.mark.parametrize("optimizer, name, value", [
+    ("sd", "learning_rate", 200.0), ("tsne", "sd_memory", 3), ("lbfgs", "kappa", 10),
+    ("sd-", "sd_solver", "cg"), ("sd-", "sd_refresh", 10), ("tsne", "step_size", 0.1),
+    ("gd", "lbfgs_memory", 5), ("cg", "sd_memory_start", 5)])
+def test_optimizer_parameters_raise_for_the_other_optimizers(small, optimizer, name, value):
+    """A parameter of one optimizer given to another, which would ignore it, raises
+    before the affinities are computed (openTSNE's learning_rate for the default
+    SD changed nothing); the optimizers it belongs to take it, and None (the
+    default) goes anywhere."""
+    from gpuembed.embedding import OPTIMIZER_PARAMS
+
+    X, _, A = small
+    with pytest.raises(TypeError, match=f"{name} applies to optimizer .* only, not "
+                                        f"'{optimizer}'"):
+        ge.TSNE(optimizer=optimizer, backend="cpu", **{name: value}).fit(X)
+    for reader in OPTIMIZER_PARAMS[name]:
+        ge.TSNE(affinities=A, optimizer=reader, max_iter=2, backend="cpu",
+                **{name: value}).fit(X)
+    ge.TSNE(affinities=A, optimizer=optimizer, max_iter=2, backend="cpu", **{name: None}).fit(X)
+
+
 def test_float32_cg_survives_an_already_solved_column(backend):
     """A layout constant in one coordinate has an exactly zero gradient column,
     which the CG has solved from the start: its 0 / 0 guard was 1e-300, which is
