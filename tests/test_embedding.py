@@ -2143,8 +2143,9 @@ def test_gpu_matches_cpu(cls, optimizer, params, monkeypatch):
     from gpuembed.optim import directions
     monkeypatch.setattr(directions, "SINGLE_CG_MIN_TOL", 1.0)
     X, _ = ge.datasets.swiss_roll(200, random_state=0)
-    kwargs = {**dict(optimizer=optimizer, max_iter=20, tol=0, dtype=np.float64, init="pca",
-                     sd_solver="cg"), **params}
+    solver = {"sd_solver": "cg"} if optimizer == "sd" else {}
+    kwargs = {**dict(optimizer=optimizer, max_iter=20, tol=0, dtype=np.float64, init="pca"),
+              **solver, **params}
     cpu = cls(backend="cpu", **kwargs).fit(X)
     be = ge.get_backend("gpu")
     gpu = cls(backend="gpu", **kwargs).fit(be.asarray(X))
