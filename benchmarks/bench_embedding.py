@@ -495,7 +495,8 @@ def fit_runs(X, y, fits, be, perplexity=30.0, affinities=None, curves=False):
     for name, _, extra in fits:
         kernel = "student" if name == "TSNE" else "gaussian"
         nbody = ge.nbody.resolve_method("auto", X.shape[0], 2, kernel, be)
-        sparse = {"kappa": 5} if extra.get("optimizer", "sd") in ("sd", "sd-") else {}
+        sparse = ({"kappa": 5} if extra.get("optimizer", "sd")
+                  in ge.embedding.OPTIMIZER_PARAMS["kappa"] else {})
         getattr(ge, name)(max_iter=3, backend=be, **{"nbody": nbody, **extra, **sparse}
                           ).fit(X[:500])
     exact = {name: ge.objectives.make_objective(name.lower(), A.P, be, np.float64,

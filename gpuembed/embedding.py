@@ -57,6 +57,10 @@ OPTIMIZER_PARAMS = {"kappa": ("sd", "sd-"), "sd_memory": ("sd", "sd-"),
                     "sd_memory_start": ("sd", "sd-"), "sd_solver": ("sd",), "sd_refresh": ("sd",),
                     "lbfgs_memory": ("lbfgs",), "learning_rate": ("tsne",),
                     "step_size": tuple(DIRECTIONS)}
+# Those the directions take, as (keyword, default) of their constructors.
+DIRECTION_KEYWORDS = {"kappa": ("kappa", None), "sd_memory": ("memory", 0),
+                      "sd_memory_start": ("memory_start", 0), "sd_solver": ("solver", "auto"),
+                      "sd_refresh": ("refresh", "auto"), "lbfgs_memory": ("m", 100)}
 # Iterations of the out-of-sample mappings (TSNE & co.: method_params
 # ``transform_max_iter``).
 TRANSFORM_MAX_ITER = 200
@@ -209,8 +213,8 @@ class _Embedding(Params):
         for name, value in self._method_params.items():
             if value is None:
                 continue
-            readers = OPTIMIZER_PARAMS.get(name, (self.optimizer,))
-            if self.optimizer not in readers:
+            readers = OPTIMIZER_PARAMS.get(name)
+            if readers is not None and self.optimizer not in readers:
                 raise TypeError(f"{name} applies to optimizer "
                                 f"{' or '.join(map(repr, readers))} only, not {self.optimizer!r}")
             if name in checks:
@@ -294,16 +298,9 @@ class _Embedding(Params):
         return accuracy_schedule(objective.nbody, n_iter)
 
     def _direction_params(self, p):
-        if self.optimizer in ("sd", "sd-"):
-            params = {"kappa": p.get("kappa"), "memory": p.get("sd_memory", 0),
-                      "memory_start": p.get("sd_memory_start", 0)}
-            if self.optimizer == "sd":
-                params["solver"] = p.get("sd_solver", "auto")
-                params["refresh"] = p.get("sd_refresh", "auto")
-            return params
-        if self.optimizer == "lbfgs":
-            return {"m": p.get("lbfgs_memory", 100)}
-        return {}
+        return {keyword: p.get(name, default)
+                for name, (keyword, default) in DIRECTION_KEYWORDS.items()
+                if self.optimizer in OPTIMIZER_PARAMS[name]}
 
     def _affinity_matrix(self, X, be):
         n = X.shape[0]
