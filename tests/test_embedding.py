@@ -10,6 +10,7 @@ import pytest
 
 import gpuembed as ge
 from gpuembed import objectives
+from gpuembed.nbody import barneshut_cpu
 from gpuembed.optim import DIRECTIONS, homotopy, homotopy_path
 
 
@@ -2110,12 +2111,14 @@ def test_multiscale_sne_keeps_float32(backend):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cls,nbody", [(ge.TSNE, "exact"), (ge.TSNE, "bh"), (ge.EE, "exact"),
                                        (ge.EE, "fgt"), (ge.SSNE, "exact")])
-def test_gpu_transform_equals_cpu(cls, nbody):
+def test_gpu_transform_equals_cpu(cls, nbody, monkeypatch):
     """transform on the GPU against the CPU's from the same training layout (the
     GPU fit's, given to the CPU model): the new points' k-NN and affinities, the
     per-point minimization and the engine's sums over the fixed layout (t-SNE's
     normalization Z too), in float64.  nbody="auto" takes Barnes-Hut for t-SNE
-    from 40,000 points on the GPU, whose transform no test had compared before."""
+    from 40,000 points on the GPU, whose transform no test had compared before.
+    The CPU's Barnes-Hut walks targets one by one here, as the GPU's does."""
+    monkeypatch.setattr(barneshut_cpu, "GROUP_SIZE", 1)
     X, _ = ge.datasets.swiss_roll(300, random_state=0)
     train, new = X[:250], X[250:] + 0.05
     params = dict(nbody=nbody, max_iter=30, dtype=np.float64, random_state=0)
@@ -2146,6 +2149,7 @@ def test_gpu_matches_cpu(cls, optimizer, params, monkeypatch):
     1.6e-3 in 20 iterations)."""
     from gpuembed.optim import directions
     monkeypatch.setattr(directions, "SINGLE_CG_MIN_TOL", 1.0)
+    monkeypatch.setattr(barneshut_cpu, "GROUP_SIZE", 1)    # the GPU's per-target walk
     X, _ = ge.datasets.swiss_roll(200, random_state=0)
     solver = {"sd_solver": "cg"} if optimizer == "sd" else {}
     kwargs = {**dict(optimizer=optimizer, max_iter=20, tol=0, dtype=np.float64, init="pca"),

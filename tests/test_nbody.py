@@ -15,6 +15,7 @@ import gpuembed as ge
 from gpuembed.backend import get_backend
 from gpuembed.nbody import (bh_sums, check_accuracy, engine_sums, error_bound, exact_sums,
                             fgt_sums, resolve_method)
+from gpuembed.nbody import barneshut_cpu
 from gpuembed.nbody.barneshut import MAX_DEPTH, Tree, _spread_bits, vectorized_bh_sums
 from gpuembed.nbody.exact import KERNEL_CODES, blocked_sums
 from gpuembed.nbody.fgt import order_for_tolerance
@@ -226,11 +227,12 @@ def test_barnes_hut_theta_zero_is_exact_and_error_grows_with_theta(d, rng):
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])
-def test_compiled_barnes_hut_equals_the_vectorized_traversal(d, backend, rng):
-    # The compiled depth-first walks (numba on the CPU, kernels/barneshut.cu on the
-    # GPU) must take every decision the array code takes: same leaves, same opened
-    # cells, same far-field terms.  The clump 0.01 wide makes deep cells, the
-    # duplicates multi-point leaves at the deepest level.
+def test_compiled_barnes_hut_equals_the_vectorized_traversal(d, backend, rng, monkeypatch):
+    # The compiled depth-first walks (kernels/barneshut.cu on the GPU, numba on the
+    # CPU with groups of one target) must take every decision the array code takes:
+    # same leaves, same opened cells, same far-field terms.  The clump 0.01 wide
+    # makes deep cells, the duplicates multi-point leaves at the deepest level.
+    monkeypatch.setattr(barneshut_cpu, "GROUP_SIZE", 1)
     X = np.concatenate([rng.normal(size=(700, d)) * 4, rng.normal(size=(100, d)) * 0.01])
     X = np.concatenate([X, X[690:710]])
     w = rng.uniform(0.5, 2.0, len(X))
@@ -255,6 +257,90 @@ def test_compiled_barnes_hut_equals_the_vectorized_traversal(d, backend, rng):
                         assert rel(S, S0) < tol and rel(SX, SX0) < tol
 
 
+def grouped_reference(X, kernels, Y, w, theta, size):
+    """Barnes-Hut sums with targets in groups, in plain Python: the groups are the
+    largest cells of the targets' tree (the sources' for Y None) of at most
+    ``size`` points, or leaves; a group walks the sources' tree once, summing a
+    leaf exactly and an inner cell (not holding a target of the group) by its
+    mass and centre of mass when side < theta times the distance from the centre
+    to the group's bounding box, which bounds the distance to each target."""
+    src = Tree(CPU, X, w, reference=True)
+    tgt = src if Y is None else Tree(CPU, Y, reference=True)
+    children = lambda tree, c: list(tree.first_child[c] + np.arange(tree.n_children[c]))
+    groups, stack = [], [0]
+    while stack:
+        c = stack.pop()
+        if tgt.count[c] <= size or tgt.n_children[c] == 0:
+            groups.append(c)
+        else:
+            stack += children(tgt, c)
+    out = [(np.zeros(len(tgt.points)), np.zeros(tgt.points.shape)) for _ in kernels]
+    for g in groups:
+        lo, hi = tgt.start[g], tgt.start[g] + tgt.count[g]
+        T = tgt.points[lo:hi]
+        far, near, stack = [], [], [0]
+        while stack:
+            c = stack.pop()
+            a, b = src.start[c], src.start[c] + src.count[c]
+            if src.n_children[c] == 0:
+                near += range(a, b)
+                continue
+            if Y is not None or b <= lo or a >= hi:
+                gap = np.maximum(np.maximum(T.min(0) - src.com[c], src.com[c] - T.max(0)), 0)
+                if src.side[c] ** 2 < theta**2 * (gap @ gap):
+                    # The per-target opening test holds for every target of the group.
+                    assert (src.side[c] ** 2 < theta**2 * ((T - src.com[c]) ** 2).sum(1)).all()
+                    far.append(c)
+                    continue
+            stack += children(src, c)
+        points = np.concatenate([src.com[far], src.points[near]])
+        mass = np.concatenate([src.mass[far], src.weights[near]])
+        own = np.concatenate([np.full(len(far), -1), near])
+        for i in range(lo, hi):
+            D = ((tgt.points[i] - points) ** 2).sum(1)
+            keep = own != i if Y is None else slice(None)
+            for (S, SX), kernel in zip(out, kernels):
+                K = mass[keep] * KERNEL_FUNCTIONS[kernel](D[keep])
+                S[i], SX[i] = K.sum(), K @ points[keep]
+    return [(S[tgt.rank], SX[tgt.rank]) for S, SX in out]
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_grouped_barnes_hut_walk_equals_its_reference(d, rng, monkeypatch):
+    """The CPU's walk of target groups against the plain Python one: the same groups,
+    cells and far-field terms, with weights, for the tree's own points and for new
+    targets, in groups of up to 16 and of the default size (the last data set is
+    the deepest tree, whose walk nears its stack bound)."""
+    X = np.concatenate([rng.normal(size=(500, d)) * 4, rng.normal(size=(80, d)) * 0.01])
+    X = np.concatenate([X, X[490:510]])
+    sets = [(X, rng.uniform(0.5, 2.0, len(X)), rng.normal(size=(150, d)) * 4)]
+    if d == 3:
+        sets.append((deepest_tree_points(), None, None))
+    for size in (16, barneshut_cpu.GROUP_SIZE):
+        monkeypatch.setattr(barneshut_cpu, "GROUP_SIZE", size)
+        for X, w, Y in sets:
+            for targets in (None, Y):
+                for kernels, theta in ((("student", "student2"), 0.5), (("gaussian",), 1.5)):
+                    ref = grouped_reference(X, kernels, targets, w, theta, size)
+                    fast = bh_sums(CPU, X, kernels, Y=targets, weights=w, theta=theta)
+                    for (S, SX), (S0, SX0) in zip(fast, ref):
+                        assert rel(S, S0) < 1e-12 and rel(SX, SX0) < 1e-12
+
+
+def test_grouped_barnes_hut_is_more_accurate_than_per_target(rng, monkeypatch):
+    """Groups apply the opening test at the distance to their bounding box, so
+    they open at least the cells each target would: at theta = 0.5 the default
+    groups' largest error is below that of single targets."""
+    X = np.concatenate([rng.normal(size=(3000, 2)) * 4, rng.normal(size=(1000, 2)) + 20])
+    (S0, SX0), = exact_sums(CPU, X, ("student",))
+    errors = []
+    for size in (1, barneshut_cpu.GROUP_SIZE):
+        monkeypatch.setattr(barneshut_cpu, "GROUP_SIZE", size)
+        (S, SX), = bh_sums(CPU, X, ("student",), theta=0.5)
+        errors.append(max(rel(S, S0), rel(SX, SX0)))
+    assert 1e-4 < errors[1] < 0.7 * errors[0]
+
+
 def test_fixed_sources_build_their_tree_once(backend, rng):
     """engine_sums' ``sources`` dict (fixed sources, new targets at every call, as
     in the out-of-sample mapping) keeps Barnes-Hut's tree: the sums equal those
@@ -271,16 +357,6 @@ def test_fixed_sources_build_their_tree_once(backend, rng):
             np.testing.assert_array_equal(backend.to_host(S), backend.to_host(S0))
             np.testing.assert_array_equal(backend.to_host(SX), backend.to_host(SX0))
     assert trees[0] is trees[1] and list(sources) == ["tree"]
-
-
-def test_new_targets_are_walked_in_their_morton_order(rng):
-    tree = Tree(CPU, rng.normal(size=(500, 2)))
-    Y = rng.normal(size=(300, 2))
-    visit, rank = tree.walk_order(Y, self_pairs=False)
-    assert sorted(visit) == list(range(300)) and (rank == -1).all()
-    # Consecutive targets are spatial neighbours: far shorter hops than input order.
-    hop = lambda order: np.linalg.norm(np.diff(Y[order], axis=0), axis=1).mean()
-    assert hop(visit) < 0.3 * hop(np.arange(300))
 
 
 TREE_ARRAYS = ("order", "points", "weights", "start", "count", "first_child", "n_children",
@@ -333,14 +409,21 @@ def test_gpu_tree_kernels_equal_the_array_code(d, rng):
     assert (gpu.to_host(rank) == -1).all()
 
 
-def test_barnes_hut_walk_on_the_deepest_tree(backend):
+def deepest_tree_points():
+    """An octree of the full depth (test_barnes_hut_walk_on_the_deepest_tree)."""
+    offsets = np.array(np.meshgrid(*[[0.5, 1.5]] * 3, indexing="ij")).reshape(3, -1).T[:-1]
+    return np.concatenate([1.0 - 2.0**-s + offsets * 2.0**-(s + 1) for s in range(MAX_DEPTH)]
+                          + [np.zeros((1, 3)), np.ones((2, 3))])
+
+
+def test_barnes_hut_walk_on_the_deepest_tree(backend, monkeypatch):
     # An octree of the full depth whose every level has 8 children, the last in
     # Morton order (walked last) holding the deeper levels: a depth-first walk
     # from that corner keeps 7 waiting siblings per level, close to its stack
     # bound (barneshut.cu's BH_STACK).  (1, 1, 1) twice ends in the deepest leaf.
-    offsets = np.array(np.meshgrid(*[[0.5, 1.5]] * 3, indexing="ij")).reshape(3, -1).T[:-1]
-    X = np.concatenate([1.0 - 2.0**-s + offsets * 2.0**-(s + 1) for s in range(MAX_DEPTH)]
-                       + [np.zeros((1, 3)), np.ones((2, 3))])
+    # The CPU's walk in groups of one target takes the array code's decisions.
+    monkeypatch.setattr(barneshut_cpu, "GROUP_SIZE", 1)
+    X = deepest_tree_points()
     assert (Tree(CPU, X).n_children == 8).sum() == MAX_DEPTH
     for theta, (S0, SX0) in ((0.0, brute(X, "student")),
                              (0.5, vectorized_bh_sums(CPU, X, ("student",), theta=0.5)[0])):
@@ -591,9 +674,12 @@ def test_fgt_gpu_kernels_match_array_code(d, p, rng, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("method,accuracy", [("fgt", {"p": 8}), ("bh", {"theta": 0.5})])
-def test_fast_engines_gpu_match_cpu(d, method, accuracy, rng):
+def test_fast_engines_gpu_match_cpu(d, method, accuracy, rng, monkeypatch):
     # The FGT's per-target kernels (kernels/fgt.cu) and the CuPy paths against
     # NumPy: float64 to 1e-10, float32 to 1e-4 (relative to the largest sum).
+    # Barnes-Hut's per-target walk (kernels/barneshut.cu) against the CPU's in
+    # groups of one target, which take the same decisions.
+    monkeypatch.setattr(barneshut_cpu, "GROUP_SIZE", 1)
     gpu = get_backend("gpu")
     X = np.concatenate([rng.normal(size=(1500, d)), rng.uniform(-20, 20, (1500, d))])
     Y = rng.normal(size=(300, d)) * 3
