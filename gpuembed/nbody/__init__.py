@@ -28,11 +28,12 @@ MAX_DIM = 3
 # blobs of extent std 4 the exact Gaussian sums are 2.1x faster than the compiled
 # FGT (p = 8) at 2,500 points and 1.5x slower at 5,000; for std 10 (a Fashion-MNIST
 # 5k EE embedding has std 12) the FGT is ahead from 2,500 (1.7x; 2.1x at 5,000).
-# The compiled Barnes-Hut walk (theta = 0.5) is slower than the exact Student-t
-# pair at 2,500 points (1.8 against 1.4 ms), 1.4x faster at 5,000 and 2.6x at
-# 10,000 (max relative error 1.7% at 20,000, t-SNE's usual accuracy; below 5,000
-# the exact sums take a few ms and keep line searches exact); for the
-# Gaussian its error at theta = 0.5 is 3%, so the FGT stays.  GPU (an H200 at
+# The compiled Barnes-Hut walk (theta = 0.5; in groups of targets since 289f309,
+# when it was slower than the exact Student-t pair at 2,500 points, 1.8 against
+# 1.4 ms) is 1.8x faster at 2,500 (0.92 against 1.64 ms), 3.7x at 5,000 and 7.3x
+# at 10,000; below 5,000 the exact sums still take a few ms and keep line
+# searches exact.  For the Gaussian its error at theta = 0.5 is 0.75% (20,000
+# points; 3% per target), the FGT's 1e-5 at p = 8, so the FGT stays.  GPU (an H200 at
 # fac9faa, results/nbody_gpu.json "crossover", the tree built by kernels/bh_tree.cu):
 # Barnes-Hut takes 1.2-1.8 ms from 2,500 to 200,000 points (13-16 ms on an H100
 # when array code built its tree), the exact Student-t pair 0.89 ms at 20,000,
