@@ -525,13 +525,15 @@ def test_sd_refresh_rebuilds_b_from_the_layout(small, monkeypatch):
     assert directions.Spectral(ee, Y0).refresh is None
     assert directions.Spectral(tsne, Y0, refresh=None).refresh is None
     # CG's step limit: 20 where B is refreshed from REFRESHED_CG_MIN_N points (here
-    # lowered to these 120), 50 otherwise, or as given.
+    # lowered to these 120) below REFRESHED_CG_MAX_N, 50 otherwise, or as given.
     limits = lambda: [directions.Spectral(obj, Y0, **kw).cg_maxiter
                       for obj, kw in ((tsne, {}), (ee, {}), (tsne, {"refresh": None}),
                                       (tsne, {"cg_maxiter": 7}))]
     assert limits() == [50, 50, 50, 7]
     monkeypatch.setattr(directions, "REFRESHED_CG_MIN_N", 120)
     assert limits() == [20, 50, 50, 7]
+    monkeypatch.setattr(directions, "REFRESHED_CG_MAX_N", 120)
+    assert limits() == [50, 50, 50, 7]
     assert (directions.REFRESHED_CG_MAXITER, directions.CG_MAXITER) == (20, 50)
     never = directions.Spectral(tsne, Y0, refresh=None)
     np.testing.assert_allclose(never.B.toarray(), 4 * (np.diag(P.sum(1)) - P), atol=1e-12)
