@@ -277,10 +277,10 @@ def _compiled(dim, code):
     return compile_source(source, "sums", parallel=True, fastmath={"contract", "reassoc"})
 
 
-def traverse_cpu(tree, groups_tree, code, theta, self_pairs):
+def traverse_cpu(tree, groups_tree, code, theta):
     """(S, SX) with a leading axis of 1 (codes 0, 1) or 2 (code 2) for the points
     of ``groups_tree`` (barneshut.Tree) as targets against ``tree``'s points, in
-    the targets' original order; with ``self_pairs`` the two trees are one and a
+    the targets' original order; where the two trees are one (self pairs) a
     target's own point is skipped.  Targets go in groups, the cells of
     ``groups_tree`` of at most GROUP_SIZE points."""
     n_t, d = groups_tree.points.shape
@@ -289,10 +289,12 @@ def traverse_cpu(tree, groups_tree, code, theta, self_pairs):
     SX = np.empty((outs, n_t, d))
     groups = _groups(groups_tree.count, groups_tree.first_child, groups_tree.n_children,
                      GROUP_SIZE)
+    self_pairs = groups_tree is tree
     c = np.ascontiguousarray
+    PT = c(tree.points.T)
     _compiled(d, code)(
-        c(tree.points.T), tree.weights, c(groups_tree.points.T), groups_tree.start[groups],
-        groups_tree.count[groups], self_pairs, tree.start, tree.count, tree.first_child,
-        tree.n_children, tree.side ** 2, tree.mass, c(tree.com.T), float(theta) ** 2,
-        (2**d - 1) * (tree.depth + 1) + 1, S, SX)
+        PT, tree.weights, PT if self_pairs else c(groups_tree.points.T),
+        groups_tree.start[groups], groups_tree.count[groups], self_pairs, tree.start,
+        tree.count, tree.first_child, tree.n_children, tree.side ** 2, tree.mass,
+        c(tree.com.T), float(theta) ** 2, (2**d - 1) * (tree.depth + 1) + 1, S, SX)
     return S[:, groups_tree.rank], SX[:, groups_tree.rank]
