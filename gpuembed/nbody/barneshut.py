@@ -240,8 +240,7 @@ def bh_sums(be, X, kernels, Y=None, weights=None, theta=DEFAULT_THETA, sources=N
     if be.is_gpu:
         S, SX = _walk_gpu(tree, X if Y is None else Y, code, theta, Y is None)
     else:
-        groups_tree = tree if Y is None else Tree(be, Y)
-        S, SX = traverse_cpu(tree, groups_tree, code, theta)
+        S, SX = traverse_cpu(tree, code, theta, MAX_DEPTH, _SPREAD, targets=Y)
     return compiled_results(kernels, S.astype(X.dtype), SX.astype(X.dtype))
 
 
