@@ -468,9 +468,7 @@ class _OutOfSample:
         layout's RMS radius, at least 1) per iteration.  Each point
         stops on its own relative change, so where it lands does not depend on
         the other points transformed with it (one stopping test over all of them
-        moved the converged points on while the slowest converged); only
-        Barnes-Hut's sums on the CPU, which take new points in groups (opening
-        cells by a group's extent), vary with them, within the per-point walk's error.
+        moved the converged points on while the slowest converged).
         The first trial of each search takes the gradient too, which the next
         iteration then starts from (most first trials are accepted); later
         trials take the objective alone, and a point accepted at one of them

@@ -260,15 +260,13 @@ def test_compiled_barnes_hut_equals_the_vectorized_traversal(d, backend, rng, mo
 def grouped_reference(X, kernels, Y, w, theta, size):
     """Barnes-Hut sums with targets in groups, in plain Python: the groups are the
     largest cells of the targets' tree (the sources' for Y None) of at most
-    ``size`` points (for new targets scaled by their density, group_size), or
-    leaves; a group walks the sources' tree once, summing a
-    leaf exactly and an inner cell (not holding a target of the group) by its
+    ``size`` points (new targets Y: 1), or leaves; a group walks the sources'
+    tree once, summing a leaf exactly and an inner cell (not holding a target of the group) by its
     mass and centre of mass when side < theta times the distance from the centre
     to the group's bounding box, which bounds the distance to each target."""
     src = Tree(CPU, X, w, reference=True)
     tgt = src if Y is None else Tree(CPU, Y, reference=True)
-    if Y is not None:
-        size = max(1, min(size, round(size * barneshut_cpu.SPARSE_SOURCES * len(Y) / len(X))))
+    size = size if Y is None else 1
     children = lambda tree, c: list(tree.first_child[c] + np.arange(tree.n_children[c]))
     groups, stack = [], [0]
     while stack:
@@ -312,12 +310,12 @@ def grouped_reference(X, kernels, Y, w, theta, size):
 def test_grouped_barnes_hut_walk_equals_its_reference(d, rng, monkeypatch):
     """The CPU's walk of target groups against the plain Python one: the same groups,
     cells and far-field terms, with weights, for the tree's own points and for new
-    targets, in groups of up to 16 and of the default size (the last data set is
-    the deepest tree, whose walk and splitting into groups near their stack bounds)."""
+    targets (one by one), in groups of up to 16 and of the default size (the last
+    data set is the deepest tree, whose walk nears its stack bound)."""
     X = np.concatenate([rng.normal(size=(500, d)) * 4, rng.normal(size=(80, d)) * 0.01])
     X = np.concatenate([X, X[490:510]])
     sets = [(X, rng.uniform(0.5, 2.0, len(X)), rng.normal(size=(150, d)) * 4)]
-    if d == 3:                  # as new targets too: _target_groups' stack
+    if d == 3:
         sets.append((deepest_tree_points(), None, deepest_tree_points()))
     for size in (16, barneshut_cpu.GROUP_SIZE):
         monkeypatch.setattr(barneshut_cpu, "GROUP_SIZE", size)

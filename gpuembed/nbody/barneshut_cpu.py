@@ -8,32 +8,35 @@ Barnes-Hut sum 69-72 ms against 81-82 ms (best of 20, 2-core EPYC).
 
 The vectorized traversal of barneshut.py (the reference) moves every
 (target, cell) pair of a level through gathers, masks and bincounts; the GPU's
-kernels/barneshut.cu walks the tree depth first per target.  Here targets go in
-groups, the largest cells of their own tree (the sources' for the tree's own
-points) of at most GROUP_SIZE points, as in Barnes's 1990 modified tree code: a
-group walks the tree once, listing leaves' points and the cells that pass the
-opening test at the distance from their centre of mass to the group's bounding
-box (none that holds a target of the group), and then each target sweeps that
-list in one loop, which LLVM vectorizes as the exact loop's (exact_cpu.py).
-That distance bounds each target's own, so every target's cells pass its own
-opening test: the sums are at least as fine as the per-target walk's, which
-groups of one target give exactly (the tests compare those with the array
-code).  On the t-SNE layout of Fashion-MNIST 70k and random subsets of it
-(theta = 0.5, the Student-t pair, Xeon VM, best of 7): 70,000 points 20.1 ms
-against 55.9 ms per target, largest error relative to the exact sums 0.65%
-against 1.37%; 20,000 points 4.6 against 12.5 ms (0.39% against 1.37%); 5,000
-points 0.9 against 2.5 ms (0.14% against 1.39%).  Groups of 32,
-64 and 256 took 27.1, 22.1 and 20.4 ms at 70,000.  New targets sparser than
-the sources (an out-of-sample mapping's shrinking sets of points still moving)
-go in smaller groups (_group_size), whose cells hold about as many sources as
-the self pairs' groups: 2,000 held-out points mapped into a 10,000-point t-SNE
-layout took 0.79 ms (the Student-t sum) in groups of up to 102 points, against
-3.3 ms one by one and 0.87 ms in groups of 128; 500 points 0.41 ms against 0.95
-and 0.42; 100 points 0.19 ms against 0.20 and 0.74 (groups of 128 were the whole
-set, whose bounding box spans the layout).  A group walks twice, first
-counting, then filling the arrays it allocated: in a prototype whose arrays grew
-as the walk went (rebound inside its loop) the walks alone took 100 ms at 70,000
-(groups of 32, one thread), against 13 ms for counting.  Like exact_cpu.py
+kernels/barneshut.cu walks the tree depth first per target.  Here the tree's
+own points go in groups, the largest cells of at most GROUP_SIZE points, as in
+Barnes's 1990 modified tree code: a group walks the tree once, listing leaves'
+points and the cells that pass the opening test at the distance from their
+centre of mass to the group's bounding box (none that holds a target of the
+group), and then each target sweeps that list in one loop, which LLVM
+vectorizes as the exact loop's (exact_cpu.py).  That distance bounds each
+target's own, so every target's cells pass its own opening test: the sums are
+at least as fine as the per-target walk's, which groups of one target give
+exactly (the tests compare those with the array code).  On the t-SNE layout of
+Fashion-MNIST 70k and random subsets of it (theta = 0.5, the Student-t pair,
+Xeon VM, best of 7): 70,000 points 20.1 ms against 55.9 ms per target, largest
+error relative to the exact sums 0.65% against 1.37%; 20,000 points 4.6 against
+12.5 ms (0.39% against 1.37%); 5,000 points 0.9 against 2.5 ms (0.14% against
+1.39%).  Groups of 32, 64 and 256 took 27.1, 22.1 and 20.4 ms at 70,000.  A
+group walks twice, first counting, then filling the arrays it allocated: in a
+prototype whose arrays grew as the walk went (rebound inside its loop) the walks
+alone took 100 ms at 70,000 (groups of 32, one thread), against 13 ms for
+counting.
+
+New targets (out-of-sample mappings) go one by one, in their Morton order, so
+that a new point's sums do not depend on the others given with it; and mappings
+end sooner.  In groups of the cells of their own tree holding about 512 sources,
+10,000 shifted images mapped into the t-SNE layout of 140,000 took 5.3 s against
+4.1 s, their median point 49 gradient evaluations against 23 (finer sums moved
+points on longer at the per-point stopping test's 1e-10), though a call for
+2,000 points in a 10,000-point layout took 0.79 ms against 3.3 ms (the Student-t
+sum); in groups of up to 128 points, whose bounding box spans the layout when
+few points are left, 11.0 s.  Like exact_cpu.py
 the loop is generated per (dimension, kernel code), compiled by numba on first
 use and cached on disk (gpuembed/_generated.py).
 """
@@ -48,10 +51,6 @@ from .._generated import compile_source
 from .exact_cpu import kernel_lines, store_lines
 
 GROUP_SIZE = 128
-# Sources per group of new targets, in GROUP_SIZEs (_group_size): 1, 2, 4 and 8
-# took 1.01, 0.87, 0.79 and 0.87 ms for the 2,000 points of the docstring, 0.59,
-# 0.45, 0.41 and 0.43 ms for 500.
-SPARSE_SOURCES = 4.0
 
 
 def build_tree(X, weights, max_depth, spread):
@@ -204,47 +203,6 @@ def _groups(count, first, n_children, size):
     return groups[:n]
 
 
-def _group_size(n_targets, n_sources):
-    """Group size for new targets: GROUP_SIZE scaled down where they are sparser
-    than the sources, so that a group's cell holds some SPARSE_SOURCES x
-    GROUP_SIZE sources whatever the targets' density."""
-    return int(max(1, min(GROUP_SIZE,
-                          round(GROUP_SIZE * SPARSE_SOURCES * n_targets / n_sources))))
-
-
-@njit(cache=True)
-def _target_groups(code, d, max_depth, size):
-    """(start, count) of the groups of sorted Morton codes ``code``: the cells of
-    their tree (as build_tree's) of at most ``size`` points, or at the deepest
-    level, in order, found depth first without building the tree."""
-    n = code.shape[0]
-    gstart = np.empty(n, np.int64)
-    gcount = np.empty(n, np.int64)
-    depth = (2**d - 1) * max_depth + 1
-    stack = np.empty((depth, 3), np.int64)          # (start, end, level) of a cell
-    runs = np.empty((2**d, 2), np.int64)
-    stack[0, 0], stack[0, 1], stack[0, 2] = 0, n, 0
-    top, k = 1, 0
-    while top > 0:
-        top -= 1
-        a, b, level = stack[top, 0], stack[top, 1], stack[top, 2]
-        if b - a <= size or level == max_depth:
-            gstart[k], gcount[k] = a, b - a
-            k += 1
-            continue
-        shift = d * (max_depth - level - 1)
-        m, run = 0, a
-        for j in range(a + 1, b + 1):
-            if j == b or code[j] >> shift != code[run] >> shift:
-                runs[m, 0], runs[m, 1] = run, j
-                m += 1
-                run = j
-        for r in range(m - 1, -1, -1):              # pushed last to first: popped in order
-            stack[top, 0], stack[top, 1], stack[top, 2] = runs[r, 0], runs[r, 1], level + 1
-            top += 1
-    return gstart[:k], gcount[:k]
-
-
 # One group of targets per iteration: a walk from the root lists what the group
 # sums (twice: first counting, then filling the list it allocated), then each
 # target sweeps that list in one loop, which LLVM vectorizes as the exact loop's.
@@ -332,11 +290,9 @@ def _compiled(dim, code):
 def traverse_cpu(tree, code, theta, max_depth, spread, targets=None):
     """(S, SX) with a leading axis of 1 (codes 0, 1) or 2 (code 2) for ``targets``
     (N_t, d), in their order, against ``tree``'s points (barneshut.Tree); for
-    targets None the tree's own points, each skipping itself.  Targets go in
-    groups, cells of their own tree of at most GROUP_SIZE points: the tree's for
-    its own points; for other targets (fewer per group where they are sparse,
-    _group_size) those _target_groups finds on the grid ``max_depth``,
-    ``spread`` (as build_tree's) without building their tree."""
+    targets None the tree's own points, each skipping itself, in groups (cells of
+    the tree of at most GROUP_SIZE points).  Other targets go one by one, in the
+    Morton order of the grid ``max_depth``, ``spread`` (as build_tree's)."""
     d = tree.points.shape[1]
     c = np.ascontiguousarray
     PT = c(tree.points.T)
@@ -347,11 +303,9 @@ def traverse_cpu(tree, code, theta, max_depth, spread, targets=None):
     else:
         T = np.ascontiguousarray(targets, dtype=np.float64)
         steps = np.array(spread.get(d, ()), dtype=np.int64).reshape(-1, 2)
-        codes = _morton(T, max_depth, steps)[0]
-        order = np.argsort(codes)
+        order = np.argsort(_morton(T, max_depth, steps)[0])
         TT, rank = c(T[order].T), np.argsort(order)
-        gstart, gcount = _target_groups(codes[order], d, max_depth,
-                                        _group_size(len(T), len(PT[0])))
+        gstart, gcount = np.arange(len(T)), np.ones(len(T), np.int64)
     outs = 2 if code == 2 else 1
     S = np.empty((outs, TT.shape[1]))
     SX = np.empty((outs, TT.shape[1], d))
