@@ -310,22 +310,27 @@ def grouped_reference(X, kernels, Y, w, theta, size):
 def test_grouped_barnes_hut_walk_equals_its_reference(d, rng, monkeypatch):
     """The CPU's walk of target groups against the plain Python one: the same groups,
     cells and far-field terms, with weights, for the tree's own points and for new
-    targets (one by one), in groups of up to 16 and of the default size (the last
-    data set is the deepest tree, whose walk nears its stack bound)."""
+    targets (one by one), in groups of up to 16 and of the default size, with
+    first lists that overflow and that do not (the last data set is the deepest
+    tree, whose walk nears its stack bound)."""
     X = np.concatenate([rng.normal(size=(500, d)) * 4, rng.normal(size=(80, d)) * 0.01])
     X = np.concatenate([X, X[490:510]])
     sets = [(X, rng.uniform(0.5, 2.0, len(X)), rng.normal(size=(150, d)) * 4)]
     if d == 3:
         sets.append((deepest_tree_points(), None, deepest_tree_points()))
+    default_capacity = barneshut_cpu.LIST_CAPACITY
     for size in (16, barneshut_cpu.GROUP_SIZE):
         monkeypatch.setattr(barneshut_cpu, "GROUP_SIZE", size)
         for X, w, Y in sets:
             for targets in (None, Y):
                 for kernels, theta in ((("student", "student2"), 0.5), (("gaussian",), 1.5)):
                     ref = grouped_reference(X, kernels, targets, w, theta, size)
-                    fast = bh_sums(CPU, X, kernels, Y=targets, weights=w, theta=theta)
-                    for (S, SX), (S0, SX0) in zip(fast, ref):
-                        assert rel(S, S0) < 1e-12 and rel(SX, SX0) < 1e-12
+                    # First lists of 8 entries overflow: each group walks again.
+                    for capacity in (8, default_capacity):
+                        monkeypatch.setattr(barneshut_cpu, "LIST_CAPACITY", capacity)
+                        fast = bh_sums(CPU, X, kernels, Y=targets, weights=w, theta=theta)
+                        for (S, SX), (S0, SX0) in zip(fast, ref):
+                            assert rel(S, S0) < 1e-12 and rel(SX, SX0) < 1e-12
 
 
 def test_grouped_barnes_hut_is_more_accurate_than_per_target(rng, monkeypatch):

@@ -23,10 +23,11 @@ Xeon VM, best of 7): 70,000 points 20.1 ms against 55.9 ms per target, largest
 error relative to the exact sums 0.65% against 1.37%; 20,000 points 4.6 against
 12.5 ms (0.39% against 1.37%); 5,000 points 0.9 against 2.5 ms (0.14% against
 1.39%).  Groups of 32, 64 and 256 took 27.1, 22.1 and 20.4 ms at 70,000.  A
-group walks twice, first counting, then filling the arrays it allocated: in a
-prototype whose arrays grew as the walk went (rebound inside its loop) the walks
-alone took 100 ms at 70,000 (groups of 32, one thread), against 13 ms for
-counting.
+group's walk fills arrays of LIST_CAPACITY entries, counting on past their end,
+and only a list that overflowed walks again into arrays of its count: a
+prototype whose arrays grew as the walk went (rebound inside its loop) took 100
+ms for the walks alone at 70,000 (groups of 32, one thread), against 13 ms for
+counting them.
 
 New targets (out-of-sample mappings) go one by one, in their Morton order, so
 that a new point's sums do not depend on the others given with it; and mappings
@@ -51,6 +52,12 @@ from .._generated import compile_source
 from .exact_cpu import kernel_lines, store_lines
 
 GROUP_SIZE = 128
+# Entries of a group's first list.  Walking twice always (counting, then filling
+# a list of the count) took 23.4 ms for the Student-t pair of a t-SNE layout of
+# Fashion-MNIST 70k, 3.2 ms for 2,000 new points in one of 10,000 (Xeon VM, best
+# of 7); first lists of 256, 1,024, 4,096 and 16,384 entries 21.1, 19.5, 19.5 and
+# 20.0 ms, 1.9 ms each.
+LIST_CAPACITY = 2048
 
 
 def build_tree(X, weights, max_depth, spread):
@@ -204,11 +211,12 @@ def _groups(count, first, n_children, size):
 
 
 # One group of targets per iteration: a walk from the root lists what the group
-# sums (twice: first counting, then filling the list it allocated), then each
-# target sweeps that list in one loop, which LLVM vectorizes as the exact loop's.
+# sums (again into a list of the count it reached, where that overflowed the
+# first), then each target sweeps the list in one loop, which LLVM vectorizes as
+# the exact loop's.
 _TEMPLATE = """
 def sums(PT, w, TT, gstart, gcount, self_pairs, start, count, first, n_children, side2, mass,
-         comT, theta2, stack_size, S, SX):
+         comT, theta2, stack_size, capacity, S, SX):
     for g in prange(gstart.shape[0]):
         glo = gstart[g]
         ghi = glo + gcount[g]
@@ -216,10 +224,10 @@ def sums(PT, w, TT, gstart, gcount, self_pairs, start, count, first, n_children,
         for i in range(glo + 1, ghi):
 {grow}
         stack = np.empty(stack_size, np.int64)
-        n = 0
-        for fill in range(2):
-            LT = np.empty(({dim} + 1, n))
-            index = np.empty(n, np.int64)
+        size = capacity
+        for attempt in range(2):
+            LT = np.empty(({dim} + 1, size))
+            index = np.empty(size, np.int64)
             n = 0
             stack[0] = 0
             top = 1
@@ -229,7 +237,7 @@ def sums(PT, w, TT, gstart, gcount, self_pairs, start, count, first, n_children,
                 lo = start[cell]
                 hi = lo + count[cell]
                 if n_children[cell] == 0:
-                    if fill:
+                    if n + hi - lo <= size:
                         for j in range(lo, hi):
 {copy_point}
                             LT[{dim}, n] = w[j]
@@ -241,7 +249,7 @@ def sums(PT, w, TT, gstart, gcount, self_pairs, start, count, first, n_children,
                 if not self_pairs or hi <= glo or lo >= ghi:
 {gap}
                     if side2[cell] < theta2 * ({gap2}):
-                        if fill:
+                        if n < size:
 {copy_cell}
                             LT[{dim}, n] = mass[cell]
                             index[n] = -1
@@ -250,6 +258,9 @@ def sums(PT, w, TT, gstart, gcount, self_pairs, start, count, first, n_children,
                 for c in range(n_children[cell]):
                     stack[top] = first[cell] + c
                     top += 1
+            if n <= size:
+                break
+            size = n
         for i in range(glo, ghi):
 {load}
             s = 0.0
@@ -312,5 +323,5 @@ def traverse_cpu(tree, code, theta, max_depth, spread, targets=None):
     _compiled(d, code)(
         PT, tree.weights, TT, gstart, gcount, targets is None, tree.start, tree.count,
         tree.first_child, tree.n_children, tree.side ** 2, tree.mass, c(tree.com.T),
-        float(theta) ** 2, (2**d - 1) * (tree.depth + 1) + 1, S, SX)
+        float(theta) ** 2, (2**d - 1) * (tree.depth + 1) + 1, LIST_CAPACITY, S, SX)
     return S[:, rank], SX[:, rank]
