@@ -27,10 +27,11 @@ level-synchronous traversal is the reference.  The kernel sets of the compiled
 exact loop walk the same tree depth first: on the GPU one target per thread in
 kernels/barneshut.cu, one launch per sum where the array code made about 2,100
 CuPy calls and 70 host reads per t-SNE iteration (benchmarks/gpu_call_counts.py);
-on the CPU in numba, a group of nearby targets per walk (barneshut_cpu.py: each
-group opens at least the cells its targets would, so its sums are at least as
-fine; 2.7x faster than one target per walk at 70,000 points, which was about
-40x faster than the array code for the Student-t pair at 40,000).
+on the CPU in numba, a group of the tree's nearby points per walk (new targets
+one by one; barneshut_cpu.py: each group opens at least the cells its targets
+would, so its sums are at least as fine; 2.7x faster than one target per walk
+at 70,000 points, which was about 40x faster than the array code for the
+Student-t pair at 40,000).
 """
 from __future__ import annotations
 
@@ -220,8 +221,8 @@ def bh_sums(be, X, kernels, Y=None, weights=None, theta=DEFAULT_THETA, sources=N
     """[(S, SX) for each kernel] by Barnes-Hut; the exact engine's contract.
 
     The kernel sets of the compiled exact loop (KERNEL_CODES) use the compiled
-    walks (barneshut_cpu.py on the CPU, by groups of targets, each group the
-    cell of a tree over the targets; kernels/barneshut.cu on the GPU), others
+    walks (barneshut_cpu.py on the CPU, the tree's own points by groups, its
+    cells, and new targets Y one by one; kernels/barneshut.cu on the GPU), others
     the vectorized traversal.  ``sources``: a dict kept by a caller whose sources
     X (and weights) are the same at every call, where the tree is built once
     (the out-of-sample mapping: 750 builds of a 10,000-point tree were half of

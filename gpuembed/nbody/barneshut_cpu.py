@@ -27,7 +27,8 @@ group's walk fills arrays of LIST_CAPACITY entries, counting on past their end,
 and only a list that overflowed walks again into arrays of its count: a
 prototype whose arrays grew as the walk went (rebound inside its loop) took 100
 ms for the walks alone at 70,000 (groups of 32, one thread), against 13 ms for
-counting them.
+counting them.  Like exact_cpu.py the loop is generated per (dimension, kernel
+code), compiled by numba on first use and cached on disk (gpuembed/_generated.py).
 
 New targets (out-of-sample mappings) go one by one, in their Morton order, so
 that a new point's sums do not depend on the others given with it; and mappings
@@ -37,9 +38,8 @@ end sooner.  In groups of the cells of their own tree holding about 512 sources,
 points on longer at the per-point stopping test's 1e-10), though a call for
 2,000 points in a 10,000-point layout took 0.79 ms against 3.3 ms (the Student-t
 sum); in groups of up to 128 points, whose bounding box spans the layout when
-few points are left, 11.0 s.  Like exact_cpu.py
-the loop is generated per (dimension, kernel code), compiled by numba on first
-use and cached on disk (gpuembed/_generated.py).
+few points are left, 11.0 s (these three with two walks per group, before
+LIST_CAPACITY).
 """
 from __future__ import annotations
 
