@@ -66,17 +66,29 @@ def build_tree(X, weights, max_depth, spread):
     interleaving.  Equal to the array code's for float64 X; in float32 the cell
     of a point within rounding of a grid line may differ (here in float64)."""
     X = np.ascontiguousarray(X, dtype=np.float64)
-    steps = np.array(spread.get(X.shape[1], ()), dtype=np.int64).reshape(-1, 2)
-    code, size = _morton(X, max_depth, steps)
-    order = np.argsort(code)         # NumPy's sort, as the array code's (ties alike)
+    code, size, order = _morton_order(X, max_depth, spread)
     w = (np.ones(len(X)) if weights is None
          else np.ascontiguousarray(weights, dtype=np.float64))
     points, w, cw, cwx, rank = _sorted_sums(X, w, order)
     start, count, first, n_children, level, depth = _levels(code[order], X.shape[1], max_depth)
     mass, wx, com = _cell_sums(cw, cwx, start, count)
+    side = size / 2.0 ** level
+    # The walk's layouts (traverse_cpu), made once per tree: a transform's ~1,200
+    # calls on one 140,000-point tree took 0.9 ms each to make them (10,000 new
+    # points mapped in 3.8 s against 2.9 s with them kept, Xeon VM).
     return {"order": order, "points": points, "weights": w, "start": start, "count": count,
-            "first_child": first, "n_children": n_children, "side": size / 2.0 ** level,
-            "mass": mass, "wx": wx, "com": com, "depth": depth, "rank": rank}
+            "first_child": first, "n_children": n_children, "side": side,
+            "mass": mass, "wx": wx, "com": com, "depth": depth, "rank": rank,
+            "points_t": np.ascontiguousarray(points.T), "com_t": np.ascontiguousarray(com.T),
+            "side2": side * side}
+
+
+def _morton_order(X, max_depth, spread):
+    """(code, size, order): _morton's codes and cube side for float64 X, and the
+    order that sorts the codes (NumPy's sort, as the array code's: ties alike)."""
+    steps = np.array(spread.get(X.shape[1], ()), dtype=np.int64).reshape(-1, 2)
+    code, size = _morton(X, max_depth, steps)
+    return code, size, np.argsort(code)
 
 
 @njit(cache=True)
@@ -305,23 +317,20 @@ def traverse_cpu(tree, code, theta, max_depth, spread, targets=None):
     the tree of at most GROUP_SIZE points).  Other targets go one by one, in the
     Morton order of the grid ``max_depth``, ``spread`` (as build_tree's)."""
     d = tree.points.shape[1]
-    c = np.ascontiguousarray
-    PT = c(tree.points.T)
     if targets is None:
-        TT, rank = PT, tree.rank
+        TT, rank = tree.points_t, tree.rank
         groups = _groups(tree.count, tree.first_child, tree.n_children, GROUP_SIZE)
         gstart, gcount = tree.start[groups], tree.count[groups]
     else:
         T = np.ascontiguousarray(targets, dtype=np.float64)
-        steps = np.array(spread.get(d, ()), dtype=np.int64).reshape(-1, 2)
-        order = np.argsort(_morton(T, max_depth, steps)[0])
-        TT, rank = c(T[order].T), np.argsort(order)
+        order = _morton_order(T, max_depth, spread)[2]
+        TT, rank = np.ascontiguousarray(T[order].T), np.argsort(order)
         gstart, gcount = np.arange(len(T)), np.ones(len(T), np.int64)
     outs = 2 if code == 2 else 1
     S = np.empty((outs, TT.shape[1]))
     SX = np.empty((outs, TT.shape[1], d))
     _compiled(d, code)(
-        PT, tree.weights, TT, gstart, gcount, targets is None, tree.start, tree.count,
-        tree.first_child, tree.n_children, tree.side ** 2, tree.mass, c(tree.com.T),
+        tree.points_t, tree.weights, TT, gstart, gcount, targets is None, tree.start,
+        tree.count, tree.first_child, tree.n_children, tree.side2, tree.mass, tree.com_t,
         float(theta) ** 2, (2**d - 1) * (tree.depth + 1) + 1, LIST_CAPACITY, S, SX)
     return S[:, rank], SX[:, rank]
