@@ -118,27 +118,27 @@ def connected_sparsify(be, W, kappa, grow):
 # for SD see Spectral's docstring).
 CG_TOL, CG_MAXITER = 0.1, 50
 # SD's step limit where B is refreshed (t-SNE) from REFRESHED_CG_MIN_N points up to
-# REFRESHED_CG_MAX_N: a B built at an earlier layout takes 40-150 steps to the
-# residual there, so 50 truncated nearly
-# every solve, at 35% of an iteration's time (Fashion-MNIST 70k: 83 of 239 ms).  With 20
-# the default fit reached each KL below 2.28 sooner (2.25 after 59 s against 73 s) and
-# stopped after 85 s against 119 s at 2.244 against 2.238 (10-NN accuracy 0.846 both);
-# on two 20k subsets KL 1.77 after 10.2 s and 8.2 s against 14.3 s and 12.0 s, ending
-# lower (1.762, 1.751 against 1.768, 1.757).  Early iterations lose a little (KL 2.30 at
-# 70k after 28 s against 26 s); 15 was no better than 20, and with 10 a 20k fit stopped
-# at 1.800.  Below, an evaluation costs more against the solve, and the shorter solves
-# lost: 5k with exact sums (the benchmark's run at 8fdf35e, not kept, against 89e07b4's)
-# KL 1.2492 against 1.2382 after 4 s, 1.2464 against 1.2344 after 8 s; two 5k and two
-# 10k subsets (Barnes-Hut) reached each KL sooner but two of them stopped higher (1.2393
-# against 1.2317, 1.5055 against 1.5036).  Beyond, the shorter solves lose more
-# progress per iteration than they save in time (shifted Fashion-MNIST, affinities
-# given, Barnes-Hut in groups, Xeon VM): at 140k KL 2.539 after 100 iterations and
-# 30.0 s with 50 steps, 2.551 after 200 and 52.9 s with 20; at 280k 2.779 after 150
-# iterations and 112 s against 2.888 after 91 s (2.828 after 72 s with 50); a 10^6
-# fit with 20 ended at 3.313 after the 1,000-iteration limit, where one with 50 (at
-# 5397708, before later loop changes and the grouped walk) stopped at 3.133 after
-# 888.  At 70k the two are level to KL 2.27 (2.267 at 28.2 s with 50, 2.268 at 26.2 s
-# with 20), and 20 stops sooner (42 s against 72 s, 2.2514 against 2.2470).
+# REFRESHED_CG_MAX_N: a B built at an earlier layout takes 40-150 steps to the residual
+# there, so 50 truncated nearly every solve, at 35% of an iteration's time
+# (Fashion-MNIST 70k: 83 of 239 ms).  With 20 the default fit reached each KL below 2.28
+# sooner (2.25 after 59 s against 73 s) and stopped after 85 s against 119 s at 2.244
+# against 2.238 (10-NN accuracy 0.846 both); on two 20k subsets KL 1.77 after 10.2 s and
+# 8.2 s against 14.3 s and 12.0 s, ending lower (1.762, 1.751 against 1.768, 1.757).
+# Early iterations lose a little (KL 2.30 at 70k after 28 s against 26 s); 15 was no
+# better than 20, and with 10 a 20k fit stopped at 1.800.  Below, an evaluation costs
+# more against the solve, and the shorter solves lost: 5k with exact sums (the
+# benchmark's run at 8fdf35e, not kept, against 89e07b4's) KL 1.2492 against 1.2382
+# after 4 s, 1.2464 against 1.2344 after 8 s; two 5k and two 10k subsets (Barnes-Hut)
+# reached each KL sooner but two of them stopped higher (1.2393 against 1.2317, 1.5055
+# against 1.5036).  Beyond, the shorter solves lose more progress per iteration than
+# they save in time (shifted Fashion-MNIST, affinities given, Barnes-Hut in groups, Xeon
+# VM): at 140k KL 2.539 after 100 iterations and 30.0 s with 50 steps, 2.551 after 200
+# and 52.9 s with 20; at 280k 2.779 after 150 iterations and 112 s against 2.888 after
+# 91 s (2.828 after 72 s with 50); a 10^6 fit with 20 ended at 3.313 after the
+# 1,000-iteration limit, one with 50 at 3.136 (1ab19b5; 5397708, before later loop
+# changes and the grouped walk, stopped at 3.133 after 888).  At 70k the two are level
+# to KL 2.27 (2.267 at 28.2 s with 50, 2.268 at 26.2 s with 20), and 20 stops sooner (42
+# s against 72 s, 2.2514 against 2.2470).
 REFRESHED_CG_MAXITER, REFRESHED_CG_MIN_N, REFRESHED_CG_MAX_N = 20, 20_000, 100_000
 # SD's CG runs in float32 whatever X's dtype for tolerances from SINGLE_CG_MIN_TOL
 # up (the default's 0.1 is far above float32's precision), and its products move
@@ -377,8 +377,8 @@ class Spectral(Direction):
     residual ``cg_tol`` (0.1, as SD-'s in seed 002; in float32 from 1e-4 up,
     SINGLE_CG_MIN_TOL) or ``cg_maxiter`` steps (None: 50, or REFRESHED_CG_MAXITER
     where B is refreshed, from REFRESHED_CG_MIN_N points below REFRESHED_CG_MAX_N).
-    An inexact direction
-    costs little progress per iteration and saves most of the solve:
+    An inexact direction costs little progress per iteration and saves most of
+    the solve:
     Fashion-MNIST 20k, 200 iterations, t-SNE (Barnes-Hut) KL 1.860 in 12.3 s
     with 5.5 products per iteration, against 1.857 in 44 s at 1e-3 / 100 steps
     (91 products) and 1.857 in 20.5 s with the Cholesky factor; EE (FGT) 26.40
