@@ -9,7 +9,7 @@ import scipy.optimize
 
 import gpuembed as ge
 from gpuembed.affinities import orders, rootfinding, rootfinding_cpu
-from gpuembed.affinities.entropic import solve_rows
+from gpuembed.affinities.entropic import joint, solve_rows
 from gpuembed.fastexp import expneg, logpos, negexp
 
 LOG = np.log
@@ -297,6 +297,13 @@ def test_symmetric_P(clusters):
     assert abs(P - P.T).max() < 1e-15
     C = ge.entropic_affinities(clusters, 10.0, symmetrize=False, backend="cpu").P
     np.testing.assert_allclose(P.toarray(), (C + C.T).toarray() / 800, atol=1e-16)
+    # joint scales the sum in place: scipy's division's bits, the conditionals untouched
+    before = C.copy()
+    J = joint(C)
+    expected = ((C + C.T) / 800).tocsr()
+    for a in ("data", "indices", "indptr"):
+        np.testing.assert_array_equal(getattr(J, a), getattr(expected, a))
+    np.testing.assert_array_equal(C.data, before.data)
 
 
 def test_precomputed_neighbors_and_default_k(clusters):

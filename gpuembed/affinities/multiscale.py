@@ -17,7 +17,7 @@ import scipy.sparse
 
 from .._checks import check_bool, check_float, check_int
 from ..backend import get_backend
-from .entropic import _calibrate, _neighbors
+from .entropic import _calibrate, _neighbors, joint
 
 
 @dataclass
@@ -131,7 +131,7 @@ def multiscale_affinities(X=None, perplexity=2.0, *, n_scales=None, n_neighbors=
         columns.append((beta, entropy, n_iter))
     P = mean_on_pattern(be, conditionals)
     if symmetrize:
-        P = ((P + P.T) / (2.0 * n)).tocsr()
+        P = joint(P)
     beta, entropy, n_iter = (xp.stack(c, axis=1) for c in zip(*columns))
     return MultiscaleAffinities(P=P, conditionals=conditionals, perplexities=scales, beta=beta,
                                 entropy=entropy, n_iter=n_iter, neighbors=(sqdist, indices))
