@@ -146,6 +146,7 @@ class _Embedding(Params):
                                    **objective_params)
         objective.accuracy = accuracy
         X0 = self._initial(X, P, be, dtype, d, init)
+        del P           # the objective holds its own copy (1.7 GB at 10^6 points)
         _stage(self.verbose, start, f"setup: initial layout {_init_name(self.init)}, optimizer "
                                     f"{self.optimizer}, N-body engine {nbody}"
                                     + "".join(f", {k}={v:g}" for k, v in chosen.items()))
@@ -156,7 +157,7 @@ class _Embedding(Params):
         self.n_iter_ = int(result.n_iter)
         self.history_ = result.history
         self.n_features_in_ = X.shape[1]
-        self._fitted = (be, X, result.X, objective, P.shape[0])
+        self._fitted = (be, X, result.X, objective, n)
         self._queries = QuerySearch(X, self._method_params.get("neighbors"), be)
         return self
 
@@ -319,8 +320,10 @@ class _Embedding(Params):
             raise ValueError(f"affinities are {P.shape[0]} x {P.shape[0]} but X has {n} rows")
         # A canonical copy (sorted indices, no duplicates), the same whatever order
         # the caller's entries come in, so that the objective and a spectral
-        # initialization see one matrix; the caller's stays as it is.
-        P = be.sparse.csr_matrix(P if hasattr(P, "tocsr") else be.asarray(P), copy=True)
+        # initialization see one matrix; the caller's stays as it is.  The fit's own
+        # affinities need no copy.
+        P = be.sparse.csr_matrix(P if hasattr(P, "tocsr") else be.asarray(P),
+                                 copy=self.affinities is not None)
         P.sum_duplicates()         # its values are checked by make_objective (check_affinities)
         self._perplexity_used = self.perplexity
         return P
@@ -742,23 +745,23 @@ def _has_duplicate_rows(Y):
 
 # PCA by svds of data up to this many entries runs BLAS on one thread (see _pca).
 SERIAL_SVDS_MAX_ENTRIES = 4_000_000
+# Dense rows are centred this many bytes at a time for PCA's scatter matrix and
+# scores: the centred copy of all of them (2.9 GB for 10^6 Fashion-MNIST images
+# in float32) set the peak memory of the default t-SNE fit, 12.4 GB.
+PCA_BLOCK_BYTES = 2**26
 
 
 def _pca(X, d):
     """Top-d principal component scores of host data X (signs fixed); columns
     beyond the number of features are zero.  Sparse X is centred implicitly
-    (its centred copy would be dense)."""
+    (its centred copy would be dense), dense X up to 2,000 features a block of
+    rows at a time (the scatter matrix summed in float64)."""
     n, D = X.shape
     if D < d:
         return np.hstack([_pca(X, D), np.zeros((n, d - D))])
     mean = np.asarray(X.mean(axis=0)).ravel()
-    Xc = _centred_operator(X, mean) if is_sparse(X) else X - mean
-    if D <= 2000:
-        scatter = ((X.T @ X).toarray() - n * np.outer(mean, mean) if is_sparse(X)
-                   else Xc.T @ Xc)
-        vals, vecs = np.linalg.eigh(scatter)
-        Y = Xc @ vecs[:, ::-1][:, :d]
-    else:
+    if D > 2000:
+        Xc = _centred_operator(X, mean) if is_sparse(X) else X - mean
         v0 = np.random.default_rng(0).random(min(n, D))
         # ARPACK's ~80 products wake OpenBLAS's workers, which then busy-wait for
         # about 0.1 s and hold up the optimizer's first numba sweeps: on one
@@ -769,9 +772,33 @@ def _pca(X, d):
         small = n * D <= SERIAL_SVDS_MAX_ENTRIES
         with get_backend("cpu").serial_blas() if small else contextlib.nullcontext():
             _, _, Vt = scipy.sparse.linalg.svds(Xc, k=d, v0=v0)
-            Y = Xc @ Vt[::-1].T
-    signs = np.sign(Y[np.argmax(np.abs(Y), axis=0), np.arange(d)])
-    return Y * signs
+            return _fixed_signs(Xc @ Vt[::-1].T)
+    if is_sparse(X):
+        scatter = (X.T @ X).toarray() - n * np.outer(mean, mean)
+    else:
+        scatter = np.zeros((D, D))
+        for _, block in _centred_blocks(X, mean):
+            scatter += block.T @ block
+    V = np.linalg.eigh(scatter)[1][:, ::-1][:, :d]
+    if is_sparse(X):
+        return _fixed_signs(X @ V - mean @ V)
+    Y = np.empty((n, d))
+    for rows, block in _centred_blocks(X, mean):
+        Y[rows] = block @ V
+    return _fixed_signs(Y)
+
+
+def _centred_blocks(X, mean):
+    """(rows, X[rows] - mean) for blocks of PCA_BLOCK_BYTES of dense X."""
+    step = max(1, PCA_BLOCK_BYTES // (X.shape[1] * X.itemsize))
+    for start in range(0, X.shape[0], step):
+        rows = slice(start, start + step)
+        yield rows, X[rows] - mean
+
+
+def _fixed_signs(Y):
+    """Y with each column's largest entry (in magnitude) positive."""
+    return Y * np.sign(Y[np.argmax(np.abs(Y), axis=0), np.arange(Y.shape[1])])
 
 
 class TSNE(_Embedding):

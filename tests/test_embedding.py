@@ -1931,6 +1931,24 @@ def test_pca_start_without_enough_directions(small):
         assert model.embedding_[:, 1].std() > 1e-6 * model.embedding_[:, 0].std()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pca_in_blocks_equals_the_svd_of_the_centred_data(monkeypatch, dtype):
+    """PCA's scores of dense data, centred a block of rows at a time (here blocks of
+    7 rows, the last one short), against the SVD of the whole centred matrix:
+    U S up to each column's sign, which _pca fixes by the largest entry."""
+    rng = np.random.default_rng(3)
+    X = (rng.normal(size=(200, 6)) * [5.0, 3.0, 2.0, 1.0, 0.5, 0.1] + 40.0).astype(dtype)
+    monkeypatch.setattr(ge.embedding, "PCA_BLOCK_BYTES", 7 * 6 * X.itemsize)
+    Y = ge.embedding._pca(X, 3)
+    U, S, _ = np.linalg.svd(X.astype(np.float64) - X.astype(np.float64).mean(axis=0),
+                            full_matrices=False)
+    expected = U[:, :3] * S[:3]
+    expected *= np.sign(expected[np.argmax(np.abs(expected), axis=0), np.arange(3)])
+    assert Y.dtype == np.float64
+    tolerance = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(Y, expected, atol=tolerance * np.abs(expected).max())
+
+
 def test_input_forms(small):
     X, _, _ = small
     with pytest.raises(TypeError, match="init array"):
