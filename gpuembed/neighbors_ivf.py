@@ -225,8 +225,9 @@ class ListIndex:
         be, X = self.backend, self.X
         sample = np.sort(rng.choice(Q.shape[0], min(Q.shape[0], RECALL_SAMPLE), replace=False))
         Q_sample = Q[be.asarray(sample)]
-        true = (sampled_knn(be, X, sample, k) if exclude_self
-                else be.to_host(_query(be, Q_sample, X, k)[1]))
+        points = (self.rows, be.asarray(self.order), self.sq)
+        true = (sampled_knn(be, X, sample, k, points) if exclude_self
+                else be.to_host(_knn(be, Q_sample, X, k, False, None, points=points)[1]))
         ranked = self._nearest_lists(Q_sample, len(self.filled))
         n_probe = fewest_probes(self._recall_by_probes(true, ranked, k + exclude_self), recall)
         return None if n_probe > AUTO_EXACT_FRACTION * len(self.filled) else n_probe
@@ -385,10 +386,12 @@ def _query(be, Q, X, k):
     return _knn(be, Q, X, k, False, None)
 
 
-def sampled_knn(be, X, rows, k):
+def sampled_knn(be, X, rows, k, points=None):
     """The exact k-NN indices (host) of the points ``rows`` of X, each left out of
-    its own (or, where copies of it tie at distance 0, the last of them)."""
-    true = be.to_host(_query(be, X[be.asarray(rows)], X, k + 1)[1])
+    its own (or, where copies of it tie at distance 0, the last of them);
+    ``points``: X's centred rows in an order, as neighbors._knn takes them."""
+    true = be.to_host(_knn(be, X[be.asarray(rows)], X, k + 1, False, None,
+                           points=points)[1])
     own = true == rows[:, None]
     own[:, -1] |= ~own.any(axis=1)
     return true[~own].reshape(len(rows), k)

@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse
 
 import gpuembed as ge
-from gpuembed import neighbors_ivf
+from gpuembed import neighbors, neighbors_ivf
 from test_neighbors import best_by_distance_then_index, brute_knn
 
 
@@ -123,6 +123,29 @@ def test_recall_by_probes_is_the_recall_of_each_probe_count(backend):
                                             random_state=seed, backend=backend)[1])[sample]
         np.testing.assert_allclose(found[:, p],
                                    (idx[:, :, None] == ref_i[:, None, :]).any(axis=2).mean(1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_searches_on_the_index_rows_equal_the_exact_search(backend, dtype):
+    """The sampled exact search that chooses n_probe takes the index's centred rows
+    (in list order, the queries scaled by -2) instead of its own copy of X: the
+    same neighbours and distances as knn_query and, each point left out of its
+    own, as knn, copies of points included (their ties go by index)."""
+    X, _ = ge.datasets.rotating_objects(n_objects=5, size=16)
+    X = np.concatenate([X, X[:40]]).astype(dtype)       # 40 points twice
+    index = ge.ListIndex(backend.asarray(X), 15, random_state=2, backend=backend)
+    points = (index.rows, backend.asarray(index.order), index.sq)
+    Q = backend.asarray(X[::9] + 0.01)
+    got = neighbors._knn(backend, Q, index.X, 12, False, None, points=points)
+    expected = neighbors.knn_query(Q, index.X, 12, backend=backend)
+    np.testing.assert_array_equal(backend.to_host(got[1]), backend.to_host(expected[1]))
+    np.testing.assert_allclose(backend.to_host(got[0]), backend.to_host(expected[0]),
+                               rtol=1e-5 if dtype == np.float32 else 1e-12)
+    sample = np.arange(0, X.shape[0], 5)
+    np.testing.assert_array_equal(neighbors_ivf.sampled_knn(backend, index.X, sample, 12, points),
+                                  neighbors_ivf.sampled_knn(backend, index.X, sample, 12))
+    np.testing.assert_array_equal(neighbors_ivf.sampled_knn(backend, index.X, sample, 12, points),
+                                  ge.knn(X, 12, backend="cpu")[1][sample])
 
 
 @pytest.mark.parametrize("target", [0.6, 0.8])
