@@ -126,11 +126,12 @@ def knn_query(Q, X, n_neighbors, *, backend="auto", block_bytes=None):
 def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, points=None):
     """The k-NN search behind knn and knn_query; ``mixed``: float64 points may take
     the float32 search (_mixed_precision_knn); ``centred``: Q and X are already
-    centred on X's mean (that search's float32 copies); ``points``: (Yp, perm, sq),
-    dense X's rows centred on its mean in the order perm and their squared norms
-    (a ListIndex's rows), which the search of new points takes for its own copy
-    of X, scaling the queries by -2 instead of them (the same products: a power
-    of two): at 10^6 images that copy, 2.9 GB, set approx_knn's peak memory."""
+    centred on X's mean (that search's float32 copies); ``points``: (Yp, perm, sq,
+    mean), dense X's rows centred on its mean in the order perm, their squared
+    norms and that mean (a ListIndex's), which the search of new points takes for
+    its own copy of X, scaling the queries by -2 instead of them (the same
+    products: a power of two): at 10^6 images that copy, 2.9 GB, set approx_knn's
+    peak memory."""
     xp = be.xp
     n = X.shape[0]
     if block_bytes is None:
@@ -147,7 +148,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, poin
     # GEMM-based distances lose precision to.  Sparse rows stay uncentred: the
     # exact recomputation in _finish covers the larger rounding.
     keep = sparse or centred
-    mean = 0 if keep else X.mean(axis=0)
+    mean = 0 if keep else (X.mean(axis=0) if points is None else points[3])
     if not be.is_gpu and not sparse and X.shape[1] <= TREE_MAX_DIM:
         Xc = X if keep else X - mean
         sqnorms = [row_sqnorms(xp, Xc)]
@@ -168,7 +169,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, poin
             Yp -= mean
         sq = row_sqnorms(xp, Yp)
     else:
-        Yp, perm, sq = points
+        Yp, perm, sq, _ = points
     if exclude_self:                    # the queries are the points: their norms are at hand
         Qc, sq_q = (X if keep else None), sq[inv_perm]
     elif keep or X.shape[1] <= TREE_MAX_DIM:
@@ -181,10 +182,9 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, poin
         return _self_knn_cpu(X, Yp, sq, sq_q, perm, inv_perm, k, n_cand, block_bytes)
     if sparse:
         right = transposed(-2 * Yp)       # for every block's product, prepared once
-    elif points is None:
-        Yp *= -2                          # exact: a power of two
-        right = transposed(Yp)
     else:
+        if points is None:
+            Yp *= -2                      # exact: a power of two
         right = transposed(Yp)
 
     m = Q.shape[0]

@@ -225,7 +225,7 @@ class ListIndex:
         be, X = self.backend, self.X
         sample = np.sort(rng.choice(Q.shape[0], min(Q.shape[0], RECALL_SAMPLE), replace=False))
         Q_sample = Q[be.asarray(sample)]
-        points = (self.rows, be.asarray(self.order), self.sq)
+        points = (self.rows, be.asarray(self.order), self.sq, self.mean)
         true = (sampled_knn(be, X, sample, k, points) if exclude_self
                 else be.to_host(_knn(be, Q_sample, X, k, False, None, points=points)[1]))
         ranked = self._nearest_lists(Q_sample, len(self.filled))

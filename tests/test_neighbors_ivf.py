@@ -134,7 +134,7 @@ def test_searches_on_the_index_rows_equal_the_exact_search(backend, dtype):
     X, _ = ge.datasets.rotating_objects(n_objects=5, size=16)
     X = np.concatenate([X, X[:40]]).astype(dtype)       # 40 points twice
     index = ge.ListIndex(backend.asarray(X), 15, random_state=2, backend=backend)
-    points = (index.rows, backend.asarray(index.order), index.sq)
+    points = (index.rows, backend.asarray(index.order), index.sq, index.mean)
     Q = backend.asarray(X[::9] + 0.01)
     got = neighbors._knn(backend, Q, index.X, 12, False, None, points=points)
     expected = neighbors.knn_query(Q, index.X, 12, backend=backend)
