@@ -73,7 +73,8 @@ class PairSet:
         grad = np.zeros(X.shape)
         value = attraction(self.P.indptr, self.P.indices, self._p64,
                            np.ascontiguousarray(X.T, dtype=np.float64), student, grad,
-                           np.empty((numba.get_num_threads(), 2, self._longest_row)))
+                           np.empty((numba.get_num_threads(), 2 + X.shape[1],
+                                     self._longest_row)))
         return float(value), grad.astype(X.dtype, copy=False)
 
     @functools.cached_property
