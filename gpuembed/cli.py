@@ -215,6 +215,11 @@ def _load_sparse(path):
                          f"({exc})") from None
 
 
+# The embedding's file by its suffix (np.save would add ".npy" to any other name).
+OUTPUT_FORMATS = {".npy": np.save,
+                  ".csv": lambda path, Y: np.savetxt(path, Y, delimiter=",", fmt="%.17g")}
+
+
 def cmd_embed(args):
     path = Path(args.input)
     if path.suffix == ".npy":
@@ -229,13 +234,15 @@ def cmd_embed(args):
     labels = np.load(args.labels) if args.labels else None
     if labels is not None and len(labels) != X.shape[0]:
         raise ValueError(f"--labels has {len(labels)} entries but INPUT {X.shape[0]} rows")
+    if Path(args.output).suffix not in OUTPUT_FORMATS:
+        raise ValueError(f"--output must end in .npy or .csv, got {args.output}")
     for out in (args.output, args.plot):
         if out and not Path(out).resolve().parent.is_dir():
             raise ValueError(f"no such directory for {out}")
     be = get_backend(args.backend)
     Y, seconds, compiling = _timed(lambda: _run_method(X, args.n_components, be, args))
     print(f"{args.method}: {X.shape[0]} points in {_seconds_text(seconds, compiling)}")
-    np.save(args.output, Y)
+    OUTPUT_FORMATS[Path(args.output).suffix](args.output, Y)
     print(f"wrote {args.output}")
     if labels is not None:
         print(f"10-NN accuracy {knn_accuracy(Y, labels, k=10):.3f}")
@@ -296,7 +303,8 @@ def build_parser():
     embed = sub.add_parser("embed", help="embed a .npy or .csv file, or a sparse matrix "
                                           "(.npz from scipy.sparse.save_npz)")
     embed.add_argument("input")
-    embed.add_argument("-o", "--output", required=True)
+    embed.add_argument("-o", "--output", required=True,
+                       help="the embedding, as .npy or .csv (rows of comma-separated numbers)")
     embed.add_argument("--n-components", type=int, default=2)
     embed.add_argument("--labels", help=".npy file of labels (for the accuracy and the plot)")
     embed.add_argument("--plot", help="write a PNG scatter plot here")

@@ -208,6 +208,10 @@ def test_embed_checks_before_it_fits(tmp_path):
                   "--backend", "cpu")
     assert out.returncode == 1 and "no such directory" in out.stderr
     assert "points in" not in out.stdout            # failed before the fit
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.txt"),
+                  "--backend", "cpu")
+    assert out.returncode == 1 and "--output must end in .npy or .csv" in out.stderr
+    assert "points in" not in out.stdout and not list(tmp_path.glob("o.txt*"))
     np.savetxt(tmp_path / "x.csv", X, delimiter=",", header="a,b,c", comments="")
     out = run_cli("embed", str(tmp_path / "x.csv"), "-o", str(tmp_path / "o.npy"),
                   "--backend", "cpu", "--method", "ee", "--max-iter", "3", "--random-state", "1")
@@ -216,3 +220,10 @@ def test_embed_checks_before_it_fits(tmp_path):
             "--backend", "cpu", "--method", "ee", "--max-iter", "3", "--random-state", "1")
     np.testing.assert_allclose(np.load(tmp_path / "o.npy"), np.load(tmp_path / "p.npy"))
     assert "perplexity 30 lowered to 16" in out.stderr
+    # A .csv output is text, the same numbers to the last bit (np.save would have
+    # written o.csv.npy).
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.csv"),
+                  "--backend", "cpu", "--method", "ee", "--max-iter", "3", "--random-state", "1")
+    assert out.returncode == 0 and f"wrote {tmp_path / 'o.csv'}" in out.stdout, out.stderr
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "o.csv", delimiter=","),
+                                  np.load(tmp_path / "p.npy"))
