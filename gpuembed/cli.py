@@ -100,18 +100,59 @@ def _load_demo(name):
     return name, X, np.digitize(t, np.linspace(t.min(), t.max(), 6)[1:-1])
 
 
-def _save_plot(Y, labels, path, title):
+def _pyplot():
+    """matplotlib's pyplot on a file backend, or None where matplotlib is missing."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def _plot_path(path, option):
+    """The file a plot for ``path`` goes to, checked before the fit: a folder that
+    exists and a format matplotlib writes (no suffix: PNG, which matplotlib would
+    add to the name)."""
+    path = Path(path)
+    if not path.resolve().parent.is_dir():
+        raise ValueError(f"no such directory for {path}")
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    if _pyplot() is not None:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if path.suffix[1:].lower() not in formats:
+            raise ValueError(f"{option}: matplotlib cannot write {path.suffix} files; "
+                             f"use one of {', '.join(sorted(formats))}")
+    return path
+
+
+def _save_plot(Y, labels, path, title):
+    """A scatter plot of Y's first two coordinates, coloured by ``labels`` (any
+    values: numbers or names, with a legend for up to 20 of them) or one colour."""
+    plt = _pyplot()
+    if plt is None:
         print(f"matplotlib is not installed, so no plot was written to {path} "
               "(pip install 'gpuembed[plot]')")
         return
     fig, ax = plt.subplots(figsize=(7, 7))
-    ax.scatter(Y[:, 0], Y[:, 1], c=labels, s=4, cmap="tab10")
+    if isinstance(labels, str):
+        ax.scatter(Y[:, 0], Y[:, 1], c=labels, s=4)
+    else:
+        names, codes = np.unique(np.asarray(labels), return_inverse=True)
+        # The qualitative maps' own colours in order (tab10: the first name blue, the
+        # second orange...), a continuous map beyond 20 values.
+        cmap, colours = (("tab10", 10) if len(names) <= 10 else ("tab20", 20)
+                         if len(names) <= 20 else ("turbo", len(names)))
+        points = ax.scatter(Y[:, 0], Y[:, 1], c=codes.ravel(), s=4, cmap=cmap, vmin=0,
+                            vmax=colours - 1)
+        if len(names) <= 20:
+            ax.legend(points.legend_elements(num=None)[0], [str(n) for n in names],
+                      loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     ax.set_title(title)
     ax.set_xticks([])
     ax.set_yticks([])
@@ -178,6 +219,7 @@ def cmd_info(args):
 
 
 def cmd_demo(args):
+    plot = _plot_path(args.output, "--output")
     name, X, labels = _load_demo(args.dataset)
     be = get_backend(args.backend)
     print(f"dataset {name}: {X.shape[0]} points x {X.shape[1]} dims, backend {be.name} "
@@ -187,8 +229,7 @@ def cmd_demo(args):
     print(f"{args.method}: {_seconds_text(seconds, compiling)}, "
           f"10-NN accuracy {acc:.3f}")
     _print_auc(args, X, Y)
-    _save_plot(Y, labels, args.output, f"{name}: {args.method} ({seconds:.1f} s, "
-                                       f"10-NN acc {acc:.3f})")
+    _save_plot(Y, labels, plot, f"{name}: {args.method} ({seconds:.1f} s, 10-NN acc {acc:.3f})")
     return 0
 
 
@@ -236,9 +277,9 @@ def cmd_embed(args):
         raise ValueError(f"--labels has {len(labels)} entries but INPUT {X.shape[0]} rows")
     if Path(args.output).suffix not in OUTPUT_FORMATS:
         raise ValueError(f"--output must end in .npy or .csv, got {args.output}")
-    for out in (args.output, args.plot):
-        if out and not Path(out).resolve().parent.is_dir():
-            raise ValueError(f"no such directory for {out}")
+    if not Path(args.output).resolve().parent.is_dir():
+        raise ValueError(f"no such directory for {args.output}")
+    plot = args.plot and _plot_path(args.plot, "--plot")
     be = get_backend(args.backend)
     Y, seconds, compiling = _timed(lambda: _run_method(X, args.n_components, be, args))
     print(f"{args.method}: {X.shape[0]} points in {_seconds_text(seconds, compiling)}")
@@ -247,8 +288,8 @@ def cmd_embed(args):
     if labels is not None:
         print(f"10-NN accuracy {knn_accuracy(Y, labels, k=10):.3f}")
     _print_auc(args, X, Y)
-    if args.plot:
-        _save_plot(Y, labels if labels is not None else "k", args.plot, path.name)
+    if plot:
+        _save_plot(Y, labels if labels is not None else "k", plot, path.name)
     return 0
 
 

@@ -180,6 +180,30 @@ def test_argument_errors_print_usage(args):
     assert "usage: gpuembed" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_embed_plots_named_labels_and_checks_the_plot_first(tmp_path):
+    """Labels that are names colour the plot (matplotlib refused them as colours,
+    after the fit); a plot path without a suffix gets matplotlib's PNG suffix,
+    said as written; a format matplotlib cannot write fails before the fit."""
+    pytest.importorskip("matplotlib")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).random((60, 3)))
+    np.save(tmp_path / "y.npy", np.array(["cat", "dog", "owl"])[np.arange(60) % 3])
+    embed = ("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy"), "--backend",
+             "cpu", "--method", "ee", "--max-iter", "3")
+    out = run_cli(*embed, "--labels", str(tmp_path / "y.npy"), "--plot", str(tmp_path / "p"))
+    assert out.returncode == 0, out.stderr
+    assert f"wrote {tmp_path / 'p.png'}" in out.stdout
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = run_cli(*embed, "--plot", str(tmp_path / "p.txt"))
+    assert out.returncode == 1 and "--plot: matplotlib cannot write .txt" in out.stderr
+    assert "points in" not in out.stdout
+
+
+def test_demo_checks_its_output_before_it_fits(tmp_path):
+    out = run_cli("demo", "--backend", "cpu", "-o", str(tmp_path / "no" / "demo.png"))
+    assert out.returncode == 1 and "no such directory" in out.stderr
+    assert "accuracy" not in out.stdout
+
+
 def test_runtime_errors_have_no_traceback(tmp_path):
     out = run_cli("embed", str(tmp_path / "missing.npy"), "-o", str(tmp_path / "o.npy"))
     assert out.returncode == 1 and "error" in out.stderr and "Traceback" not in out.stderr
