@@ -4,8 +4,7 @@
 the Morton-sorted points, where the array code (the GPU path and the reference)
 spends some 20 NumPy passes per level: on t-SNE layouts of Fashion-MNIST 70k
 (19 levels, 132,000 cells) 13 ms against 26-29 ms, and the Student-t pair's
-Barnes-Hut sum 69-72 ms against 81-82 ms (best of 20, 2-core EPYC); 8.2-9.2 ms
-on the Xeon VM since its levels are made in one compiled call (_levels).
+Barnes-Hut sum 69-72 ms against 81-82 ms (best of 20, 2-core EPYC).
 
 The vectorized traversal of barneshut.py (the reference) moves every
 (target, cell) pair of a level through gathers, masks and bincounts; the GPU's
@@ -73,7 +72,7 @@ def build_tree(X, weights, max_depth, spread):
     points, w, cw, cwx, rank = _sorted_sums(X, w, order)
     start, count, first, n_children, level, depth = _levels(code[order], X.shape[1], max_depth)
     mass, wx, com = _cell_sums(cw, cwx, start, count)
-    side = np.ldexp(size, -level)          # size / 2^level exactly, without a pow per cell
+    side = np.ldexp(size, -level)      # size / 2^level exactly, without a pow per cell
     # The walk's layouts (traverse_cpu), made once per tree: a transform's ~1,200
     # calls on one 140,000-point tree took 0.9 ms each to make them (10,000 new
     # points mapped in 3.8 s against 2.9 s with them kept, Xeon VM).
@@ -135,57 +134,55 @@ def _sorted_sums(X, w, order):
     return points, ws, cw, cwx, rank
 
 
-@njit(cache=True)
 def _levels(code, d, max_depth):
     """Cells level by level: the root, then the runs of equal code prefixes inside
     each cell of more than one point (single-point cells are leaves).  Returns
-    start, count, first_child, n_children and level of every cell, and the depth.
-
-    Compiled whole, into one array that grows between levels: a compiled call per
-    level, with NumPy's appends, wheres and concatenations around them, made the
-    tree of a t-SNE layout of Fashion-MNIST 70k (19 levels, 124,000 cells) in
-    17-19 ms against 8.2-9.2 ms now (medians of 50 in alternating processes, the
-    same arrays)."""
-    n = code.shape[0]
-    cells = np.zeros((5, 2 * n + 1), np.int64)    # start, count, first, n_children, level
-    cells[1, 0] = n
-    lo, total, depth = 0, 1, 0                    # this level's cells: lo to total
-    while depth < max_depth:
-        if total + n > cells.shape[1]:            # a level adds at most n cells
-            grown = np.zeros((5, 2 * cells.shape[1] + n), np.int64)
-            grown[:, :total] = cells[:, :total]
-            cells = grown
-        hi = _split(code, d * (max_depth - depth - 1), lo, total, depth + 1, cells)
-        if hi == total:                           # no cell split: the last level
+    start, count, first_child, n_children and level of every cell, and the depth."""
+    starts, counts = [np.zeros(1, np.int64)], [np.array([len(code)], np.int64)]
+    firsts, n_children = [], []
+    offset = 1                                    # index of the next level's first cell
+    for depth in range(max_depth):
+        start, count, first, n_child = _children(code, starts[-1], counts[-1],
+                                                 d * (max_depth - depth - 1))
+        if not len(start):                        # no cell split: the last level
             break
-        lo, total, depth = total, hi, depth + 1
-    return cells[0, :total], cells[1, :total], cells[2, :total], cells[3, :total], \
-        cells[4, :total], depth
+        firsts.append(np.where(n_child > 0, first + offset, 0))
+        n_children.append(n_child)
+        offset += len(start)
+        starts.append(start)
+        counts.append(count)
+    firsts.append(np.zeros(len(starts[-1]), np.int64))
+    n_children.append(np.zeros(len(starts[-1]), np.int64))
+    level = np.repeat(np.arange(len(starts)), [len(x) for x in starts])
+    return (np.concatenate(starts), np.concatenate(counts), np.concatenate(firsts),
+            np.concatenate(n_children), level, len(starts) - 1)
 
 
 @njit(cache=True)
-def _split(code, shift, lo, hi, level, cells):
-    """Appends the runs of equal ``code >> shift`` inside each of the cells lo to hi
-    of more than one point (their children, at ``level``) after cell hi - 1, sets
-    those cells' first child and number of children; returns the new cell count."""
-    start, count, first, n_children, levels = cells[0], cells[1], cells[2], cells[3], cells[4]
-    total = hi
-    for cell in range(lo, hi):
+def _children(code, start, count, shift):
+    """The runs of equal ``code >> shift`` inside each cell of more than one point:
+    their starts and counts, each cell's first run (among them) and number of runs."""
+    child_start = np.empty(code.shape[0], np.int64)
+    child_count = np.empty(code.shape[0], np.int64)
+    first = np.zeros(start.shape[0], np.int64)
+    n_child = np.zeros(start.shape[0], np.int64)
+    k = 0
+    for cell in range(start.shape[0]):
         if count[cell] < 2:
             continue
-        first[cell] = total
+        first[cell] = k
         run, end = start[cell], start[cell] + count[cell]
         prefix = code[run] >> shift
         for j in range(run + 1, end):
             following = code[j] >> shift
             if following != prefix:
-                start[total], count[total], levels[total] = run, j - run, level
-                total += 1
+                child_start[k], child_count[k] = run, j - run
+                k += 1
                 run, prefix = j, following
-        start[total], count[total], levels[total] = run, end - run, level
-        total += 1
-        n_children[cell] = total - first[cell]
-    return total
+        child_start[k], child_count[k] = run, end - run
+        k += 1
+        n_child[cell] = k - first[cell]
+    return child_start[:k], child_count[:k], first, n_child
 
 
 @njit(cache=True)
