@@ -933,6 +933,49 @@ def test_same_seed_same_result(small):
     assert not np.allclose(a, c)
 
 
+def test_cpu_results_do_not_depend_on_the_number_of_threads():
+    """The same bits on 1 and 2 of numba's threads: SD's CG solve (its dot
+    products), the attraction's value and multi-scale SNE's sweeps (exact and
+    FGT), each of which per-thread partial sums had made differ in its last bits
+    (and a t-SNE fit of 6,000 points take another path)."""
+    import numba
+
+    from gpuembed.optim.sparse_cpu import jacobi_pcg
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 of numba's threads")
+    rng = np.random.default_rng(0)
+    n = 20000
+    W = scipy.sparse.csr_matrix((rng.random(10 * n), (np.repeat(np.arange(n), 10),
+                                                      rng.integers(0, n, 10 * n))), shape=(n, n))
+    W.setdiag(0)
+    W = (W + W.T).tocsr()
+    W.eliminate_zeros()
+    A = (scipy.sparse.diags(np.asarray(W.sum(axis=1)).ravel() + 0.01) - W).tocsr()
+    A = A.astype(np.float32)
+    G = rng.standard_normal((n, 2)).astype(np.float32)
+    pairs = objectives.base.PairSet(ge.get_backend("cpu"), W / W.sum(), np.float64)
+    Y = rng.standard_normal((n, 2))
+    X, _ = ge.datasets.gaussian_clusters(300, 4, 8, random_state=1)
+    results = {
+        "CG": lambda: jacobi_pcg(A.indptr, A.indices, A.data, A.diagonal(), G, np.zeros_like(G),
+                                 1e-30, 30, 1e-38),
+        "attraction": lambda: pairs.attraction(Y, True)[0],
+        "msne exact": lambda: ge.MultiscaleSNE(max_iter=5, random_state=0, nbody="exact",
+                                              backend="cpu").fit(X).embedding_,
+        "msne fgt": lambda: ge.MultiscaleSNE(max_iter=5, random_state=0, nbody="fgt",
+                                            backend="cpu").fit(X).embedding_}
+    threads = numba.get_num_threads()
+    try:
+        for name, result in results.items():
+            numba.set_num_threads(1)
+            one = result()
+            numba.set_num_threads(2)
+            np.testing.assert_array_equal(one, result(), err_msg=name)
+    finally:
+        numba.set_num_threads(threads)
+
+
 def test_random_state_takes_a_numpy_random_state(small):
     """scikit-learn's convention: a RandomState seeds the fit with its next draw, so
     two fresh ones of one seed give the same layout, one used again another; the

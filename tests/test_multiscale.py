@@ -644,8 +644,7 @@ sq = ((XT[:, :, None] - XT[:, None, :]) ** 2).sum(axis=0) + np.diag(np.full(n, n
 T, longest = get_num_threads(), int(np.diff(P.indptr).max())
 grad = np.empty((n, d))
 out = fused_exact(P.indptr, P.indices, XT, P.data, half_p, plan, sq.min(axis=1), True, 0.3,
-                  np.empty((T, H, n)), np.empty((T, 2, n)), np.empty((T, H + 4, longest)),
-                  np.empty((T, d, n)), grad)
+                  np.empty((T, H, n)), np.empty((T, 2, n)), np.empty((T, H + 4, longest)), grad)
 M, k = 40, 30
 X, Y = rng.standard_normal((M, d)), XT.T.copy()
 idx = np.stack([rng.choice(n, k, replace=False) for _ in range(M)])

@@ -74,7 +74,10 @@ def attraction(indptr, indices, p, XT, student, grad, buffers):
                 g += w[e] * diff[e]
             grad[i, c] += g
         part[i] = acc
-    return part.sum()
+    total = 0.0
+    for i in range(n):      # in order: part.sum() here would add one partial sum per thread
+        total += part[i]
+    return total
 
 
 @njit(parallel=True, cache=True)

@@ -204,8 +204,7 @@ class MultiscaleObjective(Objective):
             rs, grad, half_p = np.empty((H, n)), np.empty_like(X), 0.5 * self.p
             part, mass = edge_terms(pairs.P.indptr, pairs.P.indices, np.ascontiguousarray(X.T),
                                     pairs.p, half_p, squaring_plan(half_p, shifts), shifts, Z,
-                                    js, self.kappa, rs,
-                                    np.empty((get_num_threads(), X.shape[1], n)), grad)
+                                    js, self.kappa, rs, grad)
             W = (half_p / H)[:, None] * rs / Z
         value = (self.constant + part if self.cost == "kl"
                  else js_value(part, n - mass, self.kappa))
@@ -267,7 +266,7 @@ class MultiscaleObjective(Objective):
                 self.pairs._p64, half_p, squaring_plan(half_p), _nearest_sqdist(X, self.be), js,
                 self.kappa,
                 np.empty((threads, H, n)), np.empty((threads, 2, n)),
-                np.empty((threads, H + 4, longest)), np.empty((threads, d, n)), grad)
+                np.empty((threads, H + 4, longest)), grad)
         value = (self.constant + part if self.cost == "kl"
                  else js_value(part, n - mass, self.kappa))
         return value, grad.astype(X.dtype, copy=False)

@@ -42,6 +42,11 @@ TINY = np.finfo(np.float64).tiny
 # reassociation, 21% faster, and is compiled in each process instead.
 FLAGS = {"contract"}
 LANES = 8
+# The sweeps' rows go in this many slots of consecutive rows, each with its own
+# transposed half of the gradient (``columns``), summed in slot order at the end:
+# with a half per thread, as before, the gradient's last bits depended on the
+# number of threads.  More threads than slots would idle.
+COLUMN_SLOTS = 16
 # The scales' kernels are powers of each other where their precisions differ by
 # a power of two (ld_precisions' p_h ~ K_h^(-2U/P), K_h = 2^(h-1) K*: factors
 # of 4 at U = 2 in 2-D, the usual case): exp(-2^m t) is exp(-t) squared m times.
@@ -148,8 +153,7 @@ def _edge_cost(sg, s, js, kappa, off):
 
 
 @njit(parallel=True, fastmath=True)
-def edge_terms(indptr, indices, XT, sigma, half_p, squarings, m, Z, js, kappa, rs, columns,
-               grad):
+def edge_terms(indptr, indices, XT, sigma, half_p, squarings, m, Z, js, kappa, rs, grad):
     """One sweep: fills ``rs`` (H, N) with sum_j r_ij s_hij, where r = dE/ds (KL:
     sigma / s; JS: eq. 2.7's), and ``grad`` (N, d) with the pattern's gradient
     sum_j 2 (g_ij + g_ji)(x_i - x_j), g_ij = sum_h (p_h / 2H) s_hij r_ij; returns
@@ -159,67 +163,68 @@ def edge_terms(indptr, indices, XT, sigma, half_p, squarings, m, Z, js, kappa, r
 
     m (H, N): the rows' shifts; squarings: squaring_plan(half_p, m).
     XT: the layout transposed (d, N), contiguous.  Row i adds g_ij (x_j - x_i)
-    to point j's transposed half in its thread's ``columns`` (T, d, N), summed
-    at the end (as a transposed sparse product that was 10% of an evaluation on
+    to point j's transposed half in its slot's columns (COLUMN_SLOTS, d, N),
+    summed at the end (as a transposed sparse product that was 10% of an evaluation on
     Fashion-MNIST 10k)."""
     dim, n = XT.shape
     H = half_p.size
     part = np.zeros(n)
     mass = np.zeros(n)
-    columns[:] = 0.0
+    columns = np.zeros((COLUMN_SLOTS, dim, n))
     off = math.log(1.0 / (1.0 - kappa)) if js else 0.0
-    for i in prange(n):
-        col = columns[get_thread_id()]
-        # Row slices and 0-based local buffers: with them LLVM vectorizes the
-        # loops over the edges (indexing the full arrays at e ran 6x slower).
-        lo, hi = np.int64(indptr[i]), np.int64(indptr[i + 1])
-        cols, sg = indices[lo:hi], sigma[lo:hi]
-        d = np.zeros(hi - lo)
-        for k in range(dim):
-            xi, xk = XT[k, i], XT[k]
+    for slot in prange(COLUMN_SLOTS):
+        col = columns[slot]
+        for i in range(slot * n // COLUMN_SLOTS, (slot + 1) * n // COLUMN_SLOTS):
+            # Row slices and 0-based local buffers: with them LLVM vectorizes the
+            # loops over the edges (indexing the full arrays at e ran 6x slower).
+            lo, hi = np.int64(indptr[i]), np.int64(indptr[i + 1])
+            cols, sg = indices[lo:hi], sigma[lo:hi]
+            d = np.zeros(hi - lo)
+            for k in range(dim):
+                xi, xk = XT[k, i], XT[k]
+                for e in range(hi - lo):
+                    diff = xi - xk[cols[e]]
+                    d[e] += diff * diff
+            # Each s_hij once, kept for the gradient pass below (computing it again
+            # there cost a third of the sweep).
+            s_h = np.empty((H, hi - lo))
+            for h in range(H - 1, -1, -1):
+                _scale_kernels(s_h, h, squarings, half_p[h], d, m[h, i])
+            s = np.empty(hi - lo)
+            _normalize_scales(s_h, Z, i, s)
+            r = np.empty(hi - lo)
+            acc = 0.0
+            total = 0.0
             for e in range(hi - lo):
-                diff = xi - xk[cols[e]]
-                d[e] += diff * diff
-        # Each s_hij once, kept for the gradient pass below (computing it again
-        # there cost a third of the sweep).
-        s_h = np.empty((H, hi - lo))
-        for h in range(H - 1, -1, -1):
-            _scale_kernels(s_h, h, squarings, half_p[h], d, m[h, i])
-        s = np.empty(hi - lo)
-        _normalize_scales(s_h, Z, i, s)
-        r = np.empty(hi - lo)
-        acc = 0.0
-        total = 0.0
-        for e in range(hi - lo):
-            cost, r[e], se = _edge_cost(sg[e], s[e] / H, js, kappa, off)
-            acc += cost
-            total += se
-        g = np.zeros(hi - lo)
-        for h in range(H):
-            c, v = half_p[h], s_h[h]
-            row = 0.0
-            for e in range(hi - lo):
-                g[e] += c * v[e]
-                row += r[e] * v[e]
-            rs[h, i] = row
-        g = g * r / H
-        for k in range(dim):
-            xi, xk, colk = XT[k, i], XT[k], col[k]
-            own = 0.0
-            for e in range(hi - lo):
-                v = g[e] * (xi - xk[cols[e]])
-                own += v
-                colk[cols[e]] -= v
-            grad[i, k] = own
-        part[i] = acc
-        mass[i] = total
+                cost, r[e], se = _edge_cost(sg[e], s[e] / H, js, kappa, off)
+                acc += cost
+                total += se
+            g = np.zeros(hi - lo)
+            for h in range(H):
+                c, v = half_p[h], s_h[h]
+                row = 0.0
+                for e in range(hi - lo):
+                    g[e] += c * v[e]
+                    row += r[e] * v[e]
+                rs[h, i] = row
+            g = g * r / H
+            for k in range(dim):
+                xi, xk, colk = XT[k, i], XT[k], col[k]
+                own = 0.0
+                for e in range(hi - lo):
+                    v = g[e] * (xi - xk[cols[e]])
+                    own += v
+                    colk[cols[e]] -= v
+                grad[i, k] = own
+            part[i] = acc
+            mass[i] = total
     _add_columns(columns, grad, 2.0)
-    return part.sum(), mass.sum()
+    return _lane_sum(part, None), _lane_sum(mass, None)
 
 
 @njit(parallel=True, cache=True)
 def _add_columns(columns, grad, factor):
-    """grad = factor (grad + the threads' transposed halves ``columns`` (T, d, N))."""
+    """grad = factor (grad + the slots' transposed halves ``columns``, in slot order)."""
     for j in prange(grad.shape[0]):
         for k in range(grad.shape[1]):
             v = grad[j, k]
@@ -230,7 +235,7 @@ def _add_columns(columns, grad, factor):
 
 @njit(parallel=True, fastmath=FLAGS, cache=True)
 def fused_exact(indptr, indices, XT, sigma, half_p, squarings, nearest, js, kappa, kernels,
-                scratch, edges, columns, grad):
+                scratch, edges, grad):
     """The whole cost and gradient with every pair summed exactly, one sweep over
     the rows: each kernel exp(-(p_h d_ik / 2 - m_hi)) is computed once, at most
     H N^2 exps in all (fewer where ``squarings``, squaring_plan(half_p), chains
@@ -243,7 +248,7 @@ def fused_exact(indptr, indices, XT, sigma, half_p, squarings, nearest, js, kapp
       there), rs_hi = sum_k r_ik s_hik, and
       G_ik = (1/H) sum_h (p_h / 2) s_hik (r_ik - rs_hi) = dE/dd_ik.
     Row i adds 2 G_ik (x_i - x_k) to its own gradient row and 2 G_ik (x_k - x_i) to
-    point k's in its thread's ``columns`` (T, d, N), summed at the end.
+    point k's in its slot's columns (COLUMN_SLOTS, d, N), summed at the end.
 
     XT: the layout transposed (d, N), contiguous; nearest: each point's squared
     nearest-neighbour distance (m_hi = p_h nearest_i / 2); scratch (T, 2, N);
@@ -254,58 +259,59 @@ def fused_exact(indptr, indices, XT, sigma, half_p, squarings, nearest, js, kapp
     H = half_p.size
     part = np.zeros(n)
     mass = np.zeros(n)
-    columns[:] = 0.0
+    columns = np.zeros((COLUMN_SLOTS, dim, n))
     off = math.log(1.0 / (1.0 - kappa)) if js else 0.0
-    for i in prange(n):
-        t = get_thread_id()
-        E, col, d, G = kernels[t], columns[t], scratch[t, 0], scratch[t, 1]
-        d[:] = 0.0
-        for k in range(dim):
-            xi, xk = XT[k, i], XT[k]
-            for j in range(n):
-                diff = xi - xk[j]
-                d[j] += diff * diff
-        d[i] = nearest[i]           # the self pair's kernel: exactly 1, then removed
-        inv_z = np.empty(H)
-        for h in range(H - 1, -1, -1):
-            # Squared from the removed self kernel, a chained scale's is 0 already.
-            _scale_kernels(E, h, squarings, half_p[h], d, half_p[h] * nearest[i])
-            inv_z[h] = 1.0 / (_lane_sum(E[h], None) - E[h][i])
-            E[h][i] = 0.0
-        lo, hi = np.int64(indptr[i]), np.int64(indptr[i + 1])
-        m = hi - lo
-        cols, sg = indices[lo:hi], sigma[lo:hi]
-        S, V = edges[t, H, :m], edges[t, H + 1, :m]
-        r, cost = edges[t, H + 2, :m], edges[t, H + 3, :m]
-        S[:] = 0.0
-        V[:] = 0.0
-        for h in range(H):
-            Eh, Eg, iz, c = E[h], edges[t, h, :m], inv_z[h] / H, half_p[h] * inv_z[h] / H
+    for slot in prange(COLUMN_SLOTS):
+        t, col = get_thread_id(), columns[slot]
+        E, d, G = kernels[t], scratch[t, 0], scratch[t, 1]
+        for i in range(slot * n // COLUMN_SLOTS, (slot + 1) * n // COLUMN_SLOTS):
+            d[:] = 0.0
+            for k in range(dim):
+                xi, xk = XT[k, i], XT[k]
+                for j in range(n):
+                    diff = xi - xk[j]
+                    d[j] += diff * diff
+            d[i] = nearest[i]           # the self pair's kernel: exactly 1, then removed
+            inv_z = np.empty(H)
+            for h in range(H - 1, -1, -1):
+                # Squared from the removed self kernel, a chained scale's is 0 already.
+                _scale_kernels(E, h, squarings, half_p[h], d, half_p[h] * nearest[i])
+                inv_z[h] = 1.0 / (_lane_sum(E[h], None) - E[h][i])
+                E[h][i] = 0.0
+            lo, hi = np.int64(indptr[i]), np.int64(indptr[i + 1])
+            m = hi - lo
+            cols, sg = indices[lo:hi], sigma[lo:hi]
+            S, V = edges[t, H, :m], edges[t, H + 1, :m]
+            r, cost = edges[t, H + 2, :m], edges[t, H + 3, :m]
+            S[:] = 0.0
+            V[:] = 0.0
+            for h in range(H):
+                Eh, Eg, iz, c = E[h], edges[t, h, :m], inv_z[h] / H, half_p[h] * inv_z[h] / H
+                for e in range(m):
+                    Eg[e] = Eh[cols[e]]
+                for e in range(m):
+                    S[e] += iz * Eg[e]
+                    V[e] += c * Eg[e]
             for e in range(m):
-                Eg[e] = Eh[cols[e]]
+                cost[e], r[e], S[e] = _edge_cost(sg[e], S[e], js, kappa, off)
+            part[i] = _lane_sum(cost, None)
+            mass[i] = _lane_sum(S, None)
+            G[:] = 0.0                  # G_k = R_k V_k - sum_h b_h E_hk
+            for h in range(H):
+                b = half_p[h] * _lane_sum(r, edges[t, h, :m]) * inv_z[h] * inv_z[h] / H
+                Eh = E[h]
+                for j in range(n):
+                    G[j] -= b * Eh[j]
             for e in range(m):
-                S[e] += iz * Eg[e]
-                V[e] += c * Eg[e]
-        for e in range(m):
-            cost[e], r[e], S[e] = _edge_cost(sg[e], S[e], js, kappa, off)
-        part[i] = _lane_sum(cost, None)
-        mass[i] = _lane_sum(S, None)
-        G[:] = 0.0                  # G_k = R_k V_k - sum_h b_h E_hk
-        for h in range(H):
-            b = half_p[h] * _lane_sum(r, edges[t, h, :m]) * inv_z[h] * inv_z[h] / H
-            Eh = E[h]
-            for j in range(n):
-                G[j] -= b * Eh[j]
-        for e in range(m):
-            G[cols[e]] += r[e] * V[e]
-        for k in range(dim):        # the distances are spent: d holds the terms
-            xi, xk, colk = XT[k, i], XT[k], col[k]
-            for j in range(n):
-                d[j] = 2.0 * G[j] * (xi - xk[j])
-                colk[j] -= d[j]
-            grad[i, k] = _lane_sum(d, None)
+                G[cols[e]] += r[e] * V[e]
+            for k in range(dim):        # the distances are spent: d holds the terms
+                xi, xk, colk = XT[k, i], XT[k], col[k]
+                for j in range(n):
+                    d[j] = 2.0 * G[j] * (xi - xk[j])
+                    colk[j] -= d[j]
+                grad[i, k] = _lane_sum(d, None)
     _add_columns(columns, grad, 1.0)
-    return part.sum(), mass.sum()
+    return _lane_sum(part, None), _lane_sum(mass, None)
 
 
 @njit(parallel=True, fastmath=FLAGS, cache=True)
