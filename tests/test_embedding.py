@@ -976,6 +976,20 @@ def test_cpu_results_do_not_depend_on_the_number_of_threads():
         numba.set_num_threads(threads)
 
 
+def test_default_fit_does_not_depend_on_the_number_of_blas_threads():
+    """The PCA start's eigenvectors and scores and KL's constant sum p log p gave
+    other last bits on 1 and 2 OpenBLAS threads (LAPACK's eigensolver, a product
+    with two columns, a dot product): now on one thread or by NumPy's sum."""
+    import threadpoolctl
+    X, _ = ge.datasets.gaussian_clusters(3000, 6, 400, random_state=2)
+    fits = []
+    for threads in (1, 2):
+        with threadpoolctl.threadpool_limits(threads, user_api="blas"):
+            fits.append(ge.TSNE(max_iter=3, random_state=0, backend="cpu").fit(X))
+    np.testing.assert_array_equal(fits[0].embedding_, fits[1].embedding_)
+    assert [h["objective"] for h in fits[0].history_] == [h["objective"] for h in fits[1].history_]
+
+
 def test_random_state_takes_a_numpy_random_state(small):
     """scikit-learn's convention: a RandomState seeds the fit with its next draw, so
     two fresh ones of one seed give the same layout, one used again another; the
