@@ -937,7 +937,7 @@ def test_cpu_results_do_not_depend_on_the_number_of_threads():
     """The same bits on 1 and 2 of numba's threads: SD's CG solve (its dot
     products), the attraction's value and multi-scale SNE's sweeps (exact and
     FGT), each of which per-thread partial sums had made differ in its last bits
-    (and a t-SNE fit of 6,000 points take another path)."""
+    (which took a t-SNE fit of 6,000 points down another path)."""
     import numba
 
     from gpuembed.optim.sparse_cpu import jacobi_pcg
@@ -981,6 +981,7 @@ def test_default_fit_does_not_depend_on_the_number_of_blas_threads():
     other last bits on 1 and 2 OpenBLAS threads (LAPACK's eigensolver, a product
     with two columns, a dot product): now on one thread or by NumPy's sum."""
     import threadpoolctl
+
     X, _ = ge.datasets.gaussian_clusters(3000, 6, 400, random_state=2)
     fits = []
     for threads in (1, 2):
