@@ -348,7 +348,8 @@ def build_parser():
                        help="the embedding, as .npy or .csv (rows of comma-separated numbers)")
     embed.add_argument("--n-components", type=int, default=2)
     embed.add_argument("--labels", help=".npy file of labels (for the accuracy and the plot)")
-    embed.add_argument("--plot", help="write a PNG scatter plot here")
+    embed.add_argument("--plot", help="write a scatter plot here (PNG, or the format of the "
+                                      "suffix: pdf, svg, ...)")
     _method_options(embed)
     embed.set_defaults(func=cmd_embed)
 
