@@ -112,13 +112,19 @@ def _pyplot():
     return plt
 
 
+def _in_a_folder(path):
+    """Path(path), checked before the fit: its folder exists."""
+    path = Path(path)
+    if not path.resolve().parent.is_dir():
+        raise ValueError(f"no such directory for {path}")
+    return path
+
+
 def _plot_path(path, option):
     """The file a plot for ``path`` goes to, checked before the fit: a folder that
     exists and a format matplotlib writes (no suffix: PNG, which matplotlib would
     add to the name)."""
-    path = Path(path)
-    if not path.resolve().parent.is_dir():
-        raise ValueError(f"no such directory for {path}")
+    path = _in_a_folder(path)
     if not path.suffix:
         return path.with_name(path.name + ".png")
     if _pyplot() is not None:
@@ -277,8 +283,7 @@ def cmd_embed(args):
         raise ValueError(f"--labels has {len(labels)} entries but INPUT {X.shape[0]} rows")
     if Path(args.output).suffix not in OUTPUT_FORMATS:
         raise ValueError(f"--output must end in .npy or .csv, got {args.output}")
-    if not Path(args.output).resolve().parent.is_dir():
-        raise ValueError(f"no such directory for {args.output}")
+    _in_a_folder(args.output)
     plot = args.plot and _plot_path(args.plot, "--plot")
     be = get_backend(args.backend)
     Y, seconds, compiling = _timed(lambda: _run_method(X, args.n_components, be, args))

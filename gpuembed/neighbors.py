@@ -205,8 +205,8 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, poin
             block = Qc[start:stop]
         # D[i, j] + |y_j|^2 = |y_j|^2 - 2 x_i.y_j ranks j like the distance does.
         skip = inv_perm[start:stop] if exclude_self else xp.full(stop - start, -1, xp.int64)
-        if points is not None:
-            block = -2 * block
+        if points is not None:      # the block is the search's own (centred) copy
+            block *= -2
         values[start:stop], cand[start:stop] = select(be, product(block, right), sq, skip,
                                                       n_cand)
     if Qc is None and not exclude_self:

@@ -227,7 +227,7 @@ class ListIndex:
         Q_sample = Q[be.asarray(sample)]
         points = (self.rows, be.asarray(self.order), self.sq, self.mean)
         true = (sampled_knn(be, X, sample, k, points) if exclude_self
-                else be.to_host(_knn(be, Q_sample, X, k, False, None, points=points)[1]))
+                else be.to_host(_query(be, Q_sample, X, k, points)[1]))
         ranked = self._nearest_lists(Q_sample, len(self.filled))
         n_probe = fewest_probes(self._recall_by_probes(true, ranked, k + exclude_self), recall)
         return None if n_probe > AUTO_EXACT_FRACTION * len(self.filled) else n_probe
@@ -380,18 +380,18 @@ class QuerySearch:
         return self.index.query(Q, n_neighbors, n_probe=self.probes[n_neighbors])
 
 
-def _query(be, Q, X, k):
+def _query(be, Q, X, k, points=None):
     """knn_query of Q and X that this module checked (dense, one dtype), without
-    its checks: each is a pass over X (0.18 s of approx_knn at 10^5 points)."""
-    return _knn(be, Q, X, k, False, None)
+    its checks: each is a pass over X (0.18 s of approx_knn at 10^5 points);
+    ``points``: X's centred rows in an order, as neighbors._knn takes them."""
+    return _knn(be, Q, X, k, False, None, points=points)
 
 
 def sampled_knn(be, X, rows, k, points=None):
     """The exact k-NN indices (host) of the points ``rows`` of X, each left out of
     its own (or, where copies of it tie at distance 0, the last of them);
-    ``points``: X's centred rows in an order, as neighbors._knn takes them."""
-    true = be.to_host(_knn(be, X[be.asarray(rows)], X, k + 1, False, None,
-                           points=points)[1])
+    ``points``: as :func:`_query`'s."""
+    true = be.to_host(_query(be, X[be.asarray(rows)], X, k + 1, points)[1])
     own = true == rows[:, None]
     own[:, -1] |= ~own.any(axis=1)
     return true[~own].reshape(len(rows), k)
