@@ -21,11 +21,11 @@ class NotFittedError(ValueError, AttributeError):
     both a ValueError and an AttributeError)."""
 
 
-def check_fitted(estimator, fitted):
+def check_fitted(estimator, fitted, method="transform"):
     """Raise :class:`NotFittedError` unless ``fitted`` is true."""
     if not fitted:
         raise NotFittedError(f"this {type(estimator).__name__} instance is not fitted yet; "
-                             f"call fit before transform")
+                             f"call fit before {method}")
 
 
 def check_features(X, estimator, name="X_new"):

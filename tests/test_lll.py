@@ -148,6 +148,29 @@ def test_spectral_clustering_with_lll_is_perfect_on_separated_clusters():
     assert adjusted_rand_score(y, lll) == 1.0
 
 
+@pytest.mark.parametrize("params", [{}, {"n_landmarks": 150}], ids=["exact", "lll"])
+def test_spectral_clustering_predicts_new_points(params):
+    """predict gives the training points their labels_ back and puts held-out
+    points of separated clusters in their cluster, through the out-of-sample
+    embedding (exact: from the nearest training points; LLL: from the landmarks)."""
+    from sklearn.metrics import adjusted_rand_score
+
+    X, y = ge.datasets.gaussian_clusters(2400, 5, 10, random_state=3)
+    train, held = slice(0, 2000), slice(2000, None)
+    model = ge.SpectralClustering(5, n_neighbors=15, random_state=0, backend="cpu",
+                                  **params).fit(X[train])
+    np.testing.assert_array_equal(model.predict(X[train]), model.labels_)
+    assert adjusted_rand_score(y[train], model.labels_) == 1.0
+    labels = model.predict(X[held])
+    # the held-out points take their own cluster's training label
+    cluster_label = {c: np.bincount(model.labels_[y[train] == c]).argmax() for c in range(5)}
+    np.testing.assert_array_equal(labels, [cluster_label[c] for c in y[held]])
+    with pytest.raises(ValueError, match="features"):
+        model.predict(X[held, :3])
+    with pytest.raises(ge.NotFittedError, match="call fit before predict"):
+        ge.SpectralClustering(5, n_neighbors=15).predict(X)
+
+
 def test_kmeans_is_a_lloyd_fixed_point_for_dense_and_sparse_rows(rng, monkeypatch):
     """At its end each centre is the mean of its points, each label the nearest
     centre and the inertia their squared distances' sum (brute force); the
@@ -485,9 +508,11 @@ def test_gpu_equals_cpu():
         assert procrustes_error(Y[0], Y[1]) < 1e-5
     X, y = ge.datasets.gaussian_clusters(1500, 4, 8, random_state=1)
     for params in ({}, {"n_landmarks": 200}):
-        labels = [ge.SpectralClustering(4, n_neighbors=15, random_state=0, backend=b,
-                                        **params).fit_predict(X) for b in ("cpu", "gpu")]
-        assert adjusted_rand_score(labels[0], labels[1]) == 1.0
+        models = [ge.SpectralClustering(4, n_neighbors=15, random_state=0, backend=b,
+                                        **params).fit(X[:1200]) for b in ("cpu", "gpu")]
+        assert adjusted_rand_score(models[0].labels_, models[1].labels_) == 1.0
+        new = [model.predict(X[1200:]) for model in models]
+        assert adjusted_rand_score(new[0], new[1]) == 1.0
 
 
 @pytest.mark.gpu

@@ -83,7 +83,7 @@ def _cluster_sums(X, labels, k):
     return (member @ X).toarray()
 
 
-def _assign(X, centers):
+def nearest_centers(X, centers):
     """(labels, squared distance to the nearest centre) of every row."""
     if not is_sparse(X) and centers.size <= COMPILED_MAX_CENTER_ENTRIES:
         labels = np.empty(X.shape[0], dtype=np.int64)
@@ -98,7 +98,7 @@ def _assign(X, centers):
 def _lloyd(X, centers, max_iter, tol):
     previous = np.inf
     for _ in range(max_iter):
-        labels, nearest = _assign(X, centers)
+        labels, nearest = nearest_centers(X, centers)
         inertia = float(nearest.sum())
         counts = np.bincount(labels, minlength=len(centers))
         sums = _cluster_sums(X, labels, len(centers))
@@ -107,5 +107,5 @@ def _lloyd(X, centers, max_iter, tol):
         if previous - inertia <= tol * max(inertia, 1e-300):
             break
         previous = inertia
-    labels, nearest = _assign(X, centers)
+    labels, nearest = nearest_centers(X, centers)
     return labels, centers, float(nearest.sum())

@@ -24,7 +24,7 @@ from ..affinities import entropic_affinities
 from ..backend import get_backend
 from ..neighbors_ivf import SEARCHES, QuerySearch
 from .embedding import points_suit_shift_invert, spectral_embedding
-from .kmeans import kmeans
+from .kmeans import kmeans, nearest_centers
 from .lll import (LANDMARK_METHODS, _landmark_basis, default_kz, reconstruction_weights,
                   reduced_problem, trailing_generalized)
 
@@ -144,10 +144,10 @@ class _SpectralBase(Params):
             X, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, be)
         return SEARCHES[self.neighbors](X, k, backend=be), basis
 
-    def _map(self, X_new, embedding):
+    def _map(self, X_new, embedding, method="transform"):
         """Out-of-sample: locally linear reconstruction from landmarks (LLL) or from
         the nearest training points (exact), applied to their embedding."""
-        check_fitted(self, hasattr(self, "_X"))
+        check_fitted(self, hasattr(self, "_X"), method)
         X_new = check_data(X_new, get_backend("cpu"), name="X_new", min_samples=1, sparse=True)
         check_features(X_new, self)
         if self.landmarks_ is None:
@@ -224,6 +224,14 @@ class SpectralClustering(_SpectralBase):
 
     def fit_predict(self, X, y=None):
         return self.fit(X).labels_
+
+    def predict(self, X_new):
+        """Clusters of new points: the nearest of ``cluster_centers_`` to each one's
+        out-of-sample embedding (as :meth:`LaplacianEigenmaps.transform`), its row
+        unit-normalized as the training rows were.  A training point gets its
+        ``labels_`` entry back."""
+        rows = _unit_rows(self._map(X_new, getattr(self, "embedding_", None), "predict"))
+        return nearest_centers(rows, self.cluster_centers_)[0]
 
 
 def fit_grid(estimator, X, grid):
