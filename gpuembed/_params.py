@@ -90,3 +90,24 @@ def _same(default, value):
         return bool(default is value or default == value)
     except (TypeError, ValueError):       # arrays compare elementwise
         return False
+
+
+def fill_doc(**sections):
+    """Class decorator: each line of the docstring that is only ``{name}`` becomes
+    ``sections[name]``, indented as that line was (numpydoc sections that several
+    estimators share, written once)."""
+    def decorate(cls):
+        if cls.__doc__ is None:                   # python -OO drops docstrings
+            return cls
+        lines = []
+        for line in cls.__doc__.splitlines():
+            name = line.strip()
+            if name.startswith("{") and name.endswith("}") and name[1:-1] in sections:
+                indent = line[:len(line) - len(line.lstrip())]
+                lines += [indent + text if text else text
+                          for text in inspect.cleandoc(sections[name[1:-1]]).splitlines()]
+            else:
+                lines.append(line)
+        cls.__doc__ = "\n".join(lines)
+        return cls
+    return decorate

@@ -22,7 +22,7 @@ import scipy.sparse.linalg
 from ._checks import (check_bool, check_callbacks, check_choice, check_data, check_dtype,
                       check_features, check_fitted, check_float, check_int, check_random_state,
                       check_verbose, make_rng)
-from ._params import Params
+from ._params import Params, fill_doc
 from ._sparse import is_sparse
 from .affinities import EntropicAffinities, entropic_affinities
 from .affinities.entropic import conditional_affinities
@@ -67,6 +67,104 @@ TRANSFORM_MAX_ITER = 200
 # The exaggerated stage's layout counts as collapsed below this fraction of the
 # start's RMS radius.
 COLLAPSED = 1e-3
+
+
+# The numpydoc sections the estimators share (filled in by fill_doc).
+_PARAMETERS = """
+n_components : int, default 2
+    Dimension of the embedding, 1 to N - 2 (at most 3 for the "fgt" and "bh"
+    engines).
+perplexity : float, default 30
+    Effective number of neighbours in each point's entropic affinities
+    (:func:`gpuembed.entropic_affinities`, over its min(N - 1, 3 perplexity)
+    nearest neighbours); unused when ``affinities`` is given.
+affinities : EntropicAffinities, (N, N) sparse or dense matrix, or None
+    Affinities to embed instead of computing them from X: symmetric, and a
+    joint distribution (summing to 1) for TSNE and SSNE; for SNE conditional
+    rows, each summing to 1 (``entropic_affinities(..., symmetrize=False)``).
+optimizer : str, default "sd"
+    The direction of the line-search loop: "sd" spectral direction (4 L+ + mu I
+    by a cached Cholesky factor or warm-started CG), "sd-" (with the
+    repulsion's positive block diagonal), "fp" (diagonal 4 D+), "diagh" (the
+    Hessian's diagonal), "lbfgs", "cg" (nonlinear, Polak-Ribiere+) or "gd";
+    TSNE also takes "tsne", the classic optimizer.  SNE takes "gd", "fp",
+    "sd", "lbfgs" and "cg".
+nbody : {"auto", "exact", "fgt", "bh"}, default "auto"
+    Engine of the repulsive N-body sums: "exact" (tiled, O(N^2)), "fgt" (fast
+    Gauss transform, Gaussian kernels: EE, SSNE, SNE) or "bh" (Barnes-Hut).
+    "auto": exact below 5,000 points on the CPU (on the GPU below 40,000 for
+    t-SNE, 120,000 for the others) or in more than 3 dimensions, else "bh"
+    for t-SNE and "fgt" for the others.
+max_iter : int, default 1000
+    Iterations at most (the classic optimizer runs all of them).
+tol : float, default 1e-5
+    Stop when the objective's relative decrease per iteration, averaged over
+    10 iterations, falls below it (0: run max_iter iterations).
+init : {"pca", "random", "spectral"} or (N, n_components) array, default "pca"
+    The start, scaled so its first coordinate has standard deviation 0.1
+    (1e-4 for the classic optimizer); an array is taken as it is.
+"""
+_RUN_PARAMETERS = """
+random_state : None, int, numpy Generator or RandomState
+    Seeds the random start and the jitter that frees a start's tied points;
+    the rest of a fit is deterministic, so one seed on one backend gives one
+    embedding.
+backend : {"auto", "cpu", "gpu"}, default "auto"
+    "auto": the GPU when CuPy and a CUDA device are present, else the CPU.
+dtype : None, float32 or float64
+    Precision of the layout and its sums; None: float64 on the CPU, float32 on
+    the GPU.
+verbose : bool or int, default False
+    Print a line per stage and every 10 iterations (objective, step, seconds).
+callbacks : callable or list of callables, optional
+    Called after every iteration as ``f(iteration, seconds, objective)``, or
+    with a fourth parameter ``f(..., embedding)`` (the layout on the backend's
+    device); one that returns True stops the fit.
+"""
+_METHOD_PARAMS = """
+**method_params
+    Keywords of the affinities, optimizers and engines (one the chosen
+    optimizer would ignore raises TypeError):
+
+    - ``n_neighbors``: the affinities' k (default min(N - 1, ceil(3
+      perplexity))); ``neighbors``: the search for them and for transform's
+      neighbours, "auto" (approximate from 50,000 points on the CPU), "exact"
+      or "approx".
+    - "sd": ``kappa``, the affinities each point keeps in L+ (default all of
+      them up to 2,000 points, 15 beyond, doubled until the kept graph is as
+      connected as the whole); ``sd_solver``, "auto", "cholesky" or "cg";
+      ``sd_refresh``, rebuild B from the current layout every R iterations
+      ("auto": 50 for t-SNE, never for the others; None: never);
+      ``sd_memory`` and ``sd_memory_start``, L-BFGS curvature pairs on top of
+      B, gathered after that many iterations (defaults per estimator, see
+      Notes).  "lbfgs": ``lbfgs_memory`` (default 100).
+    - ``step_size``: fixed steps instead of the line search (for approximate
+      gradients); not for "tsne".
+    - TSNE: ``learning_rate`` ("auto", the default: N / 12),
+      ``early_exaggeration`` (12 for the classic optimizer; for the others a
+      first stage only where given) and ``exaggeration_iter`` (250).
+    - ``accuracy``: the engine's, ``{"theta": 0.5}`` for "bh" (the default),
+      ``{"p": 8}`` (the default) or ``{"tol": t}`` for "fgt"; or
+      ``accuracy_schedule``, n: a ramp over the first n iterations (theta 2
+      to 0.1, p 1 to 10).
+    - ``transform_max_iter``: iterations of :meth:`transform` (default 200).
+"""
+_ATTRIBUTES = """
+embedding_ : (N, n_components) numpy array
+    The fitted layout.
+objective_ : float
+    Its objective, as the fit's N-body engine computes it.
+n_iter_ : int
+    Iterations run (all stages).
+history_ : list of dict
+    One per layout from the start (iteration 0): "iter", "time" (seconds),
+    "objective", "step", and the stage's "exaggeration" (TSNE) or
+    "smallest_perplexity" (MultiscaleSNE) where there are stages.
+n_features_in_ : int
+    Features of the training data.
+"""
+_DOCUMENTED = fill_doc(parameters=_PARAMETERS, run_parameters=_RUN_PARAMETERS,
+                       method_params=_METHOD_PARAMS, attributes=_ATTRIBUTES)
 
 
 class FreeFit(NamedTuple):
@@ -806,20 +904,36 @@ def _fixed_signs(Y):
     return Y * np.sign(Y[np.argmax(np.abs(Y), axis=0), np.arange(Y.shape[1])])
 
 
+@_DOCUMENTED
 class TSNE(_Embedding):
-    """t-SNE (Student-t kernel).  ``optimizer="tsne"`` is the classic optimizer
-    (momentum, gains, early exaggeration 12 for 250 iterations, learning rate N/12;
-    ``learning_rate``, ``early_exaggeration`` and ``exaggeration_iter`` override
-    them, ``learning_rate="auto"`` is the default N/12).  The line-search
-    optimizers use no exaggeration (seed 002) unless ``early_exaggeration=`` is
-    given: then the first ``exaggeration_iter`` iterations (default 250) minimize
-    the objective with the attractive term multiplied by it (Fashion-MNIST 5k, SD,
-    2 for the first 200 of 1,000 iterations: KL 1.223 and 10-NN accuracy 0.804
-    (best 0.809), against 1.239 and 0.807 without; the classic optimizer 1.264 and
-    0.810, benchmarks/bench_embedding.py).
+    """t-SNE: KL(P || Q) with the Student-t kernel, Q normalized over all pairs.
 
-    Except where the affinity graph splits into components (well-separated
-    groups; a component of a k-NN graph holds at least k + 1 points): there SD
+    By default minimized with the spectral direction and a line search (seed 002),
+    without early exaggeration; ``optimizer="tsne"`` is the classic optimizer of
+    openTSNE and scikit-learn (momentum 0.5 then 0.8, gains, early exaggeration 12
+    for 250 iterations, learning rate N / 12).
+
+    Parameters
+    ----------
+    {parameters}
+    {run_parameters}
+    {method_params}
+
+    Attributes
+    ----------
+    {attributes}
+
+    Notes
+    -----
+    The line-search optimizers use no exaggeration (seed 002) unless
+    ``early_exaggeration=`` is given: then the first ``exaggeration_iter``
+    iterations (default 250) minimize the objective with the attractive term
+    multiplied by it (Fashion-MNIST 5k, SD, 2 for the first 200 of 1,000
+    iterations: KL 1.223 and 10-NN accuracy 0.804 (best 0.809), against 1.239
+    and 0.807 without; the classic optimizer 1.264 and 0.810,
+    benchmarks/bench_embedding.py).  Except where the affinity graph splits
+    into components (well-separated groups; a component of a k-NN graph holds
+    at least k + 1 points): there SD
     takes SPLIT_GRAPH_PARAMS for those of them not given, exaggeration 2 for 200
     iterations and 10 curvature pairs (``early_exaggeration=1``: no exaggerated
     stage).  B has no curvature for the components' placement, which SD's FP
@@ -864,9 +978,22 @@ class TSNE(_Embedding):
         return super()._graph_params(P, be) if solver == "cholesky" else {}
 
 
+@_DOCUMENTED
 class SSNE(_Embedding):
-    """Symmetric SNE (Gaussian kernel, joint distribution over all pairs).
+    """s-SNE: KL(P || Q) with the Gaussian kernel, Q normalized over all pairs.
 
+    Parameters
+    ----------
+    {parameters}
+    {run_parameters}
+    {method_params}
+
+    Attributes
+    ----------
+    {attributes}
+
+    Notes
+    -----
     Its SD takes 3 curvature pairs (SD_MEMORY, for ``sd_memory`` not given): the
     pairs capture the repulsion's curvature, which B = 4 L+ leaves out.  Against
     plain SD (benchmarks/results/embedding_pairs.json at 76260ce, bench_embedding.py
@@ -885,9 +1012,23 @@ class SSNE(_Embedding):
     SD_MEMORY = {"sd_memory": 3}
 
 
+@_DOCUMENTED
 class SNE(_Embedding):
-    """SNE (Hinton & Roweis) with per-point conditional distributions.
+    """SNE (Hinton & Roweis): the sum over points of KL(P_n || Q_n), each point's
+    conditional distributions over the others, Gaussian kernel.
 
+    Parameters
+    ----------
+    {parameters}
+    {run_parameters}
+    {method_params}
+
+    Attributes
+    ----------
+    {attributes}
+
+    Notes
+    -----
     Its SD takes 3 curvature pairs from iteration 51 on, as EE's does (SD_MEMORY,
     for ``sd_memory`` not given).  Against plain SD (benchmarks/results/
     embedding_pairs.json at 76260ce, 2-core Xeon VM) it ends lower on 8 of the 10
@@ -905,11 +1046,29 @@ class SNE(_Embedding):
     SD_MEMORY = {"sd_memory": 3, "sd_memory_start": 50}
 
 
+@_DOCUMENTED
 class EE(_Embedding):
-    """Elastic embedding.  ``lambda_`` (default 1 / N, see objectives/ee.py) weighs the
-    repulsion; ``homotopy=True`` follows the minimizer along ``homotopy_steps``
-    log-spaced lambdas from 1e-4 lambda_ up to lambda_ (each stage up to max_iter).
+    """Elastic embedding: E = sum_nm p_nm |x_n - x_m|^2 + lambda sum_nm exp(-|x_n - x_m|^2).
 
+    Parameters
+    ----------
+    {parameters}
+    lambda_ : float or None, default None
+        Weight of the repulsion, >= 0; None: 1 / N.
+    homotopy : bool, default False
+        Follow the minimizer along ``homotopy_steps`` log-spaced lambdas from
+        1e-4 lambda_ up to lambda_, each stage warm-started and run for up to
+        max_iter iterations.
+    homotopy_steps : int, default 10
+    {run_parameters}
+    {method_params}
+
+    Attributes
+    ----------
+    {attributes}
+
+    Notes
+    -----
     Its SD takes 3 curvature pairs from iteration 51 on (SD_MEMORY, for
     ``sd_memory`` not given): the pairs pick up the repulsion's curvature, which
     B = 4 L+ leaves out.  Against plain SD (benchmarks/results/embedding_pairs.json
@@ -951,31 +1110,71 @@ class EE(_Embedding):
                         monitor=monitor, direction_params=self._direction_params(self._fit_params))
 
 
+@_DOCUMENTED
 class MultiscaleSNE(Params):
-    """Multi-scale SNE (thesis 004, sections 2.9-2.11): HD similarities averaged over
-    perplexities K_h = 2^(h-1) K*, LD similarities averaged over per-scale
-    precisions p_h, cost "js" (eq. 2.7, mixture ``kappa``; Lee et al.'s Ms.JSE, the
-    default: with 100 iterations per stage its log-K AUC of R_NX beat "kl" at 30 on
-    digits, rotating_objects and Fashion-MNIST 2k, see benchmarks/bench_msne.py) or
-    "kl" (eq. 2.3, Ms.SNE).
+    """Multi-scale SNE (thesis 004, sections 2.9-2.11): high-dimensional
+    similarities averaged over perplexities K_h = 2^(h-1) K*, low-dimensional ones
+    averaged over per-scale precisions p_h.
 
     Optimized from the largest scale alone, then adding the next smaller scale at
-    each stage down to K* (``perplexity``), each stage warm-started and run for up
-    to ``max_iter`` iterations of ``optimizer``; the LD precisions are recomputed
-    from the embedding's spread at every stage.  ``fit_exponent`` estimates
-    Lee et al.'s exponent U from the HD precisions (else U = 1).  The per-scale
-    Gaussian sums go through the N-body engine ``nbody`` ("auto": exact below
-    6,000 points on the CPU, where one compiled sweep computes every kernel once,
-    or in more than 3 dimensions, else the FGT; ``msne.EXACT_BELOW``),
-    so an iteration costs O(N H) = O(N log N) with the FGT or Barnes-Hut on top of
-    the affinities' O(N k H).  All floor(log2(N / K*)) scales (``n_scales="all"``)
-    make the largest perplexity about N / 2 and the k-NN graph (3 x that) dense;
-    ``n_scales=H`` keeps the H smallest scales (more than N holds is an error).  The
-    default drops the two largest (perplexity above N / 8: as good in AUC, 1.3-1.65x
-    faster on digits, rotating_objects and Fashion-MNIST 2k) and keeps no more than
-    fit a k-NN graph of 2e7 entries (seven scales, up to perplexity 128, at 2,000
-    points; six, up to 64, at 70,000), so large N stays sparse.  ``transform`` maps
-    new points into the fitted layout.
+    each stage down to K* (``perplexity``), each stage warm-started; the
+    low-dimensional precisions are recomputed from the embedding's spread at
+    every stage.  ``transform`` maps new points into the fitted layout.
+
+    Parameters
+    ----------
+    n_components : int, default 2
+        Dimension of the embedding, 1 to N - 2.
+    perplexity : float, default 2
+        K*, the smallest scale's perplexity.
+    cost : {"js", "kl"}, default "js"
+        "js": eq. 2.7 with mixture ``kappa`` (Lee et al.'s Ms.JSE); "kl": eq. 2.3
+        (Ms.SNE).
+    kappa : float in (0, 1), default 0.5
+        The Jensen-Shannon cost's mixture weight.
+    fit_exponent : bool, default True
+        Estimate Lee et al.'s exponent U from the high-dimensional precisions
+        (else U = 1).
+    optimizer : {"lbfgs", "cg", "gd"}, default "lbfgs"
+    max_iter : int, default 100
+        Iterations at most per stage.
+    tol : float, default 1e-7
+        A stage stops when the relative decrease per iteration, averaged over 10
+        iterations, falls below it.
+    init : {"pca", "random"} or (N, n_components) array, default "pca"
+    n_scales : None, int or "all"
+        H keeps the H smallest scales (more than N holds is an error); "all" takes
+        all floor(log2(N / K*)); None (the default) drops the two largest and keeps
+        no more than fit a k-NN graph of 2e7 entries.
+    n_neighbors : int or None
+        Neighbours per point of the affinities (None: 3 times the largest
+        perplexity, within N - 1).
+    nbody : {"auto", "exact", "fgt", "bh"}, default "auto"
+        Engine of the per-scale Gaussian sums; "auto": exact below 6,000 points on
+        the CPU or in more than 3 dimensions, else "fgt".
+    {run_parameters}
+
+    Attributes
+    ----------
+    {attributes}
+    perplexities_ : array
+        The scales' perplexities, smallest first.
+    exponent_ : float
+        The exponent U used.
+
+    Notes
+    -----
+    "js" is the default: with 100 iterations per stage its log-K AUC of R_NX beat
+    "kl" at 30 on digits, rotating_objects and Fashion-MNIST 2k
+    (benchmarks/bench_msne.py).  The exact engine's one compiled sweep computes
+    every scale's kernel at once, which keeps it ahead below 6,000 points
+    (``msne.EXACT_BELOW``); with the FGT or Barnes-Hut an iteration costs O(N H) =
+    O(N log N) on top of the affinities' O(N k H).  All scales make the largest
+    perplexity about N / 2 and the k-NN graph (3 x that) dense; the default's
+    scales (perplexity up to N / 8) are as good in AUC and 1.3-1.65x faster on
+    digits, rotating_objects and Fashion-MNIST 2k, and its cap keeps large N
+    sparse (seven scales, up to perplexity 128, at 2,000 points; six, up to 64,
+    at 70,000).
     """
 
     optimizers = ("lbfgs", "cg", "gd")

@@ -1,4 +1,6 @@
 """scikit-learn conventions: get_params / set_params, clone, Pipeline, repr."""
+import inspect
+
 import numpy as np
 import pytest
 
@@ -241,3 +243,48 @@ def test_device_arrays_of_other_libraries_stay_on_the_device():
     pointer = lambda v: v.__cuda_array_interface__["data"][0]
     assert X.dtype == np.float64 and pointer(X) == pointer(a)
     np.testing.assert_array_equal(be.to_host(X), np.arange(12.0).reshape(6, 2))
+
+
+def _doc_section(doc, title):
+    """The lines of numpydoc section ``title`` of a docstring."""
+    lines = inspect.cleandoc(doc).splitlines()
+    start = lines.index(title) + 2                       # past the title and its underline
+    end = next((i - 1 for i in range(start + 1, len(lines))
+                if set(lines[i]) == {"-"} and lines[i - 1]), len(lines))
+    return lines[start:end]
+
+
+def _entries(section):
+    """The names an entry documents: ``name : ...`` or ``a, b : ...`` at the margin."""
+    return {name.strip() for line in section if line and not line[0].isspace()
+            for name in line.split(" : ")[0].split(",")}
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ge.TSNE(max_iter=5, perplexity=5, backend="cpu"),
+    lambda: ge.SSNE(max_iter=5, perplexity=5, backend="cpu"),
+    lambda: ge.SNE(max_iter=5, perplexity=5, backend="cpu"),
+    lambda: ge.EE(max_iter=5, perplexity=5, backend="cpu"),
+    lambda: ge.MultiscaleSNE(max_iter=3, backend="cpu"),
+    lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=40, backend="cpu"),
+    lambda: ge.SpectralClustering(3, n_neighbors=10, n_landmarks=40, backend="cpu"),
+    lambda: ge.ParametricEmbedding(ge.EE(max_iter=5, perplexity=5, backend="cpu"), "linear",
+                                   n_mu=2)],
+    ids=lambda make: type(make()).__name__)
+def test_docstrings_document_every_parameter_and_fitted_attribute(make):
+    """help(estimator) names every parameter (the method parameters included, each
+    as ``name``) and every public attribute that fit sets."""
+    from gpuembed.embedding import METHOD_PARAMS
+
+    model = make()
+    doc = type(model).__doc__
+    parameters = _entries(_doc_section(doc, "Parameters"))
+    missing = set(model._param_names()) - parameters
+    if "**method_params" in parameters:
+        missing |= {name for name in METHOD_PARAMS if f"``{name}``" not in doc}
+    assert not missing
+    X, _ = ge.datasets.gaussian_clusters(150, 3, 5, random_state=0)
+    model.fit(X)
+    fitted = {name for name in vars(model) if name.endswith("_") and not name.startswith("_")
+              and name not in model._param_names()}
+    assert fitted - _entries(_doc_section(doc, "Attributes")) == set()

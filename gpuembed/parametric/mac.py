@@ -37,90 +37,117 @@ __all__ = ["ParametricEmbedding"]
 
 
 class ParametricEmbedding(Params):
-    """Parametric embedding by MAC.
+    """Parametric embedding by MAC: a mapping F fitted so that F(Y) minimizes the
+    embedding's objective, P(F) = E(F(Y)), by alternating a Z step (E(Z) + (mu/2)
+    |Z - F(Y)|^2 by the embedding's own optimizer, warm-started) and an F step (a
+    regression of Z on Y) along an increasing penalty mu (seed 001, section 3).
 
     Parameters
     ----------
-    embedding : an EE, SSNE, TSNE, SNE or MultiscaleSNE estimator (default
-        ``EE()``); its affinities, objective, optimizer and N-body engine define E
-        and the Z step (the classic "tsne" optimizer has no use for a penalty: its
-        Z steps use "sd").  MultiscaleSNE's E is its final stage's: every scale,
-        at the LD precisions it ended with.
+    embedding : an EE, SSNE, TSNE, SNE or MultiscaleSNE estimator, default EE()
+        Its affinities, objective, optimizer and N-body engine define E and the Z
+        step (the classic "tsne" optimizer has no use for a penalty: its Z steps
+        use "sd").  MultiscaleSNE's E is its final stage's: every scale, at the
+        low-dimensional precisions it ended with.
     mapping : "linear" | "rbf" | "mlp" | an object with fit(Y, Z) and predict(Y)
-        (``fit`` may take ``warm_start``, and ``sample_weight`` as scikit-learn's
-        regressors do; only when its signature names them: a ``fit(*args,
-        **kwargs)`` gets neither, with a warning).  The path's F steps pass
-        sample_weight = mu / mu_1 (a float), so a regularized regression (RBF
-        ridge, MLP weight decay, a scikit-learn Ridge) solves min (mu/2)|Z -
-        F(Y)|^2 + R(F) with a fixed R, R at the strength the direct fit gives it
-        relative to mu_1, and the path ends at a minimizer of P(F) + R(F).
-        Unweighted, the regularization grew with mu and drew F towards zero: an
-        RBF with ridge 1e-6 for EE on 1,500 digits (quadratic penalty) took P(F)
-        from 16.61 (direct fit) to 16.32 and then up to 17.13; weighted it falls
-        along the whole path to 15.60 in half the time, and with ridge 0 (the
-        default) to 15.61; 1,000 L-BFGS iterations on the chain-rule gradient
-        reach 15.33.  t-SNE: 2.35 -> 2.14 -> 2.30 before, 2.34 -> 1.90 with ridge
-        0, the chain rule's L-BFGS 1.91.
-    mu : increasing positive penalties, or None for the default geometric schedule
-        mu_k = mu_start c 2^k, k < n_mu, mu_start = 0.01, n_mu = 16, with c = E's
-        curvature along the path's first direction, from the free embedding
-        towards the direct fit (``path_curvature``), so the first Z step moves Z
-        about 1% of the way.  The attractive curvature 4 mean(D+) at X = 0, the
-        scale before, overstates t-SNE's (its curvature along that direction is
-        0.03-0.09 of it on digits and Fashion-MNIST, EE's 1.4-1.8, s-SNE's
-        0.5-0.7), and t-SNE's path then left the free embedding too fast for a
-        worse optimum (quadratic penalty): P(F) 2.548 against 2.112 now for a
-        linear map on 1,500 digits (the chain rule's L-BFGS 2.094 after 1,000
-        iterations), 2.506 against 2.146 on Fashion-MNIST 3k (PCA 50), 1.904
-        against 1.723 with the RBF map, at 1.6-1.8x the time; EE and s-SNE end
-        within 0.05%, multi-scale SNE 0.2% higher (400.3 against 399.4, 300
-        points in 4 clusters).
-    max_inner : (Z, F) steps per mu at most; each mu ends when P(F) decreases by
-        less than ``tol`` (relative) between consecutive steps, a rise included
-        (the paper's rule).  Going on after a rise, as a test of |decrease| did,
-        spent two of every three steps of t-SNE + MLP on Fashion-MNIST 20k
-        (max_inner = 3) at a mu whose first step had made the gain: P(F) passed
-        the chain rule's 100-iteration 3.158 after 10 steps (18.4 s), now after 7
-        (13.1 s), all else equal.
-    tol : that relative decrease, 1e-3 (the paper's value for its neural net;
-        it took 1e-4 for linear EE).  1e-4 takes more steps per mu, and where the
-        F steps are exact least squares the path ends lower: t-SNE + RBF network
-        on Fashion-MNIST 5k (PCA 50) P(F) 2.195 against 2.313 in 23 s against
-        15 s, linear EE on Fashion-MNIST 10k (mu_start 0.1, as in bench_mac.py)
-        27.846 against 27.979 in 11.7 s against 7.0 s (the chain rule's gradient
-        descent from the latter's map went on down, to 27.806 in 100
-        iterations: the path had stopped short, not at a minimum); the default
-        fits of Fashion-MNIST 3k (t-SNE and EE; linear, RBF and MLP maps) ended
-        0.1-1% lower in 1.1-1.9x the time, and t-SNE + MLP at 20k (3 steps per
-        mu) took the same steps.
-    z_max_iter, z_tol : iterations and relative-decrease tolerance of each Z step.
-    constraint_tol : stop once |Z - F(Y)|^2 <= constraint_tol |F(Y) - mean|^2.
-    augmented : the augmented Lagrangian (default) instead of the paper's quadratic
-        penalty: scaled multipliers U (Lambda / mu) shift the Z step's target to
-        F(Y) - U and the F step's to Z + U, and U += Z - F(Y) after every F step,
-        so Z and F(Y) meet at a finite mu.  The penalty path slows down as mu
-        grows (the Z step barely moves away from F(Y)) and stops short.  With
-        the multipliers P(F) ended lower in every case measured: linear EE on
-        rotating_objects (PCA to 15) 17.539 against 17.581 (mu_start = 1:
-        17.534; the chain rule 17.529), on Fashion-MNIST 5k (PCA to 50) 21.83
-        against 22.29; on 1,500 digits EE and s-SNE with the RBF network 15.23
-        and 1.496 against 15.61 and 1.520 (the chain rule's L-BFGS: 15.33 and
-        1.495), t-SNE with a linear map 2.097 against 2.112; t-SNE with the RBF
-        network on Fashion-MNIST 5k 2.131 against 2.352; with an MLP (3 epochs
-        per F step, Fashion-MNIST 2,000) t-SNE 1.069 against 1.331 and
-        multi-scale SNE 1672 against 2286, where the multipliers could have
-        accumulated the inexact F steps' error but did not.
-    mapping_params : keyword arguments of a named mapping.
+        ``fit`` may take ``warm_start``, and ``sample_weight`` as scikit-learn's
+        regressors do (only when its signature names them: a ``fit(*args,
+        **kwargs)`` gets neither, with a warning).
+    mu : increasing positive penalties, or None
+        None: the geometric schedule mu_k = mu_start c mu_factor^k, k < n_mu, with c
+        E's curvature along the path's first direction, from the free embedding
+        towards the direct fit, so that the first Z step moves Z about 1% of the
+        way.
+    mu_start, n_mu, mu_factor : float, int, float; default 0.01, 16, 2
+        That schedule's start (relative to c), length and ratio.
+    max_inner : int, default 10
+        (Z, F) steps per mu at most; each mu ends when P(F) decreases by less than
+        ``tol`` (relative) between consecutive steps, a rise included (the
+        paper's rule).
+    tol : float, default 1e-3
+        That relative decrease (the paper's value for its neural net; it took
+        1e-4 for linear EE).
+    z_max_iter, z_tol : int, float; default 20, 1e-4
+        Iterations and relative-decrease tolerance of each Z step.
+    constraint_tol : float, default 1e-8
+        Stop once |Z - F(Y)|^2 <= constraint_tol |F(Y) - mean|^2.
+    augmented : bool, default True
+        The augmented Lagrangian instead of the paper's quadratic penalty: scaled
+        multipliers U (Lambda / mu) shift the Z step's target to F(Y) - U and the
+        F step's to Z + U, and U += Z - F(Y) after every F step, so Z and F(Y)
+        meet at a finite mu.
+    mapping_params : dict or None
+        Keyword arguments of a named mapping.
+    random_state : None, int, numpy Generator or RandomState
+        Seeds a named mapping (RBF centres, the network's weights and minibatches).
+    verbose : bool or int, default False
+        Print a line per F step (mu, P(F), |Z - F(Y)|^2, seconds).
 
     Attributes
     ----------
     mapping_ : the mapping with the lowest P(F) met on the path (inexact F steps,
         e.g. a few epochs of an MLP, can make P rise again late on the path).
-    embedding_ : its F(Y), (N, L) numpy.   objective_ : its P(F) = E(F(Y)).
+    embedding_ : (N, L) numpy array
+        Its F(Y).
+    objective_ : float
+        Its P(F) = E(F(Y)).
     free_embedding_, free_objective_ : the free embedding and its E.
     history_ : list of dicts with "objective" (P(F)), "constraint" (|Z - F(Y)|^2),
         "mu" and "time" (seconds since fit started), one per F step; the first is
         the direct fit of the free embedding (mu = 0).
+    n_features_in_ : int
+
+    Notes
+    -----
+    The path's F steps pass sample_weight = mu / mu_1 (a float), so a regularized
+    regression (RBF ridge, MLP weight decay, a scikit-learn Ridge) solves min
+    (mu/2)|Z - F(Y)|^2 + R(F) with a fixed R, R at the strength the direct fit
+    gives it relative to mu_1, and the path ends at a minimizer of P(F) + R(F).
+    Unweighted, the regularization grew with mu and drew F towards zero: an RBF
+    with ridge 1e-6 for EE on 1,500 digits (quadratic penalty) took P(F) from
+    16.61 (direct fit) to 16.32 and then up to 17.13; weighted it falls along the
+    whole path to 15.60 in half the time, and with ridge 0 (the default) to
+    15.61; 1,000 L-BFGS iterations on the chain-rule gradient reach 15.33.
+    t-SNE: 2.35 -> 2.14 -> 2.30 before, 2.34 -> 1.90 with ridge 0, the chain
+    rule's L-BFGS 1.91.
+
+    The default mu's scale: the attractive curvature 4 mean(D+) at X = 0, the
+    scale before, overstates t-SNE's (its curvature along that direction is
+    0.03-0.09 of it on digits and Fashion-MNIST, EE's 1.4-1.8, s-SNE's 0.5-0.7),
+    and t-SNE's path then left the free embedding too fast for a worse optimum
+    (quadratic penalty): P(F) 2.548 against 2.112 now for a linear map on 1,500
+    digits (the chain rule's L-BFGS 2.094 after 1,000 iterations), 2.506 against
+    2.146 on Fashion-MNIST 3k (PCA 50), 1.904 against 1.723 with the RBF map, at
+    1.6-1.8x the time; EE and s-SNE end within 0.05%, multi-scale SNE 0.2% higher
+    (400.3 against 399.4, 300 points in 4 clusters).
+
+    ``max_inner``: going on after a rise, as a test of |decrease| did, spent two
+    of every three steps of t-SNE + MLP on Fashion-MNIST 20k (max_inner = 3) at
+    a mu whose first step had made the gain: P(F) passed the chain rule's
+    100-iteration 3.158 after 10 steps (18.4 s), now after 7 (13.1 s), all else
+    equal.
+
+    ``tol``: 1e-4 takes more steps per mu, and where the F steps are exact least
+    squares the path ends lower: t-SNE + RBF network on Fashion-MNIST 5k (PCA
+    50) P(F) 2.195 against 2.313 in 23 s against 15 s, linear EE on
+    Fashion-MNIST 10k (mu_start 0.1, as in bench_mac.py) 27.846 against 27.979
+    in 11.7 s against 7.0 s (the chain rule's gradient descent from the latter's
+    map went on down, to 27.806 in 100 iterations: the path had stopped short,
+    not at a minimum); the default fits of Fashion-MNIST 3k (t-SNE and EE;
+    linear, RBF and MLP maps) ended 0.1-1% lower in 1.1-1.9x the time, and
+    t-SNE + MLP at 20k (3 steps per mu) took the same steps.
+
+    ``augmented``: the penalty path slows down as mu grows (the Z step barely
+    moves away from F(Y)) and stops short.  With the multipliers P(F) ended
+    lower in every case measured: linear EE on rotating_objects (PCA to 15)
+    17.539 against 17.581 (mu_start = 1: 17.534; the chain rule 17.529), on
+    Fashion-MNIST 5k (PCA to 50) 21.83 against 22.29; on 1,500 digits EE and
+    s-SNE with the RBF network 15.23 and 1.496 against 15.61 and 1.520 (the chain
+    rule's L-BFGS: 15.33 and 1.495), t-SNE with a linear map 2.097 against 2.112;
+    t-SNE with the RBF network on Fashion-MNIST 5k 2.131 against 2.352; with an
+    MLP (3 epochs per F step, Fashion-MNIST 2,000) t-SNE 1.069 against 1.331 and
+    multi-scale SNE 1672 against 2286, where the multipliers could have
+    accumulated the inexact F steps' error but did not.
     """
 
     takes_sparse = False

@@ -19,7 +19,7 @@ import scipy.sparse
 
 from .._checks import (check_choice, check_data, check_features, check_fitted, check_float,
                        check_int, check_random_state)
-from .._params import Params
+from .._params import Params, fill_doc
 from ..affinities import entropic_affinities
 from ..backend import get_backend
 from ..neighbors_ivf import SEARCHES, QuerySearch
@@ -29,6 +29,41 @@ from .lll import (LANDMARK_METHODS, _landmark_basis, default_kz, reconstruction_
                   reduced_problem, trailing_generalized)
 
 GRID_PARAMETERS = ("n_neighbors", "sigma", "perplexity")   # what fit_grid may vary
+
+# The numpydoc sections both estimators share (filled in by fill_doc).
+_GRAPH_PARAMETERS = """
+n_neighbors : int
+    Neighbours of each point in the k-NN affinity graph (2 to N - 1).
+sigma : float or None
+    Width of Gaussian affinities exp(-|x_n - x_m|^2 / (2 sigma^2)) on the graph;
+    None: entropic affinities instead (give at most one of sigma and perplexity).
+perplexity : float or None
+    The entropic affinities' perplexity (None: n_neighbors / 3).
+neighbors : {"auto", "exact", "approx"}, default "auto"
+    The graph's k-NN search ("auto": approximate from 50,000 points on the CPU),
+    as in :func:`gpuembed.entropic_affinities`.
+n_landmarks : int or None
+    None: the exact eigenproblem; L: Locally Linear Landmarks (Algorithm 3) with
+    L landmarks, solving an L x L reduced problem.
+kz : int or None
+    LLL: landmarks each point is reconstructed from (None: min(d + 1, 6)).
+landmarks : {"random", "random-pruned", "kmeans"}, default "random"
+    LLL: how the landmarks are chosen (:func:`gpuembed.spectral.choose_landmarks`).
+random_state : None, int, numpy Generator or RandomState
+    Seeds the landmarks, the eigensolver's start and k-means.
+backend : {"auto", "cpu", "gpu"}, default "auto"
+"""
+_LANDMARK_ATTRIBUTES = """
+landmarks_ : (L,) int array or None
+    Indices of the landmarks (None when exact).
+Z_ : (N, L) sparse matrix or None
+    The points' reconstruction weights from the landmarks.
+landmark_embedding_ : (L, d) array, d the embedding's dimension
+    LLL: the landmarks' embedding (embedding_ = Z_ @ landmark_embedding_).
+n_features_in_ : int
+"""
+_DOCUMENTED = fill_doc(graph_parameters=_GRAPH_PARAMETERS,
+                       landmark_attributes=_LANDMARK_ATTRIBUTES)
 
 
 def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=None,
@@ -158,12 +193,22 @@ class _SpectralBase(Params):
                                       backend=self.backend) @ self.landmark_embedding_
 
 
+@_DOCUMENTED
 class LaplacianEigenmaps(_SpectralBase):
-    """Laplacian eigenmaps; ``n_landmarks`` switches to LLL with ``kz`` landmarks per
-    point (default :func:`~gpuembed.spectral.lll.default_kz`: min(n_components + 1, 6))
-    chosen by ``landmarks`` (Algorithm 3).  ``neighbors``: the graph's k-NN search,
-    "auto" (approximate from 50,000 points on the CPU), "exact" or "approx"
-    (:func:`gpuembed.approx_knn`), as in :func:`gpuembed.entropic_affinities`."""
+    """Laplacian eigenmaps (eq. 4.9), exactly or with Locally Linear Landmarks.
+
+    Parameters
+    ----------
+    n_components : int, default 2
+        Dimension of the embedding: the trailing generalized eigenvectors after
+        the constant one.
+    {graph_parameters}
+
+    Attributes
+    ----------
+    embedding_ : (N, n_components) numpy array
+    {landmark_attributes}
+    """
 
     def __init__(self, n_components=2, *, n_neighbors, sigma=None, perplexity=None,
                  neighbors="auto", n_landmarks=None, kz=None, landmarks="random",
@@ -187,12 +232,30 @@ class LaplacianEigenmaps(_SpectralBase):
         return self._map(X_new, getattr(self, "embedding_", None))
 
 
+@_DOCUMENTED
 class SpectralClustering(_SpectralBase):
     """Normalized spectral clustering (Ng-Jordan-Weiss: the K trailing generalized
     eigenvectors of eq. 4.19, the trivial one included, then k-means on the
-    unit-normalized rows).  With LLL, k-means runs ``n_init`` restarts on the
-    landmarks and once on all points from the best landmark centroids (4.7.1).
-    ``neighbors`` as in :class:`LaplacianEigenmaps`."""
+    unit-normalized rows), exactly or with Locally Linear Landmarks.
+
+    Parameters
+    ----------
+    n_clusters : int
+        K, the number of clusters.
+    {graph_parameters}
+    n_init : int, default 20
+        k-means restarts (k-means++ seeds); with LLL they run on the landmarks, and
+        one run on all points starts from the best landmark centroids (4.7.1).
+
+    Attributes
+    ----------
+    labels_ : (N,) int array
+    cluster_centers_ : (K, K) array
+        The centres of the unit-normalized rows.
+    embedding_ : (N, K) numpy array
+        The eigenvectors' rows.
+    {landmark_attributes}
+    """
 
     def __init__(self, n_clusters, *, n_neighbors, sigma=None, perplexity=None,
                  neighbors="auto", n_landmarks=None, kz=None, landmarks="random", n_init=20,
