@@ -93,9 +93,9 @@ def _same(default, value):
 
 
 def fill_doc(**sections):
-    """Class decorator: each line of the docstring that is only ``{name}`` becomes
-    ``sections[name]``, indented as that line was (numpydoc sections that several
-    estimators share, written once)."""
+    """Decorator of classes and functions: each line of the docstring that is only
+    ``{name}`` becomes ``sections[name]``, indented as that line was (numpydoc
+    sections that several estimators share, written once)."""
     def decorate(cls):
         if cls.__doc__ is None:                   # python -OO drops docstrings
             return cls

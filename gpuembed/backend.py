@@ -93,7 +93,7 @@ class Backend:
             return False
 
     def asarray(self, a, dtype=None):
-        """Move ``a`` (numpy, cupy or list) to this backend's device."""
+        """Move ``a`` (numpy, cupy or list) to this backend's device, as ``dtype``."""
         if self.is_gpu:
             return self.xp.asarray(a, dtype=dtype)
         if hasattr(a, "get") and not isinstance(a, np.ndarray):  # a cupy array
@@ -101,7 +101,7 @@ class Backend:
         return np.asarray(a, dtype=dtype)
 
     def host_floats(self, *values):
-        """Python floats of scalars (0-d device arrays on the GPU) in one host read:
+        """Python floats of scalar ``values`` (0-d device arrays on the GPU) in one host read:
         each read waits for all the queued work, so reading two separately drains
         the device's queue twice."""
         if not self.is_gpu:
@@ -147,7 +147,8 @@ class Backend:
         return target
 
     def kernel(self, filename, name, dtype, defines=None):
-        """Compiled CUDA function ``name<ctype>`` from ``kernels/filename``.
+        """Compiled CUDA function ``name<ctype>`` from ``kernels/filename``, ctype
+        that of ``dtype``.
 
         The module is compiled once per (device, file, defines) for both float
         and double and memoized; see :func:`kernel_source`.
@@ -268,7 +269,8 @@ def _gpu_backend():
 
 
 def get_backend(backend="auto"):
-    """Resolve ``"auto" | "cpu" | "gpu"`` (or a :class:`Backend`) to a Backend.
+    """Resolve ``backend``, ``"auto" | "cpu" | "gpu"`` (or a :class:`Backend`), to a
+    Backend.
 
     "auto" is the GPU when CuPy and a CUDA device are present, else the CPU.
     "gpu" without them raises :class:`BackendUnavailable` saying what is missing.

@@ -21,7 +21,8 @@ FASHION_MNIST_PATH = Path("/usr/share/datasets/fashion-mnist")
 
 
 def swiss_roll(n, noise=0.0, random_state=None):
-    """3-D swiss roll: a rolled-up 2-D sheet.
+    """3-D swiss roll: a rolled-up 2-D sheet of ``n`` points drawn by
+    ``random_state``, with Gaussian ``noise`` of that standard deviation added.
 
     Returns X (n, 3) and t (n,), the position along the roll
     (t in [1.5 pi, 4.5 pi]); height is uniform in [0, 21].
@@ -37,7 +38,8 @@ def swiss_roll(n, noise=0.0, random_state=None):
 
 
 def gaussian_clusters(n, n_clusters, dim, random_state=None):
-    """Isotropic unit-variance Gaussian clusters in ``dim`` dimensions.
+    """``n`` points in ``n_clusters`` isotropic unit-variance Gaussian clusters in
+    ``dim`` dimensions, drawn by ``random_state``; returns X (n, dim) and labels (n,).
 
     Centres are drawn with standard deviation ``4 * n_clusters ** (1 / dim) + 4``
     per coordinate, so clusters are mostly well separated.  Labels are

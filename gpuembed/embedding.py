@@ -260,6 +260,7 @@ class _Embedding(Params):
         return self
 
     def fit_transform(self, X, y=None):
+        """Fit to ``X`` and return ``embedding_``."""
         return self.fit(X).embedding_
 
     def _free_fit(self, X):
@@ -1273,10 +1274,11 @@ class MultiscaleSNE(Params):
         return objective
 
     def fit_transform(self, X, y=None):
+        """Fit to ``X`` and return ``embedding_``."""
         return self.fit(X).embedding_
 
     def transform(self, X_new):
-        """Embed new points with the training embedding fixed: each new point x
+        """Embed new points ``X_new`` with the training embedding fixed: each new point x
         minimizes its own row of the fitted cost (KL or JS) between its multi-scale
         affinities to its training neighbours (the fit's scales and neighbour
         count) and s_xj = (1/H) sum_h exp(-p_h |x - y_j|^2 / 2) / Z_h(x), Z_h over

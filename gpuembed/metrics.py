@@ -39,8 +39,9 @@ LAYOUT_MAX_DIM = 3
 def knn_accuracy(X_low, labels, k=10, *, backend="cpu"):
     """Leave-one-out k-NN classification accuracy of the embedding.
 
-    Each point's label is predicted by majority vote of its k nearest
-    neighbours in ``X_low`` (itself excluded; ties go to the smallest label).
+    Each point's label is predicted by majority vote of the ``labels`` (N,) of its
+    k nearest neighbours in ``X_low`` (itself excluded; ties go to the smallest
+    label).
     Up to LAYOUT_MAX_DIM columns (a layout) the neighbours come from the CPU's
     k-d tree whatever the backend: O(N log N), where brute force on a GPU would
     compute 1e12 distances for 1e6 points.
@@ -150,7 +151,9 @@ def _stable_argsort(xp, V):
 
 
 def rnx(X_high, X_low, k_max=None, *, backend="cpu"):
-    """R_NX(K) for K = 1 .. k_max (eqs 5.8-5.9), default k_max = N - 2."""
+    """R_NX(K) for K = 1 .. k_max (eqs 5.8-5.9), default k_max = N - 2: how much
+    better than chance the K-neighbourhoods of the rows of ``X_high`` (N, D; dense or
+    sparse) are kept among those of ``X_low`` (N, d), computed on ``backend``."""
     be = get_backend(backend)
     xp = be.xp
     X_high, X_low = _pair(X_high, X_low, be)
@@ -173,8 +176,9 @@ def rnx(X_high, X_low, k_max=None, *, backend="cpu"):
 
 
 def auc_rnx(X_high, X_low, *, backend="cpu"):
-    """Area under R_NX(K) with log-K weighting (eq. 5.10), in [0, 1] for embeddings
-    better than random."""
+    """Area under R_NX(K) of ``X_high`` and ``X_low`` (as in :func:`rnx`, on
+    ``backend``) with log-K weighting (eq. 5.10), in [0, 1] for embeddings better
+    than random."""
     return log_k_auc(rnx(X_high, X_low, backend=backend))
 
 
@@ -191,7 +195,8 @@ def log_k_auc(R):
 
 def coranking(X_high, X_low, *, max_n=5000):
     """The (N-1) x (N-1) co-ranking matrix q_kl = #{(i, j): rho_ij = k, r_ij = l}
-    (eq. 5.1), for small N only (dense, O(N^2) memory)."""
+    (eq. 5.1) of the ranks rho in ``X_high`` and r in ``X_low``, for small N only
+    (dense, O(N^2) memory; more than ``max_n`` points raise)."""
     be = get_backend("cpu")
     X_high, X_low = _pair(X_high, X_low, be)
     n = X_high.shape[0]

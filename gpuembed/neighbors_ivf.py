@@ -130,7 +130,8 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_R
 def approx_knn_query(Q, X, n_neighbors, *, n_lists=None, n_probe="auto",
                      recall=DEFAULT_RECALL, random_state=0, backend="auto"):
     """Approximate k nearest neighbours in ``X`` of every row of ``Q`` (no self
-    exclusion), by the lists of X: :func:`approx_knn`'s parameters, and
+    exclusion), by the lists of X: ``n_neighbors``, ``n_lists``, ``n_probe``,
+    ``recall``, ``random_state`` and ``backend`` as in :func:`approx_knn`, and as
     ``ListIndex(X, ...).query(Q, ...)``, which keeps the lists for more queries."""
     index = ListIndex(X, n_lists, random_state=random_state, backend=backend)
     return index.query(Q, n_neighbors, n_probe=n_probe, recall=recall,
@@ -184,11 +185,12 @@ class ListIndex:
         return among[be.to_host(nearest)]
 
     def query(self, Q, n_neighbors, *, n_probe="auto", recall=DEFAULT_RECALL, random_state=0):
-        """Approximate k nearest rows of X to every row of ``Q`` (no self
-        exclusion): each query searches the ``n_probe`` lists whose centroids lie
-        nearest it, as :func:`approx_knn`'s points do; "auto" chooses n_probe from
-        the exact search of RECALL_SAMPLE random queries (:meth:`auto_probes`:
-        from X's own points, for any batch).  Returns ``(sqdist, indices)`` as
+        """Approximate ``n_neighbors`` nearest rows of X to every row of ``Q`` (no
+        self exclusion): each query searches the ``n_probe`` lists whose centroids
+        lie nearest it, as :func:`approx_knn`'s points do; "auto" chooses n_probe
+        to find ``recall`` of the true neighbours of RECALL_SAMPLE random queries
+        (:meth:`auto_probes`: from X's own points, for any batch), drawn by
+        ``random_state``.  Returns ``(sqdist, indices)`` as
         :func:`gpuembed.knn_query` does (on the backend's device)."""
         be = self.backend
         Q = check_data(Q, be, name="Q", dtype=self.X.dtype, min_samples=1, sparse=True)
@@ -210,9 +212,10 @@ class ListIndex:
         return self._probe(Q, k, n_probe, exclude_self)
 
     def auto_probes(self, n_neighbors, *, recall=DEFAULT_RECALL, random_state=0):
-        """n_probe="auto" of X's own k-NN (from RECALL_SAMPLE random points of X,
-        each left out of its own): a probe count for queries drawn as X's rows
-        are, whatever the batch; None where the exact search is faster."""
+        """n_probe="auto" of X's own ``n_neighbors``-NN at ``recall`` (from
+        RECALL_SAMPLE random points of X, each left out of its own): a probe count
+        for queries drawn as X's rows are, whatever the batch; None where the exact
+        search is faster."""
         k = check_int(n_neighbors, "n_neighbors", 1, self.X.shape[0] - 1)
         recall = _check_recall(recall)
         if self.exact:

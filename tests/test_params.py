@@ -288,3 +288,37 @@ def test_docstrings_document_every_parameter_and_fitted_attribute(make):
     fitted = {name for name in vars(model) if name.endswith("_") and not name.startswith("_")
               and name not in model._param_names()}
     assert fitted - _entries(_doc_section(doc, "Attributes")) == set()
+
+
+def _public_callables():
+    """The functions and classes of the public modules (their __all__)."""
+    seen = {}
+    for module in (ge, ge.metrics, ge.datasets, ge.spectral):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isfunction(obj) or inspect.isclass(obj):
+                seen.setdefault(id(obj), (f"{module.__name__}.{name}", obj))
+    seen[id(ge.objectives.value_and_grad)] = ("objectives.value_and_grad",
+                                             ge.objectives.value_and_grad)
+    seen[id(ge.nbody.kernel_sums)] = ("nbody.kernel_sums", ge.nbody.kernel_sums)
+    return sorted(seen.values(), key=lambda pair: pair[0])
+
+
+@pytest.mark.parametrize("name, obj", _public_callables(),
+                         ids=[name for name, _ in _public_callables()])
+def test_public_functions_name_every_parameter_in_their_docstrings(name, obj):
+    """Every parameter of a public function (of a class: of __init__ and its public
+    methods, in the class's docstring or the method's) is named in its docstring."""
+    import re
+
+    methods = [(obj, obj.__doc__)] if inspect.isfunction(obj) else [
+        (f, (obj.__doc__ or "") + (f.__doc__ or "")) for n, f in vars(obj).items()
+        if inspect.isfunction(f) and (n == "__init__" or not n.startswith("_"))]
+    missing = []
+    for function, doc in methods:
+        for p in inspect.signature(function).parameters.values():
+            if p.name in ("self", "y") or p.kind is p.VAR_KEYWORD and p.name == "kwargs":
+                continue
+            if not re.search(rf"\b{p.name}\b", doc or ""):
+                missing.append(f"{function.__name__}({p.name})")
+    assert not missing, name

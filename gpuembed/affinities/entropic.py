@@ -69,6 +69,8 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
         pixels of an image), solved in parallel waves (see orders.py).
     tol : tolerance on |H - log K| in nats (default 1e-10; computed in float64).
     symmetrize : return the joint (P + P^T) / (2N) instead of the conditional.
+    backend : "auto" | "cpu" | "gpu" | Backend, where the search and the
+        calibration run (all rows in parallel).
 
     Degenerate rows are not solved but set to the limit the equation tends to, with
     a RuntimeWarning: if all k distances are equal the entropy is log k for every

@@ -96,12 +96,21 @@ def _default_neighbors(n, largest_perplexity):
 
 def multiscale_affinities(X=None, perplexity=2.0, *, n_scales=None, n_neighbors=None,
                           neighbors=None, symmetrize=True, tol=1e-10, backend="auto"):
-    """Average of entropic affinities over the perplexity scales of eq. 2.11
-    (``n_scales``: see :func:`scale_perplexities`).
+    """Average of entropic affinities over the perplexity scales of eq. 2.11.
 
-    ``perplexity`` is the smallest scale K* (> 1); scales whose perplexity is not
-    below the number of neighbours are an error (pass a larger n_neighbors or
-    fewer n_scales).
+    Parameters
+    ----------
+    X, n_neighbors, neighbors, backend : as in :func:`gpuembed.entropic_affinities`
+        (default n_neighbors: 3 times the largest scale's perplexity, within N - 1).
+    perplexity : the smallest scale K* (> 1).
+    n_scales : see :func:`scale_perplexities`.  Scales whose perplexity is not below
+        the number of neighbours are an error (pass a larger n_neighbors or fewer
+        n_scales).
+    symmetrize : P is the joint (P + P^T) / (2N) of the average instead of the
+        average of the conditionals.
+    tol : the calibration's tolerance on |H - log K| in nats.
+
+    Returns a :class:`MultiscaleAffinities`.
     """
     be = get_backend(backend)
     xp = be.xp

@@ -112,7 +112,8 @@ def engine_sums(be, method, X, kernels, Y=None, weights=None, accuracy=None, sou
 
 
 def kernel_sums(X, kernel, method="exact", *, backend="auto", **accuracy):
-    """S_n = sum_{m != n} K(|x_n - x_m|^2) and SX_n = sum_{m != n} K(...) x_m.
+    """S_n = sum_{m != n} K(|x_n - x_m|^2) and SX_n = sum_{m != n} K(...) x_m over the
+    rows of ``X`` (N, d).
 
     kernel: "gaussian" exp(-t) | "student" 1/(1+t) | "student2" 1/(1+t)^2.
     method: "exact" | "fgt" (Gaussian only) | "bh" | "auto"; fgt and bh need d <= 3.

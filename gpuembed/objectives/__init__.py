@@ -56,7 +56,8 @@ def check_affinities(be, name, P):
 
 
 def value_and_grad(name, X, P, *, backend="cpu", **params):
-    """Exact objective value and gradient (N, d) of ``name`` ("ee" | "ssne" | "tsne" | "sne").
+    """Exact objective value and gradient (N, d) of ``name`` ("ee" | "ssne" | "tsne" | "sne")
+    at the layout ``X`` (N, d), computed on ``backend``.
 
     P: sparse or dense (N, N) affinities: symmetric joint (summing to 1) for ee,
     ssne and tsne; row-stochastic conditional for sne.  params: lambda_ (ee).

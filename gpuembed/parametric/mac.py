@@ -318,6 +318,7 @@ class ParametricEmbedding(Params):
         return self
 
     def fit_transform(self, Y, y=None):
+        """Fit to ``Y`` and return ``embedding_``."""
         return self.fit(Y).embedding_
 
     def transform(self, Y_new):

@@ -38,7 +38,8 @@ def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_
     largest eigenvectors of D^-1/2 W D^-1/2, and returns D^-1/2 times them,
     shape (N, n_components).
     A disconnected graph has several zero eigenvalues; the coordinates then
-    separate components instead of spreading within them.
+    separate components instead of spreading within them.  The eigensolver runs on
+    ``backend`` from a start vector drawn by ``random_state``.
 
     ``shift_invert=True`` (CPU only): Lanczos on ((1 + SHIFT) I - M)^-1 through
     one sparse Cholesky factor (optim.directions.factorize_cpu) instead of on M.

@@ -21,7 +21,10 @@ COMPILED_MAX_CENTER_ENTRIES = 500
 
 
 def kmeans(X, n_clusters, *, n_init=10, max_iter=300, tol=1e-9, init=None, random_state=None):
-    """Best of ``n_init`` runs: (labels (N,), centers (K, D), inertia).
+    """Best of ``n_init`` runs: (labels (N,), centers (K, D), inertia), K =
+    ``n_clusters``.  Each run starts from k-means++ seeds drawn by ``random_state``
+    and takes Lloyd iterations until the inertia falls by at most ``tol`` (relative)
+    or ``max_iter``.
 
     ``init`` (K, D) starts one run from the given centers instead (warm start).
     X: dense or sparse, on the host or the device (copied to the host).

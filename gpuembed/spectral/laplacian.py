@@ -68,7 +68,9 @@ _DOCUMENTED = fill_doc(graph_parameters=_GRAPH_PARAMETERS,
 
 def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=None,
                    backend="auto"):
-    """Symmetric sparse affinities on the k-NN graph, as a host scipy CSR (float64).
+    """Symmetric sparse affinities on the k-NN graph, as a host scipy CSR (float64):
+    Gaussian of width ``sigma``, or entropic of ``perplexity`` (default
+    n_neighbors / 3) where sigma is None.
     The neighbour search (and the entropic calibration) runs on ``backend`` in X's
     dtype (integers: the backend's default float).  ``neighbors``: X's k-NN
     ``(sqdist, indices)`` for some k >= n_neighbors, of which the first
@@ -226,9 +228,13 @@ class LaplacianEigenmaps(_SpectralBase):
         return self
 
     def fit_transform(self, X, y=None):
+        """Fit to ``X`` and return ``embedding_``."""
         return self.fit(X).embedding_
 
     def transform(self, X_new):
+        """The embedding of new points ``X_new`` (M, D): each one's locally linear
+        reconstruction from its nearest training points (exact) or landmarks
+        (LLL), applied to their embedding; a training point gets its own row."""
         return self._map(X_new, getattr(self, "embedding_", None))
 
 
@@ -286,10 +292,11 @@ class SpectralClustering(_SpectralBase):
         return self
 
     def fit_predict(self, X, y=None):
+        """Fit to ``X`` and return ``labels_``."""
         return self.fit(X).labels_
 
     def predict(self, X_new):
-        """Clusters of new points: the nearest of ``cluster_centers_`` to each one's
+        """Clusters of new points ``X_new``: the nearest of ``cluster_centers_`` to each one's
         out-of-sample embedding (as :meth:`LaplacianEigenmaps.transform`), its row
         unit-normalized as the training rows were.  A training point gets its
         ``labels_`` entry back."""
@@ -298,8 +305,8 @@ class SpectralClustering(_SpectralBase):
 
 
 def fit_grid(estimator, X, grid):
-    """Fit ``estimator`` (LaplacianEigenmaps or SpectralClustering) at every point of
-    ``grid``, a dict of lists over its affinity parameters "n_neighbors", "sigma" and
+    """Fit ``estimator`` (LaplacianEigenmaps or SpectralClustering) to ``X`` at every
+    point of ``grid``, a dict of lists over its affinity parameters "n_neighbors", "sigma" and
     "perplexity" (all combinations, as scikit-learn's ParameterGrid), for model
     selection (dissertation section 4.5).
 

@@ -8,11 +8,27 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import check_data, check_float, check_int
+from .._params import fill_doc
 from ..backend import get_backend
 from ..nbody.exact import squared_distances
 from .embedding import points_suit_shift_invert, spectral_embedding
 from .laplacian import affinity_graph
 from .lll import _choose_landmarks, default_kz, dense_generalized_eigh, reconstruction_weights
+
+
+# The parameters the functions share (filled in by fill_doc).
+_LANDMARK_PARAMETERS = """
+Y : (N, D) array, the data (copied to the host).
+n_components : the output dimension d.
+n_landmarks : L, required unless ``basis`` is given.
+kz : landmarks each point is reconstructed from (default d + 1; LE(Z): min(d + 1, 6)).
+landmarks : "random", "random-pruned" or "kmeans" (:func:`choose_landmarks`).
+random_state : seed of the landmarks.
+backend : where Z's k-NN search (and kernel PCA's kernel blocks) run.
+basis : a :func:`landmark_basis` of Y made before, used instead of n_landmarks,
+    kz, landmarks and random_state.
+"""
+_DOCUMENTED = fill_doc(landmark_parameters=_LANDMARK_PARAMETERS)
 
 
 def _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend, basis,
@@ -51,10 +67,16 @@ def _leading_generalized(A, B, d):
     return vals[::-1], vecs[:, ::-1]
 
 
+@_DOCUMENTED
 def pca_lll(Y, n_components, *, n_landmarks=None, kz=None, landmarks="random",
             random_state=None, backend="auto", basis=None):
     """PCA by LLL: A~ = (Z^T Yc)(Z^T Yc)^T, B~ = Z^T Z, maximized (cost O(N kz D + L^2 D)).
-    Returns the (N, d) projection, scaled like the unit-norm eigenvectors of Yc Yc^T."""
+    Returns the (N, d) projection, scaled like the unit-norm eigenvectors of Yc Yc^T.
+
+    Parameters
+    ----------
+    {landmark_parameters}
+    """
     d = check_int(n_components, "n_components", 1)
     # A~ has rank at most D: further "components" would be a null space's basis.
     Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
@@ -65,12 +87,19 @@ def pca_lll(Y, n_components, *, n_landmarks=None, kz=None, landmarks="random",
     return Z @ U
 
 
+@_DOCUMENTED
 def lda_lll(Y, labels, n_components, *, n_landmarks=None, kz=None, landmarks="random",
             random_state=None, backend="auto", basis=None):
     """LDA by LLL through the kernel form (eqs 4.16-4.17): with M = Z^T Yc,
     A~ = M S_b M^T and B~ = M S_t M^T, S_b and S_t the between-class and total
     scatter (D x D), maximized over the range of M.  Returns the (N, d) projection
-    Yc m of the data on the discriminant directions m = Yc^T Z p~."""
+    Yc m of the data on the discriminant directions m = Yc^T Z p~.
+
+    Parameters
+    ----------
+    {landmark_parameters}
+    labels : (N,) the classes (d at most their number - 1).
+    """
     d = check_int(n_components, "n_components", 1)
     labels = np.asarray(labels)
     classes, codes = np.unique(labels, return_inverse=True)
@@ -99,11 +128,19 @@ def lda_lll(Y, labels, n_components, *, n_landmarks=None, kz=None, landmarks="ra
     return Yc @ (M.T @ (V @ U))
 
 
+@_DOCUMENTED
 def kernel_pca_lll(Y, n_components, *, sigma, n_landmarks=None, kz=None, landmarks="random",
                    random_state=None, block=2048, backend="auto", basis=None):
     """Gaussian kernel PCA by LLL: A~ = Z^T Kc Z with Kc the centred kernel matrix,
     B~ = Z^T Z; K Z is accumulated in row blocks on ``backend``, so no N x N matrix
-    is stored."""
+    is stored.
+
+    Parameters
+    ----------
+    {landmark_parameters}
+    sigma : the Gaussian kernel's width, exp(-|y - y'|^2 / (2 sigma^2)).
+    block : rows of the kernel per block.
+    """
     d = check_int(n_components, "n_components", 1)
     sigma = check_float(sigma, "sigma", 0.0, low_open=True)
     block = check_int(block, "block", 1)
@@ -128,10 +165,17 @@ def kernel_pca_lll(Y, n_components, *, sigma, n_landmarks=None, kz=None, landmar
     return Z @ U
 
 
+@_DOCUMENTED
 def le_landmarks_only(Y, n_components, *, n_neighbors, n_landmarks=None, kz=None, sigma=None,
                       landmarks="random", random_state=None, backend="auto", basis=None):
     """Baseline "LE(Z)": Laplacian eigenmaps of the landmarks alone (their own k-NN
-    graph), then every point projected with Z."""
+    graph), then every point projected with Z.
+
+    Parameters
+    ----------
+    {landmark_parameters}
+    n_neighbors, sigma : the landmarks' graph, as in :func:`affinity_graph`.
+    """
     d = check_int(n_components, "n_components", 1)
     Y, idx, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
                                 basis, laplacian=True)
@@ -151,7 +195,10 @@ def nystrom_le(Y, n_components, *, n_landmarks, sigma, landmarks="random",
     eigenvectors U (leading, the trivial one dropped); every point
     is extended by u(y) = M(y, landmarks) U / lambda, with the degrees estimated
     from the N x L cross-affinities (Fowlkes et al.'s one-shot variant), on
-    ``backend`` in Y's dtype.  Returns a host array."""
+    ``backend`` in Y's dtype.  Returns a host array.
+
+    Y, n_components, n_landmarks, landmarks, random_state: as in :func:`pca_lll`;
+    sigma: the kernel's width, exp(-|y - y'|^2 / (2 sigma^2))."""
     d = check_int(n_components, "n_components", 1)
     sigma = check_float(sigma, "sigma", 0.0, low_open=True)
     be = get_backend(backend)

@@ -53,7 +53,8 @@ def default_kz(d):
 
 
 def choose_landmarks(Y, n_landmarks, method="random", random_state=None):
-    """Indices of L landmarks among the rows of Y (section 4.4).
+    """Indices of L = ``n_landmarks`` landmarks among the rows of Y (section 4.4),
+    by ``method``, drawn with ``random_state``.
 
     "random": uniform without replacement.  "random-pruned": draw L + M (M = L / 10),
     then drop one point of each of the M closest pairs, which spreads them out.
@@ -101,7 +102,8 @@ def _choose_landmarks(Y, n_landmarks, method, random_state):
 
 
 def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
-    """Sparse (N, L) Z: each row reconstructs y_n from its kz nearest landmarks with
+    """Sparse (N, L) Z: each row of ``Y`` (N, D) is reconstructed from its kz nearest
+    rows of ``Y_landmarks`` (L, D) with
     weights summing to one (LLE-style local Gram system, eqs 4.7-4.8; ridge
     1e-3 trace(G) / kz, needed when kz > D or landmarks are degenerate).  A point
     equal to a landmark gets exactly that landmark.
@@ -140,11 +142,13 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
 
 def landmark_basis(X, d, n_landmarks, kz=None, landmarks="random", random_state=None,
                    backend="auto"):
-    """Algorithm 3's affinity-free part: (landmark indices, Z (N, L), kz).  Z
-    depends on the data and the landmarks alone (section 4.5), so one basis
-    serves every affinity graph of a parameter sweep (:func:`fit_grid`).  X:
-    dense or sparse, on the host or the device (copied to the host; the k-NN
-    search runs on ``backend``)."""
+    """Algorithm 3's affinity-free part: (landmark indices, Z (N, L), kz) for ``d``
+    output dimensions (the default kz), ``n_landmarks`` landmarks chosen by
+    ``landmarks`` with ``random_state`` (:func:`choose_landmarks`).  Z depends on
+    the data and the landmarks alone (section 4.5), so one basis serves every
+    affinity graph of a parameter sweep (:func:`fit_grid`).  X: dense or sparse,
+    on the host or the device (copied to the host; the k-NN search runs on
+    ``backend``)."""
     X = check_data(X, get_backend("cpu"), min_samples=2, sparse=True)
     return _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state, backend)
 
