@@ -9,7 +9,6 @@ the kernel distribution around it), all new points together.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 import types
@@ -842,8 +841,12 @@ def _has_duplicate_rows(Y):
     return np.unique(Y, axis=0).shape[0] < Y.shape[0]
 
 
-# PCA by svds of data up to this many entries runs BLAS on one thread (see _pca).
-SERIAL_SVDS_MAX_ENTRIES = 4_000_000
+# PCA of data with more than 2,000 features (_subspace_scores): the columns the
+# subspace keeps beyond the d components, the relative change of the singular
+# values that ends the iterations, and their most.
+PCA_OVERSAMPLING = 10
+PCA_TOL = 1e-10
+PCA_MAX_ITERATIONS = 100
 # Dense rows are centred this many bytes at a time for PCA's scatter matrix and
 # scores: the centred copy of all of them (2.9 GB for 10^6 Fashion-MNIST images
 # in float32) set the peak memory of the default t-SNE fit, 12.4 GB.
@@ -861,17 +864,12 @@ def _pca(X, d):
     mean = np.asarray(X.mean(axis=0)).ravel()
     if D > 2000:
         Xc = _centred_operator(X, mean) if is_sparse(X) else X - mean
-        v0 = np.random.default_rng(0).random(min(n, D))
-        # ARPACK's ~80 products wake OpenBLAS's workers, which then busy-wait for
-        # about 0.1 s and hold up the optimizer's first numba sweeps: on one
-        # thread a small svds is slower but the fit is not (rotating_objects,
-        # 720 x 4,096: SD reached gradient descent's 1,000-iteration EE objective
-        # 0.020-0.021 s into the optimizer against 0.032-0.11 s, t-SNE's in
-        # 0.22 s against 0.26-0.32 s, after a PCA 25 ms longer).
-        small = n * D <= SERIAL_SVDS_MAX_ENTRIES
-        with get_backend("cpu").serial_blas() if small else contextlib.nullcontext():
-            _, _, Vt = scipy.sparse.linalg.svds(Xc, k=d, v0=v0)
-            return _fixed_signs(Xc @ Vt[::-1].T)
+        # One BLAS thread: the products of few columns gave other last bits on 1
+        # and 2 OpenBLAS threads (as the scores below did), and on one thread they
+        # do not wake OpenBLAS's workers, whose busy-waiting held up the
+        # optimizer's first numba sweeps.
+        with get_backend("cpu").serial_blas():
+            return _fixed_signs(_subspace_scores(Xc, d))
     if is_sparse(X):
         scatter = (X.T @ X).toarray() - n * np.outer(mean, mean)
     else:
@@ -890,6 +888,32 @@ def _pca(X, d):
         for rows, block in _centred_blocks(X, mean):
             Y[rows] = block @ V
     return _fixed_signs(Y)
+
+
+def _subspace_scores(Xc, d):
+    """The top-d principal component scores of centred Xc (an array or a
+    LinearOperator, N x D) by subspace iteration from a fixed random start: products
+    with Xc, then QR and a small eigh, all in one order.  ARPACK's svds, before,
+    gave other vectors at every call on an AMD EPYC VM, even on one BLAS thread:
+    rotating_objects' two leading singular values are equal, so every rotation of
+    that plane is a solution and the call's last bits chose one, and two fits of
+    one seed took other paths.  The iterations stop once the leading d singular
+    values of the subspace (of the small QR factor, whatever basis it takes for
+    equal ones) change by less than PCA_TOL (relative), or after
+    PCA_MAX_ITERATIONS where the spectrum is too flat to settle."""
+    n, D = Xc.shape
+    b = min(d + PCA_OVERSAMPLING, n, D)
+    Q = np.random.default_rng(0).standard_normal((D, b))
+    values = np.zeros(d)
+    for _ in range(PCA_MAX_ITERATIONS):
+        Q = np.linalg.qr(Xc @ Q)[0]
+        Q, R = np.linalg.qr(Xc.T @ Q)
+        previous, values = values, np.linalg.svd(R, compute_uv=False)[:d]
+        if np.all(np.abs(values - previous) <= PCA_TOL * values[0]):
+            break
+    B = Xc @ Q                              # Xc on the subspace, (N, b)
+    V = np.linalg.eigh(B.T @ B)[1][:, ::-1][:, :d]
+    return B @ V
 
 
 def _centred_blocks(X, mean):
