@@ -130,7 +130,8 @@ def test_searches_on_the_index_rows_equal_the_exact_search(backend, dtype):
     """The sampled exact search that chooses n_probe takes the index's centred rows
     (in list order, the queries scaled by -2) instead of its own copy of X: the
     same neighbours and distances as knn_query and, each point left out of its
-    own, as knn, copies of points included (their ties go by index)."""
+    own, as knn, copies of points included (their ties go by index in float64;
+    in float32 a copy's rounding may depend on its row's place)."""
     X, _ = ge.datasets.rotating_objects(n_objects=5, size=16)
     X = np.concatenate([X, X[:40]]).astype(dtype)       # 40 points twice
     index = ge.ListIndex(backend.asarray(X), 15, random_state=2, backend=backend)
@@ -138,14 +139,22 @@ def test_searches_on_the_index_rows_equal_the_exact_search(backend, dtype):
     Q = backend.asarray(X[::9] + 0.01)
     got = neighbors._knn(backend, Q, index.X, 12, False, None, points=points)
     expected = neighbors.knn_query(Q, index.X, 12, backend=backend)
-    np.testing.assert_array_equal(backend.to_host(got[1]), backend.to_host(expected[1]))
+    # In float32 the GEMM may round a row's distance by its place in the product
+    # (an AMD EPYC VM: copies 360 rows apart came out in either order), so there
+    # copies compare as one point; distances not recomputed hold RTOL (1e-4).
+    same = (lambda i: np.where(i >= 360, i - 360, i)) if dtype == np.float32 else (lambda i: i)
+    np.testing.assert_array_equal(same(backend.to_host(got[1])),
+                                  same(backend.to_host(expected[1])))
+    # Distances not recomputed hold RTOL (1e-4 in float32): the GEMM's rounding
+    # differs with a row's place in the product on some CPUs.
     np.testing.assert_allclose(backend.to_host(got[0]), backend.to_host(expected[0]),
-                               rtol=1e-5 if dtype == np.float32 else 1e-12)
+                               rtol=neighbors.RTOL[np.dtype(dtype)] if dtype == np.float32
+                               else 1e-12)
     sample = np.arange(0, X.shape[0], 5)
-    np.testing.assert_array_equal(neighbors_ivf.sampled_knn(backend, index.X, sample, 12, points),
-                                  neighbors_ivf.sampled_knn(backend, index.X, sample, 12))
-    np.testing.assert_array_equal(neighbors_ivf.sampled_knn(backend, index.X, sample, 12, points),
-                                  ge.knn(X, 12, backend="cpu")[1][sample])
+    on_rows = same(neighbors_ivf.sampled_knn(backend, index.X, sample, 12, points))
+    np.testing.assert_array_equal(on_rows,
+                                  same(neighbors_ivf.sampled_knn(backend, index.X, sample, 12)))
+    np.testing.assert_array_equal(on_rows, same(ge.knn(X, 12, backend="cpu")[1][sample]))
 
 
 @pytest.mark.parametrize("target", [0.6, 0.8])
