@@ -8,19 +8,14 @@ from numba import njit
 
 
 @njit(cache=True)
-def trust_extent(X, P):
-    """(each row of X's distance from X's mean, the longest row of P): the trust
-    region's two measures, in two passes over X and one over P.  The median of
-    the distances is NumPy's: numba's np.median took a second to compile on a new
-    install's first fit, to save 10 us per iteration at 720 points.  The array
-    code made ten NumPy calls and three (N, d) temporaries: 62 us at 720 points,
-    a seventh of a gradient-descent iteration there, and 3.8 ms at 70,000."""
+def trust_extent(X, P, centre):
+    """(each row of X's distance from ``centre``, the longest row of P): the trust
+    region's two measures, in one pass over X and P.  The medians are NumPy's:
+    numba's np.median took a second to compile on a new install's first fit, to
+    save 10 us per iteration at 720 points.  The array code made ten NumPy calls
+    and three (N, d) temporaries: 62 us at 720 points, a seventh of a
+    gradient-descent iteration there, and 3.8 ms at 70,000."""
     n, d = X.shape
-    centre = np.zeros(d)
-    for i in range(n):
-        for k in range(d):
-            centre[k] += X[i, k]
-    centre /= n
     radii = np.empty(n)
     longest = 0.0
     for i in range(n):
