@@ -9,6 +9,7 @@ the kernel distribution around it), all new points together.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import time
 import types
@@ -162,8 +163,12 @@ history_ : list of dict
 n_features_in_ : int
     Features of the training data.
 """
-_DOCUMENTED = fill_doc(parameters=_PARAMETERS, run_parameters=_RUN_PARAMETERS,
-                       method_params=_METHOD_PARAMS, attributes=_ATTRIBUTES)
+_DOCUMENTED = fill_doc(
+    parameters=_PARAMETERS, run_parameters=_RUN_PARAMETERS, method_params=_METHOD_PARAMS,
+    attributes=_ATTRIBUTES,
+    sections="\n".join(["Parameters", "----------", *map(inspect.cleandoc, (
+        _PARAMETERS, _RUN_PARAMETERS, _METHOD_PARAMS)), "", "Attributes", "----------",
+        inspect.cleandoc(_ATTRIBUTES)]))
 
 
 class FreeFit(NamedTuple):
@@ -938,15 +943,7 @@ class TSNE(_Embedding):
     openTSNE and scikit-learn (momentum 0.5 then 0.8, gains, early exaggeration 12
     for 250 iterations, learning rate N / 12).
 
-    Parameters
-    ----------
-    {parameters}
-    {run_parameters}
-    {method_params}
-
-    Attributes
-    ----------
-    {attributes}
+    {sections}
 
     Notes
     -----
@@ -1007,15 +1004,7 @@ class TSNE(_Embedding):
 class SSNE(_Embedding):
     """s-SNE: KL(P || Q) with the Gaussian kernel, Q normalized over all pairs.
 
-    Parameters
-    ----------
-    {parameters}
-    {run_parameters}
-    {method_params}
-
-    Attributes
-    ----------
-    {attributes}
+    {sections}
 
     Notes
     -----
@@ -1042,15 +1031,7 @@ class SNE(_Embedding):
     """SNE (Hinton & Roweis): the sum over points of KL(P_n || Q_n), each point's
     conditional distributions over the others, Gaussian kernel.
 
-    Parameters
-    ----------
-    {parameters}
-    {run_parameters}
-    {method_params}
-
-    Attributes
-    ----------
-    {attributes}
+    {sections}
 
     Notes
     -----
