@@ -141,17 +141,19 @@ def pyplot():
 def write_result(name, figures, suffix="", merge=False):
     """Write results/<name><suffix>.json.  With ``merge`` the figures of an earlier
     run that this one did not redo are kept, and "figure_runs" records the date,
-    commit and GPU of the run that made each figure."""
+    commit, CPU and GPU of the run that made each figure (the header is the last
+    run's)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     env = environment()
     path = RESULTS / f"{name}{suffix}.json"
     record = {"benchmark": name, **env, "figures": figures}
     if merge:
-        stamp = {key: env[key] for key in ("date", "commit", "gpu")}
+        stamp = {key: env[key] for key in ("date", "commit", "cpu", "gpu")}
         old = json.loads(path.read_text()) if path.is_file() else {}
         old_runs = old.get("figure_runs") or {key: {"date": old["date"], "commit": old["commit"]}
                                               for key in old.get("figures", {})}
-        # Runs stamped before the device was: the file's device made them.
+        # Runs stamped before the device was: the file's device made them.  Runs
+        # stamped before session 80 name no CPU: the header names the last run's.
         old_runs = {key: {"gpu": old.get("gpu"), **run} for key, run in old_runs.items()}
         record["figures"] = {**old.get("figures", {}), **figures}
         record["figure_runs"] = {**old_runs, **{key: stamp for key in figures}}
