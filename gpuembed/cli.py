@@ -281,14 +281,14 @@ def cmd_embed(args):
     labels = np.load(args.labels) if args.labels else None
     if labels is not None and len(labels) != X.shape[0]:
         raise ValueError(f"--labels has {len(labels)} entries but INPUT {X.shape[0]} rows")
-    if Path(args.output).suffix not in OUTPUT_FORMATS:
+    save = OUTPUT_FORMATS.get(_in_a_folder(args.output).suffix)
+    if save is None:
         raise ValueError(f"--output must end in .npy or .csv, got {args.output}")
-    _in_a_folder(args.output)
     plot = args.plot and _plot_path(args.plot, "--plot")
     be = get_backend(args.backend)
     Y, seconds, compiling = _timed(lambda: _run_method(X, args.n_components, be, args))
     print(f"{args.method}: {X.shape[0]} points in {_seconds_text(seconds, compiling)}")
-    OUTPUT_FORMATS[Path(args.output).suffix](args.output, Y)
+    save(args.output, Y)
     print(f"wrote {args.output}")
     if labels is not None:
         print(f"10-NN accuracy {knn_accuracy(Y, labels, k=10):.3f}")
