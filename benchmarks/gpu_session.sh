@@ -30,7 +30,7 @@
 # Before spending device time, the same scripts' GPU branches can run here on the
 # CUDA emulator at small sizes, e.g.
 #   python3 benchmarks/emulated_gpu.py bench_nbody.py --backend gpu --parts large --large-n 4000
-# (every part ran that way before its first GPU call; see the README).
+# (every part ran that way before its first GPU call; see benchmarks/README.md).
 #
 # Several parts may share one call, e.g. bash benchmarks/gpu_session.sh tests mac,
 # if their files in $OUT stay within the 8 that come back from one call: every
