@@ -354,132 +354,54 @@ class Spectral(Direction):
     ``curvature_shift`` (MAC's Z step: L + (mu/2) I in the paper's scaling);
     mu = 1e-10 min diag.
 
-    ``kappa=None``: the full L+ up to FULL_LAPLACIAN_MAX_N points, AUTO_KAPPA
-    beyond, doubled (at the first build of B) until the kept graph is as
-    connected as the whole one.  A graph that the sparsification splits has relative
-    motions of its pieces without curvature, and weakly linked pieces around
-    them: data of many small groups, such as COIL's turntable loops, lost the
-    links between groups at 15 (on 40 rotating objects, 2,880 points, the kept
-    graph had 3 components where the whole has 1; 1 from 30 on) and SD
-    stalled (below).  Fashion-MNIST and the swiss roll keep one component at
-    10 already.  The full L+ of perplexity-30 affinities fills the factor: t-SNE on
-    Fashion-MNIST 20k factorized in 26.7 s (4.3 s at kappa = 15) and solved in
-    48 ms (18 ms); on Fashion-MNIST 5k (Barnes-Hut) 500 iterations at kappa = 15
-    took 10.5 s to KL 1.258 against 16 s to 1.260 with the full L+.  On small
-    manifold-like data the full L+ converges much better and costs little
-    (rotating_objects, 720 points: KL 0.778 after 500 iterations against 0.954
-    at kappa = 7).
+    ``kappa=None``: the full L+ up to FULL_LAPLACIAN_MAX_N points (on small
+    manifold-like data it converges much better and costs little), AUTO_KAPPA
+    beyond, where the full L+ fills the factor (t-SNE on Fashion-MNIST 20k: 26.7 s
+    against 4.3 s to factorize), doubled at the first build of B until the kept
+    graph is as connected as the whole one.  A graph that the sparsification
+    splits has relative motions of its pieces without curvature, and SD stalled
+    there (40 rotating objects kept 3 components at 15, 1 at 30).
 
-    ``solver="cholesky"``: one sparse factorization cached for all iterations
-    (on the CPU see :func:`factorize_cpu`; on the GPU cupyx's ``factorized``).
-    ``solver="cg"``: Jacobi-preconditioned CG warm-started from the previous
-    direction (compiled on the CPU, kernels/cg.cu on the GPU), to relative
-    residual ``cg_tol`` (0.1, as SD-'s in seed 002; in float32 from 1e-4 up,
-    SINGLE_CG_MIN_TOL) or ``cg_maxiter`` steps (None: 50, or REFRESHED_CG_MAXITER
-    where B is refreshed, from REFRESHED_CG_MIN_N points below REFRESHED_CG_MAX_N).
-    An inexact direction costs little progress per iteration and saves most of
-    the solve:
-    Fashion-MNIST 20k, 200 iterations, t-SNE (Barnes-Hut) KL 1.860 in 12.3 s
-    with 5.5 products per iteration, against 1.857 in 44 s at 1e-3 / 100 steps
-    (91 products) and 1.857 in 20.5 s with the Cholesky factor; EE (FGT) 26.40
-    in 35 s (27 products) against 26.37 in 73 s and, with Cholesky, 26.40 in
-    37 s (those t-SNE fits kept B at X = 0, where fewer than 50 steps stalled
-    the early iterations, 20: KL 1.907; a refreshed B does better with 20, see
-    REFRESHED_CG_MAXITER).  "auto": cholesky on the CPU up to
-    ``CHOLESKY_MAX_N`` points (fill grows fast with the graph's intrinsic
-    dimension; at 10k points EE still ran 1.6x faster with it), CG beyond and
-    on the GPU.  Where the curvature is only a bound (t-SNE), the factor only
-    for the full L+, CG for every sparsified one.  An exact solve with a
-    sparsified L+ follows its near-null modes (groups that the kept weights
-    link weakly, whose curvature lies in the dropped ones) all the way, and
-    once B is refreshed at a spread layout the line search cut the steps to
-    0.01 and below until the stopping test ended the fit: on 100 rotating
-    objects (7,200 points, 32 x 32) at kappa = 15 KL 1.913 and 10-NN accuracy
-    0.658 after 159 iterations, against the classic optimizer's 1.493 and 0.934.  CG's
-    truncated solve resolves the stiff modes first and stops at 1.462 and
-    0.886 (6.4 s against 8.7 s); 40 such objects: 1.269 and 0.872 against the
-    factor's 1.365 and 0.775; 10 objects (720 points) at kappa = 15, 300
-    iterations: 0.837 and 0.900 against 1.108 and 0.714 (but at kappa = 10
-    1.148 and 0.644 against 0.932 and 0.900: no solver makes a too sparse L+
-    safe, see EE below).  With the default kappa, 30 on these sets, SD by CG
-    ends at KL 1.333 and accuracy 0.915 on 100 objects (12.1 s) and at 1.004
-    and 0.908 on 40 (10.9 s; classic 1.034 and 0.921 in 9.1 s).  On
-    Fashion-MNIST the two solvers are level: the default fit
-    of 5k and 10k reached the factor's KL 1.28 and 1.54 in 0.6 s against 0.7
-    s and 1.7 s against 1.9 s; with exact sums at 5k, CG reached gradient
-    descent's 1,000-iteration KL sooner (0.57 s against 0.69 s) and 1.25
-    sooner (5.6 s against 5.9 s), the classic optimizer's 1.266 later (3.7 s
-    against 2.35 s), and stood lower after 400 iterations (1.237 against
-    1.244); at 20k: 71 s to KL 1.814 with the factor, 47 s to 1.824 with CG.
-    With the full L+ (rotating_objects, 720 points) the factor wins: KL 0.849
-    against 0.931 after 200 iterations.
-    EE's fixed weights need no refresh, but its sparsified L+ has the same
-    near-null modes whatever the solver: on 40 rotating objects its SD
-    stalled at steps below 1e-3, E 29.05 after 1,000 iterations at kappa =
-    15, against 21.27 in 307 iterations at 30, the default's choice there (on
-    Fashion-MNIST 20k 30 would take 2.1x as long to the same E; the default
-    stays at 15 there).
+    ``solver="cholesky"``: one factorization cached for all iterations
+    (:func:`factorize_cpu`; on the GPU cupyx's ``factorized``).  ``solver="cg"``:
+    Jacobi-preconditioned CG warm-started from the previous direction (compiled
+    on the CPU, kernels/cg.cu on the GPU), to relative residual ``cg_tol`` (0.1,
+    as SD-'s in seed 002; float32 products from SINGLE_CG_MIN_TOL up) or
+    ``cg_maxiter`` steps (None: CG_MAXITER, or REFRESHED_CG_MAXITER where B is
+    refreshed, from REFRESHED_CG_MIN_N points below REFRESHED_CG_MAX_N).  An
+    inexact direction costs little progress and saves most of the solve
+    (Fashion-MNIST 20k, 200 t-SNE iterations: KL 1.860 in 12.3 s against 1.857 in
+    20.5 s with the factor).  "auto": the factor on the CPU up to CHOLESKY_MAX_N points,
+    CG beyond and on the GPU; for t-SNE, whose curvature at X = 0 is only a bound,
+    the factor only for the full L+: an exact solve with a sparsified L+ follows
+    its near-null modes (weakly linked groups) all the way and stalled once B was
+    refreshed at a spread layout, where CG's truncated solve resolves the stiff
+    modes first (100 rotating objects: KL 1.913 against 1.462).
 
-    ``refresh=R`` (method_params ``sd_refresh``): every R iterations B is rebuilt
-    (and refactorized) from the attractive weights at the current layout, and where
-    the loop would stop with a B older than its stopping window after steps that the
-    line search cut (:meth:`renew`; STALL_STEP in optim/loop.py), the next refresh R
-    iterations after that one.  For t-SNE
-    these are p / (1 + d^2), d^2 capped at 10 times its median over the edges
-    (objectives/tsne.py, REFRESH_SQDIST_CAP: uncapped, points whose neighbours lay
-    far off took steps of 1e4 units and ended stranded), and P, their value at X =
-    0, over-states the curvature of the spread pairs more and more as the layout
-    grows; "auto" (the default) is ``REFRESH`` = 50 for objectives whose curvature
-    at X = 0 is only a bound (t-SNE), never for the others, whose weights do not
-    depend on X (there a rebuild only costs time).  t-SNE with the default stopping
-    test (tol 1e-5, Barnes-Hut sums, CG solves; before the cap, which lets the fit
-    go on to lower KL; benchmarks/results/embedding_n*.json has the fits since):
-    Fashion-MNIST 20k to KL 1.801 in 131 iterations and 8.5 s against 1.800 in 782
-    and 30 s with B at X = 0 (10-NN accuracy 0.820 and 0.819); 70k to 2.284 in 173
-    iterations and 49 s against 2.338 in 1,000 and 155 s (accuracy 0.845 and 0.844).
-    CG takes more steps on a refreshed B (solves of 46 ms per iteration against 13
-    ms at 20k), but the iterations are 6x fewer.  With the exact engine, 1,000
-    iterations (results/embedding.json): on rotating_objects (720 points, full L+)
-    gradient descent's final KL in 143 iterations instead of 285, ending at 0.666
-    instead of 0.772; on Fashion-MNIST 5k the classic optimizer's final KL at 1.9 s
-    instead of 4.9 s. R = 25 gets there in fewer iterations at 20k (93) but stops at
-    KL 1.801; R = 10 spends more on rebuilds than it saves (rotating_objects: 3.6 s
-    for 1,000 iterations against 1.5 s).  After a rebuild a rejected first trial
-    (the step accepted with the old B) is followed by a unit step
-    (:meth:`retry_step`): on rotating_objects at perplexity 5 the KL along the
-    first rebuilt direction rises for steps up to 0.12 and falls at 1 (loops pass
-    through each other), and halving from 0.12 left SD crawling at steps of 5e-4
-    to KL 1.565 after 1,000 iterations (accuracy 0.68); with the retry 0.206 (1.0).
-    Perplexities 10-40 there, 20-100 objects and Fashion-MNIST 20k take the same
-    steps as before: their first trials after a rebuild were accepted or longer
-    than 1.
+    ``refresh=R`` (``sd_refresh``): every R iterations B is rebuilt and
+    refactorized from the attractive weights at the current layout, and where the
+    loop would stop with a B older than its stopping window after steps the line
+    search cut, earlier (:meth:`renew`).  "auto" means REFRESH for objectives whose
+    curvature at X = 0 is only a bound (t-SNE: p / (1 + d^2), d^2 capped by
+    REFRESH_SQDIST_CAP in objectives/tsne.py), never for the others, whose
+    weights do not depend on X.  It cut the default t-SNE of Fashion-MNIST 70k
+    from 1,000 iterations to about 170 for a lower KL.  After a rebuild a
+    rejected first trial is followed by a unit step (:meth:`retry_step`): the
+    KL along a rebuilt direction can rise for short steps and fall at 1.
 
-    ``memory=m`` (method_params ``sd_memory``, default 0): L-BFGS's two-loop
-    recursion over the last m curvature pairs, with the solve by B as the
-    initial inverse Hessian (a refresh drops the pairs, and so does a step
-    accepted at under MEMORY_RESET_STEP of the direction), gathered from the
-    step after the first ``memory_start`` iterations (``sd_memory_start``, EE's
-    default: see EE).  Where the graph splits
-    into components, B has no curvature for their relative placement, which the
-    FP step of _split only guesses, and SD crawled: 20 well-separated Gaussian
-    clusters (20,000 points in 10-D, 20 components; benchmarks/results/
-    embedding_clusters_n20000.json, rerun at b5a4d4d), 1,000 iterations to t-SNE's
-    KL 2.712 in 38.5 s, EE's 29.57 in 49.4 s, s-SNE's 2.521 in 29.2 s (643); with
-    10 pairs 2.183 in 20.5 s (411; the classic optimizer: 2.264 in 24.1 s), 27.74
-    in 11.0 s (214), 2.510 in 4.1 s (73); 50 clusters in 20-D (10,000 points):
-    t-SNE 1.220 in 2.2 s against 1.588 in 18.0 s (classic 1.337 in 11.5 s), EE
-    15.66 in 4.0 s against 15.92 in 17.5 s.  The default for s-SNE (3 pairs,
-    SSNE's docstring says why), for EE and SNE (3 from iteration 51 on, see theirs),
-    for t-SNE where the affinity graph splits, after an exaggerated stage
-    (TSNE.SPLIT_GRAPH_PARAMS), and for t-SNE by the factor (3 from iteration 51 on,
-    see TSNE): with CG, on t-SNE's connected graphs, the pairs gained nothing
-    (Fashion-MNIST 20k: KL 1.806 in 9.5 s against 1.783 in 10.6 s; there B's
-    refreshes drop them every 50 iterations; 3 pairs from iteration 51 on reached
-    plain SD's final KL after 22.6 s against 15.1 s, 24.7 s when kept across the
-    refreshes), and on 10 rotating objects at perplexity 3 (4 components, crossing
-    loops) SNE with 10 from the start stopped at 351 against 72 without them
-    (s-SNE crept there to 0.944 against 0.044 until the restart after a reset,
-    MEMORY_RESET_STEP; now 0.038).
+    ``memory=m`` (``sd_memory``, default 0): L-BFGS's two-loop recursion over the
+    last m curvature pairs, with the solve by B as the initial inverse Hessian,
+    gathered after the first ``memory_start`` iterations; a refresh drops them,
+    and so does a step accepted at under MEMORY_RESET_STEP of the direction.  B
+    has no curvature for the relative placement of a split graph's components
+    (which the FP step of :meth:`_split` only guesses) nor for the repulsion,
+    which the pairs pick up: 20 separated Gaussian clusters (20,000 points)
+    reached t-SNE's KL 2.18 in 20.5 s with 10 pairs against 2.71 in 38.5 s
+    without.  The estimators' defaults are in their SD_MEMORY and
+    TSNE.SPLIT_GRAPH_PARAMS.
+
+    The runs behind each of these choices: "Optimizers in detail" in
+    benchmarks/README.md.
     """
 
     CHOLESKY_MAX_N = 20000
