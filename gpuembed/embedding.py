@@ -86,7 +86,8 @@ optimizer : str, default "sd"
     The direction of the line-search loop: "sd" spectral direction (4 L+ + mu I
     by a cached Cholesky factor or warm-started CG), "sd-" (with the
     repulsion's positive block diagonal), "fp" (diagonal 4 D+), "diagh" (the
-    Hessian's diagonal), "lbfgs", "cg" (nonlinear, Polak-Ribiere+) or "gd";
+    Hessian's diagonal, floored at 0.4 D+), "lbfgs", "cg" (nonlinear,
+    Polak-Ribiere+) or "gd";
     TSNE also takes "tsne", the classic optimizer.  SNE takes "gd", "fp",
     "sd", "lbfgs" and "cg".
 nbody : {"auto", "exact", "fgt", "bh"}, default "auto"

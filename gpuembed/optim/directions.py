@@ -274,16 +274,28 @@ class FixedPoint(Direction):
         return -G / self.diag[:, None]
 
 
+# DiagH's curvature is floored at this fraction of FP's (4 D+).  Near X = 0 the
+# repulsive part of s-SNE's and t-SNE's Hessian diagonal nearly cancels the attractive
+# part, leaving entries of 1e-3 D+ and less: with only the non-positive ones replaced
+# (by 4 D+), those coordinates took steps a thousand times FP's, the line search cut
+# every step to fit them, and fits stopped near their start (t-SNE of 6 Gaussian
+# clusters, 600 points: KL 3.21 after 29 iterations, FP 0.858 after 300; s-SNE of
+# digits 4.30 after 85, FP 1.39).  Floored at 0.1: 0.862 and 1.386; at 0.3, or with
+# |H| floored at 0.1 or 0.3, within 7% of it (either side) on 4 data sets for EE, s-SNE
+# and t-SNE.
+DIAGH_FLOOR = 0.1
+
+
 class DiagonalHessian(FixedPoint):
-    """DiagH: the diagonal of the full Hessian; entries that are not positive
-    are replaced by the FP ones (4 D+), so B stays positive definite."""
+    """DiagH: the diagonal of the full Hessian, floored at DIAGH_FLOOR times the
+    FP curvature (4 D+), so B stays positive definite and no coordinate steps
+    more than 1 / DIAGH_FLOOR times as far as FP would move it."""
 
     scaled_by_attractive_curvature = False
 
     def __call__(self, X, G):
         H = self.objective.hessian_diagonal(X)
-        H = self.be.xp.where(H > 0, H, self.diag[:, None])
-        return -G / H
+        return -G / self.be.xp.maximum(H, DIAGH_FLOOR * self.diag[:, None])
 
 
 # SD with curvature pairs (sd_memory) drops them where the line search accepted less
