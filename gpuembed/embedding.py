@@ -82,6 +82,8 @@ affinities : EntropicAffinities, (N, N) sparse or dense matrix, or None
     Affinities to embed instead of computing them from X: symmetric, and a
     joint distribution (summing to 1) for TSNE and SSNE; for SNE conditional
     rows, each summing to 1 (``entropic_affinities(..., symmetrize=False)``).
+    With them X may be None (``fit(None)``, e.g. for a graph without
+    coordinates), from ``init="spectral"``, ``"random"`` or an array.
 optimizer : str, default "sd"
     The direction of the line-search loop: "sd" spectral direction (4 L+ + mu I
     by a cached Cholesky factor or warm-started CG), "sd-" (with the
@@ -219,10 +221,23 @@ class _Embedding(Params):
 
     # -- fitting -----------------------------------------------------------
     def fit(self, X, y=None):
-        """Embed X (N, D), dense or sparse; ``y`` is ignored (scikit-learn pipelines)."""
+        """Embed X (N, D), dense or sparse; ``y`` is ignored (scikit-learn pipelines).
+
+        With ``affinities`` given, X may be None: the layout then comes from the
+        affinities alone (a graph without coordinates, or one built with another
+        metric), from ``init="spectral"``, ``"random"`` or an array, and ``transform``,
+        which needs the training points, is not available."""
         be = get_backend(self.backend)
-        X = check_data(X, be, min_samples=4, sparse=True)
-        n = X.shape[0]
+        if X is None and self.affinities is not None:
+            n = _given_matrix(self.affinities).shape[0]
+            if n < 4:
+                raise ValueError(f"affinities need at least 4 points, got {n}")
+        elif X is None:
+            raise ValueError("X is required, unless affinities are given (then fit(None) "
+                             "embeds them alone)")
+        else:
+            X = check_data(X, be, min_samples=4, sparse=True)
+            n = X.shape[0]
         d = check_int(self.n_components, "n_components", 1, n - 2)
         max_iter = check_int(self.max_iter, "max_iter", 1)
         tol = check_float(self.tol, "tol", 0.0)
@@ -231,6 +246,10 @@ class _Embedding(Params):
         check_callbacks(self.callbacks)
         check_verbose(self.verbose)
         init = check_init(self.init, n, d, be, INITS)
+        if X is None and isinstance(init, str) and init == "pca":
+            raise ValueError("init='pca' needs the data X; to embed affinities alone "
+                             "(fit(None)) take init='spectral', 'random' or an (N, "
+                             "n_components) array")
         self._check_method_params()
         objective_params = self._objective_params(n)
         self._exaggeration_stage(max_iter, self._method_params)     # checked before the affinities
@@ -248,7 +267,7 @@ class _Embedding(Params):
         objective = make_objective(self.objective_name, P, be, dtype, nbody=nbody,
                                    **objective_params)
         objective.accuracy = accuracy
-        X0 = self._initial(X, P, be, dtype, d, init)
+        X0 = self._initial(X, n, P, be, dtype, d, init)
         del P           # the objective holds its own copy (1.7 GB at 10^6 points)
         _stage(self.verbose, start, f"setup: initial layout {_init_name(self.init)}, optimizer "
                                     f"{self.optimizer}, N-body engine {nbody}"
@@ -259,9 +278,13 @@ class _Embedding(Params):
         self.objective_ = float(result.objective)
         self.n_iter_ = int(result.n_iter)
         self.history_ = result.history
-        self.n_features_in_ = X.shape[1]
         self._fitted = (be, X, result.X, objective, n)
-        self._queries = QuerySearch(X, self._method_params.get("neighbors"), be)
+        if X is None:
+            self.__dict__.pop("n_features_in_", None)
+            self.__dict__.pop("_queries", None)
+        else:
+            self.n_features_in_ = X.shape[1]
+            self._queries = QuerySearch(X, self._method_params.get("neighbors"), be)
         return self
 
     def fit_transform(self, X, y=None):
@@ -408,20 +431,16 @@ class _Embedding(Params):
                 if self.optimizer in OPTIMIZER_PARAMS[name]}
 
     def _affinity_matrix(self, X, be):
-        n = X.shape[0]
         A = self.affinities
         if A is None:
             p = self._method_params
             A = entropic_affinities(X, self.perplexity, n_neighbors=p.get("n_neighbors"),
                                     neighbors=p.get("neighbors"),
                                     symmetrize=self.objective_name != "sne", backend=be)
-        P = A.P if isinstance(A, EntropicAffinities) else A
-        if not (scipy.sparse.issparse(P) or hasattr(P, "tocsr") or hasattr(P, "shape")):
-            raise TypeError("affinities must be an EntropicAffinities result or an (N, N) matrix")
-        if len(P.shape) != 2 or P.shape[0] != P.shape[1]:
-            raise ValueError(f"affinities must be a square (N, N) matrix, got shape {P.shape}")
-        if P.shape[0] != n:
-            raise ValueError(f"affinities are {P.shape[0]} x {P.shape[0]} but X has {n} rows")
+        P = _given_matrix(A)
+        if X is not None and P.shape[0] != X.shape[0]:
+            raise ValueError(f"affinities are {P.shape[0]} x {P.shape[0]} but X has "
+                             f"{X.shape[0]} rows")
         # A canonical copy (sorted indices, no duplicates), the same whatever order
         # the caller's entries come in, so that the objective and a spectral
         # initialization see one matrix; the caller's stays as it is.  The fit's own
@@ -432,7 +451,7 @@ class _Embedding(Params):
         self._perplexity_used = self.perplexity
         return P
 
-    def _initial(self, X, P, be, dtype, d, init):
+    def _initial(self, X, n, P, be, dtype, d, init):
         def spectral():
             from .spectral import spectral_embedding
             from .spectral.embedding import points_suit_shift_invert
@@ -443,7 +462,7 @@ class _Embedding(Params):
 
         std = INIT_STD["tsne" if self.optimizer == "tsne" else "default"]
         return initial_layout(init, X, d, be, dtype, std, self.random_state,
-                              {"spectral": spectral})
+                              {"spectral": spectral}, n=n)
 
     # -- out-of-sample -----------------------------------------------------
     def transform(self, X_new):
@@ -451,6 +470,10 @@ class _Embedding(Params):
         all of them in one batch: see _OutOfSample.minimize)."""
         check_fitted(self, hasattr(self, "_fitted"))
         be, X_train, Y_train, objective, n = self._fitted
+        if X_train is None:
+            raise ValueError(f"transform needs the training points, and this "
+                             f"{type(self).__name__} was fitted to affinities alone "
+                             f"(fit(None)); fit it with X to map new points")
         X_new = check_data(X_new, be, name="X_new", dtype=X_train.dtype, min_samples=1,
                            sparse=True)
         check_features(X_new, self)
@@ -775,11 +798,12 @@ class _MultiscaleOutOfSample(_OutOfSample):
         return value, mass, g, curvature
 
 
-def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
+def initial_layout(init, X, d, be, dtype, std, random_state, extra=None, n=None):
     """Initial embedding (N, d) on the device: "pca", "random", a name in ``extra``
     (a function returning the layout) scaled so its first coordinate has standard
-    deviation ``std``, or a given array used as it is (as check_init returns it)."""
-    n = X.shape[0]
+    deviation ``std``, or a given array used as it is (as check_init returns it).
+    ``n``: the number of points where X is None (affinities alone)."""
+    n = X.shape[0] if n is None else n
     if isinstance(init, str):
         builders = {"pca": lambda: _pca(be.to_host(X), d),
                     "random": lambda: make_rng(random_state).standard_normal((n, d)),
@@ -802,6 +826,17 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None):
     else:
         Y = init
     return be.asarray(Y, dtype=dtype)
+
+
+def _given_matrix(A):
+    """The (N, N) matrix of an ``affinities`` parameter (an EntropicAffinities
+    result or a matrix), its type and shape checked."""
+    P = A.P if isinstance(A, EntropicAffinities) else A
+    if not (scipy.sparse.issparse(P) or hasattr(P, "tocsr") or hasattr(P, "shape")):
+        raise TypeError("affinities must be an EntropicAffinities result or an (N, N) matrix")
+    if len(P.shape) != 2 or P.shape[0] != P.shape[1]:
+        raise ValueError(f"affinities must be a square (N, N) matrix, got shape {P.shape}")
+    return P
 
 
 def check_init(init, n, d, be, names):

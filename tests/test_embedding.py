@@ -1988,6 +1988,52 @@ def test_affinities_must_fit_the_objective(small, transform, match):
     ge.EE(affinities=A.P * 100.0, max_iter=5, backend="cpu").fit(X)
 
 
+@pytest.mark.parametrize("cls", [ge.TSNE, ge.EE, ge.SSNE, ge.SNE])
+def test_affinities_alone_are_embedded_as_with_their_data(small, cls):
+    """fit(None) with affinities given: the same fit as with X from a start that
+    does not read X (a random one here)."""
+    X, _, A = small
+    A = A if cls is not ge.SNE else ge.entropic_affinities(X, 10.0, symmetrize=False,
+                                                          backend="cpu")
+    alone, with_data = (cls(affinities=A, init="random", random_state=3, max_iter=50,
+                            backend="cpu").fit(data) for data in (None, X))
+    np.testing.assert_array_equal(alone.embedding_, with_data.embedding_)
+    assert not hasattr(alone, "n_features_in_")
+    with pytest.raises(ValueError, match="fitted to affinities alone"):
+        alone.transform(X[:3])
+
+
+def test_a_graph_without_coordinates_is_laid_out():
+    """A ring of 300 nodes, each linked to the 3 nearest on either side: t-SNE from
+    the graph's spectral start places each node's two ring neighbours among its 2
+    nearest in the layout (all but a few, where the ring may pass near itself)."""
+    n, links = 300, 3
+    rows = np.repeat(np.arange(n), 2 * links)
+    offsets = np.tile(np.r_[np.arange(-links, 0), np.arange(1, links + 1)], n)
+    P = scipy.sparse.csr_matrix((np.ones(rows.size), (rows, (rows + offsets) % n)),
+                                shape=(n, n))
+    model = ge.TSNE(affinities=P / P.sum(), init="spectral", random_state=0,
+                    backend="cpu").fit(None)
+    _, nearest = ge.knn(model.embedding_, 2, backend="cpu")
+    ring = {(i, (i + 1) % n) for i in range(n)} | {((i + 1) % n, i) for i in range(n)}
+    found = np.mean([(i, j) in ring for i in range(n) for j in nearest[i]])
+    assert found > 0.95
+
+
+def test_affinities_alone_need_a_start_without_data(small):
+    _, _, A = small
+    with pytest.raises(ValueError, match="init='pca' needs the data X"):
+        ge.TSNE(affinities=A, backend="cpu").fit(None)
+    with pytest.raises(ValueError, match="X is required, unless affinities"):
+        ge.TSNE(backend="cpu").fit(None)
+    with pytest.raises(ValueError, match="at least 4 points"):
+        ge.EE(affinities=scipy.sparse.identity(3, format="csr"), init="random",
+              backend="cpu").fit(None)
+    with pytest.raises(ValueError, match="square"):
+        ge.EE(affinities=scipy.sparse.csr_matrix((5, 4)), init="random",
+              backend="cpu").fit(None)
+
+
 @pytest.mark.parametrize("optimizer", ["sd", "fp", "sd-", "lbfgs"])
 def test_a_point_without_affinities(small, optimizer):
     """A point with no affinity (an isolated node of a user's graph) has zero
