@@ -21,7 +21,7 @@ DEMO_DATASETS = ("digits", "rotating_objects", "swiss_roll")
 # Defaults of the options left unset, for every method but msne (which keeps
 # MultiscaleSNE's own: perplexity 2, the smallest scale; L-BFGS; 100 iterations
 # per scale; tol 1e-7).
-DEFAULTS = {"perplexity": 30.0, "optimizer": "sd", "max_iter": 1000, "tol": 1e-4}
+DEFAULTS = {"perplexity": 30.0, "optimizer": "sd", "max_iter": 1000, "tol": "auto"}
 
 
 def _option(args, name):
@@ -316,7 +316,8 @@ def _method_options(parser):
                         help="at most this many iterations (default 1000; msne: per scale, 100)")
     parser.add_argument("--tol", type=float,
                         help="stop when the relative objective decrease is below this "
-                             "(default 1e-4; msne: 1e-7)")
+                             "(default 1e-5 below 10,000 points, 1e-4 from there; msne: "
+                             "1e-7)")
     parser.add_argument("--n-landmarks", type=int,
                         help="le: solve by Locally Linear Landmarks with this many landmarks")
     parser.add_argument("--neighbors", choices=("auto", "exact", "approx"), default="auto",

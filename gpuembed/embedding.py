@@ -45,6 +45,16 @@ __all__ = ["TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE"]
 INIT_STD = {"tsne": 1e-4, "default": 0.1}
 # The named starts (MultiscaleSNE: the first two).
 INITS = ("pca", "random", "spectral")
+# tol="auto": AUTO_TOL below AUTO_TOL_LARGE_FROM points, AUTO_TOL_LARGE from there on.
+# The stopping test's tail costs little on small sets and can still improve them (10
+# rotating objects, t-SNE: KL 0.697 and 10-NN accuracy 0.983 at 1e-5 in 0.3 s, 0.745
+# and 0.967 at 1e-4), while on large ones it buys about 1% of KL for half or more of
+# the time at the same accuracy (the default t-SNE of Fashion-MNIST, affinities given,
+# 1e-5 against 1e-4: 10k 3.1 s against 1.8 s and 5.7 s against 1.9 s on two subsets,
+# 20k 11.5 s against 3.9 s, 40k 20.1 s against 9.0 s, 70k 34.1 s and 403 iterations
+# against 17.8 s and 230, KL 2.246 against 2.269, accuracy 0.8465 against 0.8468; EE
+# at 20k 11.9 s against 7.7 s, E 26.09 against 26.23; AMD EPYC, 2 cores).
+AUTO_TOL, AUTO_TOL_LARGE, AUTO_TOL_LARGE_FROM = 1e-5, 1e-4, 10_000
 # Parameters the optimizers and affinities accept through **method_params.
 METHOD_PARAMS = {"n_neighbors", "neighbors", "kappa", "sd_solver", "sd_refresh", "sd_memory",
                  "sd_memory_start", "lbfgs_memory",
@@ -100,9 +110,11 @@ nbody : {"auto", "exact", "fgt", "bh"}, default "auto"
     for t-SNE and "fgt" for the others.
 max_iter : int, default 1000
     Iterations at most (the classic optimizer runs all of them).
-tol : float, default 1e-5
+tol : float or "auto", default "auto"
     Stop when the objective's relative decrease per iteration, averaged over
-    10 iterations, falls below it (0: run max_iter iterations).
+    10 iterations, falls below it (0: run max_iter iterations).  "auto": 1e-5
+    below 10,000 points, 1e-4 from there on, where the last 1% of the
+    objective would take as long again.
 init : {"pca", "random", "spectral"} or (N, n_components) array, default "pca"
     The start, scaled so its first coordinate has standard deviation 0.1
     (1e-4 for the classic optimizer); an array is taken as it is.
@@ -198,7 +210,7 @@ class _Embedding(Params):
     SD_MEMORY = {}          # SD's curvature pairs where sd_memory is not given (see EE, SSNE)
 
     def __init__(self, n_components=2, perplexity=30.0, *, affinities=None, optimizer="sd",
-                 nbody="auto", max_iter=1000, tol=1e-5, init="pca", random_state=None,
+                 nbody="auto", max_iter=1000, tol="auto", init="pca", random_state=None,
                  backend="auto", dtype=None, verbose=False, callbacks=None, **method_params):
         unknown = set(method_params) - METHOD_PARAMS
         if unknown:
@@ -240,7 +252,7 @@ class _Embedding(Params):
             n = X.shape[0]
         d = check_int(self.n_components, "n_components", 1, n - 2)
         max_iter = check_int(self.max_iter, "max_iter", 1)
-        tol = check_float(self.tol, "tol", 0.0)
+        tol = check_tol(self.tol, n)
         check_choice(self.optimizer, "optimizer", self.optimizers)
         check_random_state(self.random_state)
         check_callbacks(self.callbacks)
@@ -826,6 +838,15 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None, n=None)
     else:
         Y = init
     return be.asarray(Y, dtype=dtype)
+
+
+def check_tol(tol, n):
+    """The stopping tolerance of a fit of n points: ``tol``, or for "auto"
+    AUTO_TOL below AUTO_TOL_LARGE_FROM points and AUTO_TOL_LARGE from there."""
+    if isinstance(tol, str):
+        check_choice(tol, "tol", ("auto",))
+        return AUTO_TOL if n < AUTO_TOL_LARGE_FROM else AUTO_TOL_LARGE
+    return check_float(tol, "tol", 0.0)
 
 
 def _given_matrix(A):

@@ -1859,6 +1859,22 @@ def test_diagonal_hessian_goes_as_far_as_fixed_point(estimator):
     assert fits["diagh"].n_iter_ > 100
 
 
+def test_automatic_tolerance_by_size(small):
+    """tol="auto": AUTO_TOL below AUTO_TOL_LARGE_FROM points, AUTO_TOL_LARGE from there."""
+    from gpuembed.embedding import AUTO_TOL, AUTO_TOL_LARGE, AUTO_TOL_LARGE_FROM, check_tol
+
+    assert check_tol("auto", AUTO_TOL_LARGE_FROM - 1) == AUTO_TOL == 1e-5
+    assert check_tol("auto", AUTO_TOL_LARGE_FROM) == AUTO_TOL_LARGE == 1e-4
+    assert check_tol(0.0, 10) == 0.0
+    X, _, A = small
+    auto, fixed = (ge.TSNE(affinities=A, tol=tol, backend="cpu", random_state=0).fit(X)
+                   for tol in ("auto", AUTO_TOL))
+    np.testing.assert_array_equal(auto.embedding_, fixed.embedding_)
+    for bad, match in (("fast", r"tol must be one of \('auto',\)"), (-1.0, "tol must be >= 0")):
+        with pytest.raises(ValueError, match=match):
+            ge.TSNE(tol=bad, backend="cpu").fit(X)
+
+
 def test_fixed_step_mode(small):
     X, _, A = small
     model = ge.SSNE(optimizer="fp", step_size=0.5, affinities=A, max_iter=40, backend="cpu").fit(X)
