@@ -213,8 +213,8 @@ def large(n, backend="cpu"):
     be = ge.get_backend(backend)
     X, y = ge.datasets.fashion_mnist()
     X, y = X[:n], y[:n]
-    fits = [("sd (default)", "sd", {}), ("sd (no refresh)", "sd", {"sd_refresh": None}),
-            ("classic", "tsne", {})]
+    fits = [("sd (default)", "sd", {}), ("sd (tol 1e-5)", "sd", {"tol": 1e-5}),
+            ("sd (no refresh)", "sd", {"sd_refresh": None}), ("classic", "tsne", {})]
     if be.is_gpu and ge.nbody.resolve_method("auto", n, 2, "student", be) != "exact":
         # The default's engine against the exact sums it replaced above some N.
         fits.append(("sd, exact sums", "sd", {"nbody": "exact"}))
