@@ -200,6 +200,10 @@ def test_bad_arguments(problem):
     P, _, Y = problem
     with pytest.raises(ValueError, match="name"):
         objectives.value_and_grad("umap", Y, P)
+    with pytest.raises(ValueError, match="name"):
+        objectives.value_and_grad("umap", Y, None)
+    with pytest.raises(TypeError, match="P must be an .N, N. sparse or dense matrix, got NoneType"):
+        objectives.value_and_grad("tsne", Y, None)
     with pytest.raises(ValueError, match="P must be"):
         objectives.value_and_grad("tsne", Y[:10], P)
     with pytest.raises(ValueError, match=r"P must be a square \(N, N\) matrix"):

@@ -63,7 +63,10 @@ def value_and_grad(name, X, P, *, backend="cpu", **params):
     ssne and tsne; row-stochastic conditional for sne.  params: lambda_ (ee).
     """
     be = get_backend(backend)
+    check_choice(name, "name", tuple(OBJECTIVES))
     X = check_data(X, be)
+    if not hasattr(P, "shape"):
+        raise TypeError(f"P must be an (N, N) sparse or dense matrix, got {type(P).__name__}")
     if P.shape != (X.shape[0], X.shape[0]):
         raise ValueError(f"P must be ({X.shape[0]}, {X.shape[0]}) to match X, got {P.shape}")
     objective = make_objective(name, P, be, X.dtype, **params)
