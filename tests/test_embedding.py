@@ -1403,6 +1403,21 @@ def test_trust_step_against_its_definition(backend, n, dtype):
     assert _slope_and_trust(backend, backend.asarray(X), zero, zero, True) == (0.0, math.inf)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_trust_region_median_is_numpys(dtype):
+    """The trust region's median (one SIMD partition, then the largest below it)
+    equals np.median for odd and even counts, ties and any scale."""
+    from gpuembed.optim.loop import _median
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 4, 719, 720, 5001):
+        for trial in range(6):
+            a = (rng.standard_normal(n) * 10.0 ** rng.uniform(-5, 5)).astype(dtype)
+            if trial % 2:
+                a = np.round(a, 1).astype(dtype)       # ties
+            assert _median(a) == float(np.median(a))
+
+
 def test_trust_region_follows_the_bulk_of_the_layout():
     """t-SNE's KL decreases all the way as a component moves off, ever more slowly:
     by the RMS radius, which the points farthest out set, SD's curvature pairs

@@ -276,14 +276,26 @@ def _slope_and_trust(be, X, G, P, layout):
     if not layout:
         return float(xp.vdot(G, P)), math.inf
     if xp is np:
-        radii, longest = trust_extent(X, P, np.median(X, axis=0))
-        slope, radius = float(np.vdot(G, P)), float(np.median(radii))
+        centre = [_median(np.ascontiguousarray(X[:, k])) for k in range(X.shape[1])]
+        radii, longest = trust_extent(X, P, np.array(centre, dtype=X.dtype))
+        slope, radius = float(np.vdot(G, P)), _median(radii)
     else:
         centre = xp.median(X, axis=0)
         slope, radius, longest = be.host_floats(
             xp.vdot(G, P), xp.median(xp.sqrt(((X - centre) ** 2).sum(axis=1))),
             xp.sqrt((P * P).sum(axis=1)).max())
     return slope, TRUST_RADIUS * max(radius, 1.0) / longest if longest > 0 else math.inf
+
+
+def _median(a):
+    """np.median of the 1-D float array ``a``, the same value: NumPy partitions
+    around one index with SIMD code (x86-simd-sort) but around the two middle ones
+    of an even count without it, 0.49 ms against 0.06 ms at 70,000 points, and
+    np.median(X, axis=0) of a 70k layout took 1.3 ms, about 4% of a default t-SNE
+    iteration there with the median of the radii."""
+    k = a.size // 2
+    part = np.partition(a, k)
+    return float(part[k]) if a.size % 2 else float((part[:k].max() + part[k]) / 2)
 
 
 def tsne_classic(objective, X0, *, max_iter=1000, learning_rate=None, exaggeration=12.0,
