@@ -2020,14 +2020,14 @@ def test_affinities_must_fit_the_objective(small, transform, match):
 
 
 @pytest.mark.parametrize("cls", [ge.TSNE, ge.EE, ge.SSNE, ge.SNE])
-def test_affinities_alone_are_embedded_as_with_their_data(small, cls):
+def test_affinities_alone_are_embedded_as_with_their_data(small, backend, cls):
     """fit(None) with affinities given: the same fit as with X from a start that
     does not read X (a random one here)."""
     X, _, A = small
     A = A if cls is not ge.SNE else ge.entropic_affinities(X, 10.0, symmetrize=False,
                                                           backend="cpu")
     alone, with_data = (cls(affinities=A, init="random", random_state=3, max_iter=50,
-                            backend="cpu").fit(data) for data in (None, X))
+                            backend=backend.name).fit(data) for data in (None, X))
     np.testing.assert_array_equal(alone.embedding_, with_data.embedding_)
     assert not hasattr(alone, "n_features_in_")
     with pytest.raises(ValueError, match="fitted to affinities alone"):
