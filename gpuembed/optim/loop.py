@@ -276,7 +276,7 @@ def _slope_and_trust(be, X, G, P, layout):
     if not layout:
         return float(xp.vdot(G, P)), math.inf
     if xp is np:
-        centre = [_median(np.ascontiguousarray(X[:, k])) for k in range(X.shape[1])]
+        centre = [_median(X[:, k]) for k in range(X.shape[1])]   # partition copies
         radii, longest = trust_extent(X, P, np.array(centre, dtype=X.dtype))
         slope, radius = float(np.vdot(G, P)), _median(radii)
     else:
