@@ -48,7 +48,7 @@ def _embed_le(X, n_components, backend, args):
     perplexity = _perplexity(args, X.shape[0])
     model = LaplacianEigenmaps(n_components, n_neighbors=math.ceil(3 * perplexity),
                                perplexity=perplexity, neighbors=args.neighbors,
-                               n_landmarks=args.n_landmarks,
+                               metric=args.metric, n_landmarks=args.n_landmarks,
                                random_state=args.random_state, backend=backend)
     return model.fit_transform(X)
 
@@ -59,7 +59,7 @@ def _estimator(cls):
                     optimizer=_option(args, "optimizer"), nbody=args.nbody,
                     max_iter=_option(args, "max_iter"), tol=_option(args, "tol"),
                     random_state=args.random_state, backend=backend, verbose=args.verbose,
-                    neighbors=args.neighbors)
+                    neighbors=args.neighbors, metric=args.metric)
         return model.fit_transform(X)
     return embed
 
@@ -67,8 +67,9 @@ def _estimator(cls):
 def _embed_msne(X, n_components, backend, args):
     """Multi-scale SNE; the options given replace its own defaults."""
     given = {name: getattr(args, name) for name in DEFAULTS if getattr(args, name) is not None}
-    model = MultiscaleSNE(n_components, nbody=args.nbody, random_state=args.random_state,
-                          backend=backend, verbose=args.verbose, **given)
+    model = MultiscaleSNE(n_components, nbody=args.nbody, metric=args.metric,
+                          random_state=args.random_state, backend=backend,
+                          verbose=args.verbose, **given)
     return model.fit_transform(X)
 
 
@@ -191,7 +192,7 @@ def _seconds_text(seconds, compiling):
 def _print_auc(args, X, Y):
     if args.auc:
         start = time.perf_counter()
-        auc = auc_rnx(X, Y)
+        auc = auc_rnx(X, Y, metric=args.metric)
         print(f"R_NX AUC (log K) {auc:.4f} ({time.perf_counter() - start:.1f} s)")
 
 
@@ -324,6 +325,9 @@ def _method_options(parser):
                         help="k-NN search of the affinities (approx: k-means lists, 2x faster "
                              "at 20,000 points, 4.5x at 70,000, more beyond, some neighbours "
                              "missed; auto: approx from 50,000 points on the CPU)")
+    parser.add_argument("--metric", choices=("euclidean", "cosine"), default="euclidean",
+                        help="how rows are compared (cosine: scaled to unit length first; "
+                             "for text)")
     parser.add_argument("--random-state", type=int, default=None,
                         help="seed of the random parts (init random, landmarks)")
     parser.add_argument("--nbody", choices=("auto", "exact", "fgt", "bh"), default="auto",

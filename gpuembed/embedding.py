@@ -28,7 +28,7 @@ from .affinities import EntropicAffinities, entropic_affinities
 from .affinities.entropic import conditional_affinities
 from .backend import get_backend
 from .nbody import check_accuracy, engine_sums, resolve_method
-from .neighbors import knn_query
+from .neighbors import METRICS, knn_query, metric_rows
 from .neighbors_ivf import SEARCHES, QuerySearch
 from .objectives import OBJECTIVES, default_lambda, make_objective
 from .optim import (DIRECTIONS, Monitor, Result, accuracy_schedule, homotopy, homotopy_path,
@@ -56,8 +56,8 @@ INITS = ("pca", "random", "spectral")
 # at 20k 11.9 s against 7.7 s, E 26.09 against 26.23; AMD EPYC, 2 cores).
 AUTO_TOL, AUTO_TOL_LARGE, AUTO_TOL_LARGE_FROM = 1e-5, 1e-4, 10_000
 # Parameters the optimizers and affinities accept through **method_params.
-METHOD_PARAMS = {"n_neighbors", "neighbors", "kappa", "sd_solver", "sd_refresh", "sd_memory",
-                 "sd_memory_start", "lbfgs_memory",
+METHOD_PARAMS = {"n_neighbors", "neighbors", "metric", "kappa", "sd_solver", "sd_refresh",
+                 "sd_memory", "sd_memory_start", "lbfgs_memory",
                  "step_size", "learning_rate", "early_exaggeration", "exaggeration_iter",
                  "transform_max_iter", "accuracy", "accuracy_schedule"}
 # The optimizers that read each optimizer-specific method parameter (step_size: the
@@ -144,7 +144,8 @@ _METHOD_PARAMS = """
     - ``n_neighbors``: the affinities' k (default min(N - 1, ceil(3
       perplexity))); ``neighbors``: the search for them and for transform's
       neighbours, "auto" (approximate from 50,000 points on the CPU), "exact"
-      or "approx".
+      or "approx"; ``metric``, "euclidean" (the default) or "cosine" (the rows,
+      and transform's new rows, scaled to unit length first: for text).
     - "sd": ``kappa``, the affinities each point keeps in L+ (default all of
       them up to 2,000 points, 15 beyond, doubled until the kept graph is as
       connected as the whole); ``sd_solver``, "auto", "cholesky" or "cg";
@@ -197,6 +198,7 @@ class FreeFit(NamedTuple):
     optimizer: str              # the Z steps' direction, with its parameters
     direction_params: dict
     step_size: float | None     # fixed steps (approximate gradients), else None
+    metric: str                 # X is the data's rows as the metric compares them
 
 
 def _rms_radius(X):
@@ -244,11 +246,14 @@ class _Embedding(Params):
             n = _given_matrix(self.affinities).shape[0]
             if n < 4:
                 raise ValueError(f"affinities need at least 4 points, got {n}")
+            if self._metric() != "euclidean":
+                raise ValueError(f"metric={self._metric()!r} applies to the data X, and "
+                                 f"fit(None) embeds the given affinities alone")
         elif X is None:
             raise ValueError("X is required, unless affinities are given (then fit(None) "
                              "embeds them alone)")
         else:
-            X = check_data(X, be, min_samples=4, sparse=True)
+            X = metric_rows(be, check_data(X, be, min_samples=4, sparse=True), self._metric())
             n = X.shape[0]
         d = check_int(self.n_components, "n_components", 1, n - 2)
         max_iter = check_int(self.max_iter, "max_iter", 1)
@@ -310,11 +315,11 @@ class _Embedding(Params):
         self.fit(X)
         be, X_dev, Z, objective, _ = self._fitted
         if self.optimizer == "tsne":
-            return FreeFit(be, X_dev, Z, objective, "sd", {}, None)
+            return FreeFit(be, X_dev, Z, objective, "sd", {}, None, self._metric())
         # The user's parameters only: _graph_params chose the free fit's own.
         return FreeFit(be, X_dev, Z, objective, self.optimizer,
                        self._direction_params(self._method_params),
-                       self._method_params.get("step_size"))
+                       self._method_params.get("step_size"), self._metric())
 
     def __getstate__(self):
         # A pickled or copied model keeps what transform needs; the objective's
@@ -330,12 +335,16 @@ class _Embedding(Params):
     def _objective_params(self, n):
         return {}
 
+    def _metric(self):
+        return check_choice(self._method_params.get("metric") or "euclidean", "metric", METRICS)
+
     def _check_method_params(self):
         """The optimizers' and transform's parameters, checked before the
         affinities are computed (the directions check theirs only when built)."""
         checks = {
             "step_size": lambda v: check_float(v, "step_size", 0.0, low_open=True),
             "neighbors": lambda v: check_choice(v, "neighbors", tuple(SEARCHES)),
+            "metric": lambda v: check_choice(v, "metric", METRICS),
             "kappa": lambda v: check_int(v, "kappa", 1),
             "sd_solver": lambda v: check_choice(v, "sd_solver", Spectral.SOLVERS),
             "sd_refresh": check_refresh,
@@ -489,6 +498,7 @@ class _Embedding(Params):
         X_new = check_data(X_new, be, name="X_new", dtype=X_train.dtype, min_samples=1,
                            sparse=True)
         check_features(X_new, self)
+        X_new = metric_rows(be, X_new, self._metric(), "X_new")
         K = float(np.max(self._perplexity_used))
         k = min(n, max(math.ceil(3 * K), math.floor(K) + 1))
         sqdist, idx = self._queries(X_new, k)
@@ -1212,6 +1222,8 @@ class MultiscaleSNE(Params):
     n_neighbors : int or None
         Neighbours per point of the affinities (None: 3 times the largest
         perplexity, within N - 1).
+    metric : {"euclidean", "cosine"}, default "euclidean"
+        "cosine": the rows, and transform's new rows, scaled to unit length first.
     nbody : {"auto", "exact", "fgt", "bh"}, default "auto"
         Engine of the per-scale Gaussian sums; "auto": exact below 6,000 points on
         the CPU or in more than 3 dimensions, else "fgt".
@@ -1244,8 +1256,8 @@ class MultiscaleSNE(Params):
 
     def __init__(self, n_components=2, *, perplexity=2.0, cost="js", kappa=0.5,
                  fit_exponent=True, optimizer="lbfgs", max_iter=100, tol=1e-7, init="pca",
-                 n_scales=None, n_neighbors=None, nbody="auto", random_state=None,
-                 backend="auto", dtype=None, verbose=False, callbacks=None):
+                 n_scales=None, n_neighbors=None, metric="euclidean", nbody="auto",
+                 random_state=None, backend="auto", dtype=None, verbose=False, callbacks=None):
         self.n_components = n_components
         self.perplexity = perplexity
         self.cost = cost
@@ -1257,6 +1269,7 @@ class MultiscaleSNE(Params):
         self.init = init
         self.n_scales = n_scales
         self.n_neighbors = n_neighbors
+        self.metric = metric
         self.nbody = nbody
         self.random_state = random_state
         self.backend = backend
@@ -1274,7 +1287,7 @@ class MultiscaleSNE(Params):
         (parametric/mac.py): every scale, at the final LD precisions."""
         objective = self._fit(X)
         be, X_dev, Y, _ = self._fitted
-        return FreeFit(be, X_dev, Y, objective, self.optimizer, {}, None)
+        return FreeFit(be, X_dev, Y, objective, self.optimizer, {}, None, self.metric)
 
     def _fit(self, X):
         """fit's work; returns the final stage's objective, which the model does not
@@ -1284,7 +1297,7 @@ class MultiscaleSNE(Params):
                                       ld_precisions)
 
         be = get_backend(self.backend)
-        X = check_data(X, be, min_samples=5, sparse=True)
+        X = metric_rows(be, check_data(X, be, min_samples=5, sparse=True), self.metric)
         n = X.shape[0]
         d = check_int(self.n_components, "n_components", 1, n - 2)
         max_iter = check_int(self.max_iter, "max_iter", 1)
@@ -1352,6 +1365,7 @@ class MultiscaleSNE(Params):
         X_new = check_data(X_new, be, name="X_new", dtype=X_train.dtype, min_samples=1,
                            sparse=True)
         check_features(X_new, self)
+        X_new = metric_rows(be, X_new, self.metric, "X_new")
         k = min(X_train.shape[0], fitted.n_neighbors)
         sqdist, idx = knn_query(X_new, X_train, k, backend=be)
         W = sum(conditional_affinities(sqdist, K, backend=be)

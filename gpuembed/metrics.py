@@ -25,7 +25,7 @@ from ._checks import check_data, check_int
 from ._sparse import row_sqnorms, transposed
 from .backend import get_backend
 from .metrics_cpu import max_rank_counts, ties_by_index
-from .neighbors import knn
+from .neighbors import knn, metric_rows
 from .nbody.exact import squared_distances
 
 __all__ = ["knn_accuracy", "clustering_error", "rnx", "auc_rnx", "log_k_auc", "coranking",
@@ -79,8 +79,9 @@ def clustering_error(labels, clusters):
     return float(1.0 - counts.max(axis=1).sum() / labels.size)
 
 
-def _pair(X_high, X_low, be):
-    X_high = check_data(X_high, be, name="X_high", min_samples=3, sparse=True)
+def _pair(X_high, X_low, be, metric):
+    X_high = metric_rows(be, check_data(X_high, be, name="X_high", min_samples=3, sparse=True),
+                         metric, "X_high")
     X_low = check_data(X_low, be, name="X_low", min_samples=3)
     if X_high.shape[0] != X_low.shape[0]:
         raise ValueError(f"X_high has {X_high.shape[0]} rows but X_low has {X_low.shape[0]}")
@@ -150,13 +151,14 @@ def _stable_argsort(xp, V):
     return order
 
 
-def rnx(X_high, X_low, k_max=None, *, backend="cpu"):
+def rnx(X_high, X_low, k_max=None, *, metric="euclidean", backend="cpu"):
     """R_NX(K) for K = 1 .. k_max (eqs 5.8-5.9), default k_max = N - 2: how much
     better than chance the K-neighbourhoods of the rows of ``X_high`` (N, D; dense or
-    sparse) are kept among those of ``X_low`` (N, d), computed on ``backend``."""
+    sparse; ``metric`` "euclidean" or "cosine", as in :func:`gpuembed.knn`) are kept
+    among those of ``X_low`` (N, d), computed on ``backend``."""
     be = get_backend(backend)
     xp = be.xp
-    X_high, X_low = _pair(X_high, X_low, be)
+    X_high, X_low = _pair(X_high, X_low, be, metric)
     n = X_high.shape[0]
     k_max = n - 2 if k_max is None else check_int(k_max, "k_max", 1, n - 2)
     # counts[m]: pairs (i, j) whose larger rank max(rho_ij, r_ij) is m; such a pair is
@@ -175,11 +177,11 @@ def rnx(X_high, X_low, k_max=None, *, backend="cpu"):
     return ((n - 1) * Q - K) / (n - 1 - K)
 
 
-def auc_rnx(X_high, X_low, *, backend="cpu"):
-    """Area under R_NX(K) of ``X_high`` and ``X_low`` (as in :func:`rnx`, on
-    ``backend``) with log-K weighting (eq. 5.10), in [0, 1] for embeddings better
-    than random."""
-    return log_k_auc(rnx(X_high, X_low, backend=backend))
+def auc_rnx(X_high, X_low, *, metric="euclidean", backend="cpu"):
+    """Area under R_NX(K) of ``X_high`` and ``X_low`` (as in :func:`rnx`, with
+    ``metric``, on ``backend``) with log-K weighting (eq. 5.10), in [0, 1] for
+    embeddings better than random."""
+    return log_k_auc(rnx(X_high, X_low, metric=metric, backend=backend))
 
 
 def log_k_auc(R):
@@ -193,12 +195,13 @@ def log_k_auc(R):
     return float((R * w).sum() / w.sum())
 
 
-def coranking(X_high, X_low, *, max_n=5000):
+def coranking(X_high, X_low, *, metric="euclidean", max_n=5000):
     """The (N-1) x (N-1) co-ranking matrix q_kl = #{(i, j): rho_ij = k, r_ij = l}
-    (eq. 5.1) of the ranks rho in ``X_high`` and r in ``X_low``, for small N only
-    (dense, O(N^2) memory; more than ``max_n`` points raise)."""
+    (eq. 5.1) of the ranks rho in ``X_high`` (``metric`` as in :func:`rnx`) and r
+    in ``X_low``, for small N only (dense, O(N^2) memory; more than ``max_n``
+    points raise)."""
     be = get_backend("cpu")
-    X_high, X_low = _pair(X_high, X_low, be)
+    X_high, X_low = _pair(X_high, X_low, be, metric)
     n = X_high.shape[0]
     if n > max_n:
         raise ValueError(f"coranking forms an (N-1)^2 matrix: N = {n} exceeds max_n = {max_n}; "

@@ -43,7 +43,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse
 
-from ._checks import check_data, check_int
+from ._checks import check_choice, check_data, check_int
 from ._sparse import gram, is_sparse, product, row_sqnorms, same_kind, transposed
 from .backend import get_backend
 
@@ -84,41 +84,68 @@ RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
 # only from a few times more points (N log N against N^2).  In 16-D uniform
 # float32 points took 180 s against 12 s.
 TREE_MAX_DIM = 10
+METRICS = ("euclidean", "cosine")
 
 
-def knn(X, n_neighbors, *, backend="auto", block_bytes=None):
+def metric_rows(be, X, metric, name="X"):
+    """X's rows as the Euclidean search compares them under ``metric``:
+    "euclidean" as they are, "cosine" scaled to unit length (dense or sparse,
+    X's dtype).  Between unit rows |x - y|^2 = 2 - 2 cos(x, y), so the
+    neighbours and their order are the cosine distance's, and entropic
+    affinities, whose precisions absorb the factor 2, are those of the cosine
+    distance.  A row of zeros has no direction, and is refused."""
+    check_choice(metric, "metric", METRICS)
+    if metric == "euclidean":
+        return X
+    xp = be.xp
+    norms = xp.sqrt(row_sqnorms(xp, X))
+    zero = xp.flatnonzero(norms == 0)
+    if zero.size:
+        raise ValueError(f"metric='cosine': {int(zero.size)} row(s) of {name} are all zeros "
+                         f"(the first is row {int(zero[0])}), and a zero vector has no cosine "
+                         f"distance; drop them or take metric='euclidean'")
+    norms = norms.astype(X.dtype, copy=False)
+    if is_sparse(X):
+        return (be.sparse.diags(1 / norms) @ X).tocsr()
+    return X / norms[:, None]           # divided, as scikit-learn's normalize does
+
+
+def knn(X, n_neighbors, *, metric="euclidean", backend="auto", block_bytes=None):
     """Exact k nearest neighbours of every row of ``X`` (self excluded).
 
     Parameters
     ----------
     X : array (N, D), numpy or cupy, finite, or a sparse matrix (scipy or cupyx).
     n_neighbors : int in [1, N - 1].
+    metric : "euclidean" | "cosine" (the rows scaled to unit length first: see
+        :func:`metric_rows`).
     backend : "auto" | "cpu" | "gpu" | Backend.
     block_bytes : bytes for one block of the distance matrix (see module doc).
 
     Returns
     -------
-    sqdist : (N, k) squared Euclidean distances, ascending in each row, dtype of X
+    sqdist : (N, k) squared Euclidean distances (for "cosine" 2 - 2 cos), ascending
+        in each row, dtype of X
         (float64 for integer input on the CPU).
     indices : (N, k) int64 neighbour indices; equal distances are ordered by index (see
         the module doc for distances that tie only before the GEMM's rounding).
     Both live on the backend's device.
     """
     be = get_backend(backend)
-    X = check_data(X, be, sparse=True)
+    X = metric_rows(be, check_data(X, be, sparse=True), metric)
     k = check_int(n_neighbors, "n_neighbors", 1, X.shape[0] - 1)
     return _knn(be, X, X, k, True, block_bytes)
 
 
-def knn_query(Q, X, n_neighbors, *, backend="auto", block_bytes=None):
+def knn_query(Q, X, n_neighbors, *, metric="euclidean", backend="auto", block_bytes=None):
     """Exact k nearest neighbours in ``X`` of every row of ``Q`` (no self exclusion);
     either may be sparse."""
     be = get_backend(backend)
-    X = check_data(X, be, min_samples=1, sparse=True)
+    X = metric_rows(be, check_data(X, be, min_samples=1, sparse=True), metric)
     Q = check_data(Q, be, name="Q", dtype=X.dtype, min_samples=1, sparse=True)
     if Q.shape[1] != X.shape[1]:
         raise ValueError(f"Q has {Q.shape[1]} features but X has {X.shape[1]}")
-    Q, X = same_kind(be, Q, X)
+    Q, X = same_kind(be, metric_rows(be, Q, metric, "Q"), X)
     k = check_int(n_neighbors, "n_neighbors", 1, X.shape[0])
     return _knn(be, Q, X, k, False, block_bytes)
 

@@ -52,7 +52,7 @@ from ._checks import check_data, check_float, check_int, make_rng
 from ._sparse import is_sparse, row_sqnorms
 from .backend import get_backend
 from .neighbors import (CANDIDATE_MARGIN, DEFAULT_BLOCK_BYTES, TREE_MAX_DIM, _finish_all,
-                        _knn, _select_cpu, _select_gpu, knn, knn_query)
+                        _knn, _select_cpu, _select_gpu, knn, knn_query, metric_rows)
 
 __all__ = ["approx_knn", "approx_knn_query", "ListIndex", "QuerySearch", "auto_knn",
            "SEARCHES"]
@@ -92,7 +92,7 @@ AUTO_APPROX_FROM = {"cpu": 50_000, "gpu": None}
 
 
 def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_RECALL,
-               random_state=0, backend="auto"):
+               metric="euclidean", random_state=0, backend="auto"):
     """Approximate k nearest neighbours of every row of ``X`` (self excluded).
 
     Parameters
@@ -109,6 +109,7 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_R
         the lists do not follow the data (as for i.i.d. Gaussian points).
     recall : in (0, 1], the fraction of the true neighbours that ``n_probe="auto"``
         aims at.
+    metric : "euclidean" | "cosine", as in :func:`gpuembed.knn`.
     random_state : seed of the k-means sample, its initial centroids and the
         points that choose n_probe="auto"; the same seed gives the same result.
     backend : "auto" | "cpu" | "gpu" | Backend.
@@ -117,7 +118,7 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_R
     index order, on the backend's device).
     """
     be = get_backend(backend)
-    X = check_data(X, be, sparse=True)
+    X = metric_rows(be, check_data(X, be, sparse=True), metric)
     k = check_int(n_neighbors, "n_neighbors", 1, X.shape[0] - 1)
     n_probe, recall = _check_probes(n_probe, recall)
     if n_probe is not None and n_probe >= _list_count(X.shape[0], n_lists):
@@ -128,12 +129,13 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_R
 
 
 def approx_knn_query(Q, X, n_neighbors, *, n_lists=None, n_probe="auto",
-                     recall=DEFAULT_RECALL, random_state=0, backend="auto"):
+                     recall=DEFAULT_RECALL, metric="euclidean", random_state=0, backend="auto"):
     """Approximate k nearest neighbours in ``X`` of every row of ``Q`` (no self
     exclusion), by the lists of X: ``n_neighbors``, ``n_lists``, ``n_probe``,
-    ``recall``, ``random_state`` and ``backend`` as in :func:`approx_knn`, and as
-    ``ListIndex(X, ...).query(Q, ...)``, which keeps the lists for more queries."""
-    index = ListIndex(X, n_lists, random_state=random_state, backend=backend)
+    ``recall``, ``metric``, ``random_state`` and ``backend`` as in
+    :func:`approx_knn`, and as ``ListIndex(X, ...).query(Q, ...)``, which keeps the
+    lists for more queries."""
+    index = ListIndex(X, n_lists, metric=metric, random_state=random_state, backend=backend)
     return index.query(Q, n_neighbors, n_probe=n_probe, recall=recall,
                        random_state=random_state)
 
@@ -141,16 +143,19 @@ def approx_knn_query(Q, X, n_neighbors, *, n_lists=None, n_probe="auto",
 class ListIndex:
     """The k-means lists of the rows of ``X`` (module doc), built once and
     searched for the nearest rows of X to new points (:meth:`query`).
-    ``n_lists``, ``random_state`` (the k-means' and the order within lists) and
-    ``backend`` as in :func:`approx_knn`.  It keeps X and a centred copy of its
+    ``n_lists``, ``metric`` (queries are compared as X's rows are),
+    ``random_state`` (the k-means' and the order within lists) and ``backend``
+    as in :func:`approx_knn`.  It keeps X and a centred copy of its
     rows, list after list (the memory of X again).  Where the lists cannot save
     time (module doc: few points, the k-d tree's few features, sparse rows) none
     are built, nothing is copied, and queries are searched exactly.
     """
 
-    def __init__(self, X, n_lists=None, *, random_state=0, backend="auto"):
+    def __init__(self, X, n_lists=None, *, metric="euclidean", random_state=0,
+                 backend="auto"):
         be = get_backend(backend)
-        X = check_data(X, be, sparse=True)
+        X = metric_rows(be, check_data(X, be, sparse=True), metric)
+        self.metric = metric
         self.n_lists = _list_count(X.shape[0], n_lists)
         self.backend, self.X = be, X
         self.exact = ((n_lists is None and X.shape[0] < MIN_POINTS) or is_sparse(X)
@@ -196,6 +201,7 @@ class ListIndex:
         Q = check_data(Q, be, name="Q", dtype=self.X.dtype, min_samples=1, sparse=True)
         if Q.shape[1] != self.X.shape[1]:
             raise ValueError(f"Q has {Q.shape[1]} features but X has {self.X.shape[1]}")
+        Q = metric_rows(be, Q, self.metric, "Q")
         k = check_int(n_neighbors, "n_neighbors", 1, self.X.shape[0])
         n_probe, recall = _check_probes(n_probe, recall)
         return self._search(Q, k, n_probe, recall, make_rng(random_state), exclude_self=False)
@@ -333,13 +339,13 @@ class ListIndex:
         return np.cumsum(per_point, axis=1) / k
 
 
-def auto_knn(X, n_neighbors, *, backend="auto"):
+def auto_knn(X, n_neighbors, *, metric="euclidean", backend="auto"):
     """``neighbors="auto"``, the estimators' and affinities' default: :func:`approx_knn`
     from AUTO_APPROX_FROM points of the backend's device on, else :func:`gpuembed.knn`."""
     be = get_backend(backend)
     n = X.shape[0] if hasattr(X, "shape") else len(X)
     search = approx_knn if _auto_approximates(be, n) else knn
-    return search(X, n_neighbors, backend=be)
+    return search(X, n_neighbors, metric=metric, backend=be)
 
 
 def _auto_approximates(be, n):

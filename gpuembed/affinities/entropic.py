@@ -16,6 +16,7 @@ import numpy as np
 
 from .._checks import check_bool, check_choice, check_data, check_float, check_int, warn
 from ..backend import get_backend
+from ..neighbors import METRICS
 from ..neighbors_ivf import SEARCHES
 from . import orders as _orders
 from . import rootfinding, rootfinding_cpu
@@ -44,8 +45,8 @@ class EntropicAffinities:
 
 
 def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=None,
-                        method="newton", order="dk", tol=1e-10, symmetrize=True,
-                        backend="auto"):
+                        metric="euclidean", method="newton", order="dk", tol=1e-10,
+                        symmetrize=True, backend="auto"):
     """Perplexity-calibrated Gaussian affinities over the k nearest neighbours.
 
     Parameters
@@ -63,6 +64,8 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
         the true neighbours missed) or "auto" (the default, None: "approx" from
         ``neighbors_ivf.AUTO_APPROX_FROM`` points on, 50,000 on the CPU; "exact"
         below and on the GPU).
+    metric : "euclidean" | "cosine": how the search compares X's rows (see
+        :func:`gpuembed.knn`); given neighbours are distances already.
     method : "newton" | "halley" | "euler" | "bisection" (Algorithm 1).
     order : "dk" | "mst" | "msp" | "bounds" | "none" warm-start order, or a
         sequence of all N point indices (e.g. ``raster_order(h, w)`` for the
@@ -87,7 +90,7 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
     tol = check_float(tol, "tol", 0.0, low_open=True)
     check_bool(symmetrize, "symmetrize")
     perplexity = _perplexity_values(be.to_host(perplexity))   # may live on the device
-    sqdist, indices = _neighbors(X, neighbors, perplexity, n_neighbors, be)
+    sqdist, indices = _neighbors(X, neighbors, perplexity, n_neighbors, be, metric)
     n, k = sqdist.shape
     K = _perplexities(perplexity, n, k)
     if not isinstance(order, str):       # a name was checked above, before the k-NN
@@ -222,11 +225,15 @@ def _row_weights(xp, shifted, beta):
     return w / w.sum(axis=1, keepdims=True)
 
 
-def _neighbors(X, neighbors, perplexity, n_neighbors, be):
+def _neighbors(X, neighbors, perplexity, n_neighbors, be, metric):
     xp = be.xp
+    check_choice(metric, "metric", METRICS)
     if neighbors is not None and not isinstance(neighbors, str):
         if X is not None and n_neighbors is not None:
             raise ValueError("give either neighbors or n_neighbors, not both")
+        if metric != "euclidean":
+            raise ValueError(f"metric={metric!r} applies to the search in X; the given "
+                             f"neighbors=(sqdist, indices) are distances already")
         try:
             sqdist, indices = neighbors
         except (TypeError, ValueError):
@@ -255,7 +262,7 @@ def _neighbors(X, neighbors, perplexity, n_neighbors, be):
     if n_neighbors is None:
         n_neighbors = min(n - 1, math.ceil(3 * float(np.max(perplexity))))
     n_neighbors = check_int(n_neighbors, "n_neighbors", 2, n - 1)
-    return SEARCHES[neighbors or "auto"](X, n_neighbors, backend=be)
+    return SEARCHES[neighbors or "auto"](X, n_neighbors, metric=metric, backend=be)
 
 
 def _perplexity_values(perplexity):

@@ -95,12 +95,13 @@ def _default_neighbors(n, largest_perplexity):
 
 
 def multiscale_affinities(X=None, perplexity=2.0, *, n_scales=None, n_neighbors=None,
-                          neighbors=None, symmetrize=True, tol=1e-10, backend="auto"):
+                          neighbors=None, metric="euclidean", symmetrize=True, tol=1e-10,
+                          backend="auto"):
     """Average of entropic affinities over the perplexity scales of eq. 2.11.
 
     Parameters
     ----------
-    X, n_neighbors, neighbors, backend : as in :func:`gpuembed.entropic_affinities`
+    X, n_neighbors, neighbors, metric, backend : as in :func:`gpuembed.entropic_affinities`
         (default n_neighbors: 3 times the largest scale's perplexity, within N - 1).
     perplexity : the smallest scale K* (> 1).
     n_scales : see :func:`scale_perplexities`.  Scales whose perplexity is not below
@@ -119,7 +120,7 @@ def multiscale_affinities(X=None, perplexity=2.0, *, n_scales=None, n_neighbors=
     scales = scale_perplexities(n, perplexity, n_scales)
     if n_neighbors is None and neighbors is None:
         n_neighbors = _default_neighbors(n, scales[-1])
-    sqdist, indices = _neighbors(X, neighbors, scales[-1], n_neighbors, be)
+    sqdist, indices = _neighbors(X, neighbors, scales[-1], n_neighbors, be, metric)
     k = sqdist.shape[1]
     if scales[-1] >= k:
         raise ValueError(f"the largest scale's perplexity {scales[-1]} needs more than the "

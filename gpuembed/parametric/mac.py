@@ -29,6 +29,7 @@ from .._checks import (check_bool, check_data, check_features, check_fitted, che
                        check_int, check_random_state, check_verbose, warn)
 from .._params import Params
 from .._sparse import is_sparse
+from ..neighbors import metric_rows
 from ..objectives.penalty import Penalized
 from ..optim import DIRECTIONS, Monitor, minimize
 from .mappings import make_mapping
@@ -215,6 +216,7 @@ class ParametricEmbedding(Params):
         free = copy.copy(embedding)._free_fit(Y)              # the free embedding (mu -> 0+)
         be, Z, objective, optimizer = free.be, free.Z, free.objective, free.optimizer
         Y_dev = free.X.astype(Z.dtype)
+        self._metric = free.metric              # F maps the rows as the metric scaled them
         direction_params = free.direction_params
         if optimizer == "sd" and direction_params.get("solver", "auto") == "auto":
             # mu changes the matrix 4 L+ + mu I at every stage, so a factorization would
@@ -327,6 +329,7 @@ class ParametricEmbedding(Params):
         be = self._backend
         Y_new = check_data(Y_new, be, name="Y_new", dtype=self._dtype, min_samples=1)
         check_features(Y_new, self, "Y_new")
+        Y_new = metric_rows(be, Y_new, self._metric, "Y_new")
         return be.to_host(be.asarray(self.mapping_.predict(Y_new), dtype=self._dtype))
 
 

@@ -22,6 +22,7 @@ from .._checks import (check_choice, check_data, check_features, check_fitted, c
 from .._params import Params, fill_doc
 from ..affinities import entropic_affinities
 from ..backend import get_backend
+from ..neighbors import METRICS, metric_rows
 from ..neighbors_ivf import SEARCHES, QuerySearch
 from .embedding import points_suit_shift_invert, spectral_embedding
 from .kmeans import kmeans, nearest_centers
@@ -42,6 +43,9 @@ perplexity : float or None
 neighbors : {"auto", "exact", "approx"}, default "auto"
     The graph's k-NN search ("auto": approximate from 50,000 points on the CPU),
     as in :func:`gpuembed.entropic_affinities`.
+metric : {"euclidean", "cosine"}, default "euclidean"
+    "cosine": the rows (and new points' rows) scaled to unit length first, so
+    the graph, sigma and the reconstruction weights are those of unit rows.
 n_landmarks : int or None
     None: the exact eigenproblem; L: Locally Linear Landmarks (Algorithm 3) with
     L landmarks, solving an L x L reduced problem.
@@ -131,10 +135,11 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
 
 
 class _SpectralBase(Params):
-    def __init__(self, *, n_neighbors, sigma, perplexity, neighbors, n_landmarks, kz,
+    def __init__(self, *, n_neighbors, sigma, perplexity, neighbors, metric, n_landmarks, kz,
                  landmarks, random_state, backend):
         self.n_neighbors = n_neighbors
         self.neighbors = neighbors
+        self.metric = metric
         self.sigma = sigma
         self.perplexity = perplexity
         self.n_landmarks = n_landmarks
@@ -147,9 +152,11 @@ class _SpectralBase(Params):
         """(backend, X on the host), X checked before the parameters that depend on N."""
         check_choice(self.landmarks, "landmarks", LANDMARK_METHODS)
         check_choice(self.neighbors, "neighbors", tuple(SEARCHES))
+        check_choice(self.metric, "metric", METRICS)
         check_random_state(self.random_state)
         be = get_backend(self.backend)
-        return be, be.to_host(check_data(X, be, min_samples=3, sparse=True))
+        return be, be.to_host(metric_rows(be, check_data(X, be, min_samples=3, sparse=True),
+                                          self.metric))
 
     def _embed(self, be, X, d, drop_first=True, shared=None):
         """Embedding (N, d) exactly or by LLL; records landmarks_, Z_, landmark_embedding_.
@@ -185,8 +192,10 @@ class _SpectralBase(Params):
         """Out-of-sample: locally linear reconstruction from landmarks (LLL) or from
         the nearest training points (exact), applied to their embedding."""
         check_fitted(self, hasattr(self, "_X"), method)
-        X_new = check_data(X_new, get_backend("cpu"), name="X_new", min_samples=1, sparse=True)
+        cpu = get_backend("cpu")
+        X_new = check_data(X_new, cpu, name="X_new", min_samples=1, sparse=True)
         check_features(X_new, self)
+        X_new = metric_rows(cpu, X_new, self.metric, "X_new")
         if self.landmarks_ is None:
             kz = default_kz(embedding.shape[1])
             return reconstruction_weights(X_new, self._X, kz, backend=self.backend,
@@ -213,10 +222,10 @@ class LaplacianEigenmaps(_SpectralBase):
     """
 
     def __init__(self, n_components=2, *, n_neighbors, sigma=None, perplexity=None,
-                 neighbors="auto", n_landmarks=None, kz=None, landmarks="random",
-                 random_state=None, backend="auto"):
+                 neighbors="auto", metric="euclidean", n_landmarks=None, kz=None,
+                 landmarks="random", random_state=None, backend="auto"):
         super().__init__(n_neighbors=n_neighbors, sigma=sigma, perplexity=perplexity,
-                         neighbors=neighbors, n_landmarks=n_landmarks, kz=kz,
+                         neighbors=neighbors, metric=metric, n_landmarks=n_landmarks, kz=kz,
                          landmarks=landmarks, random_state=random_state, backend=backend)
         self.n_components = n_components
 
@@ -264,10 +273,10 @@ class SpectralClustering(_SpectralBase):
     """
 
     def __init__(self, n_clusters, *, n_neighbors, sigma=None, perplexity=None,
-                 neighbors="auto", n_landmarks=None, kz=None, landmarks="random", n_init=20,
-                 random_state=None, backend="auto"):
+                 neighbors="auto", metric="euclidean", n_landmarks=None, kz=None,
+                 landmarks="random", n_init=20, random_state=None, backend="auto"):
         super().__init__(n_neighbors=n_neighbors, sigma=sigma, perplexity=perplexity,
-                         neighbors=neighbors, n_landmarks=n_landmarks, kz=kz,
+                         neighbors=neighbors, metric=metric, n_landmarks=n_landmarks, kz=kz,
                          landmarks=landmarks, random_state=random_state, backend=backend)
         self.n_clusters = n_clusters
         self.n_init = n_init
