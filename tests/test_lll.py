@@ -502,7 +502,7 @@ def test_gpu_equals_cpu():
     from sklearn.metrics import adjusted_rand_score
 
     X, _ = ge.datasets.swiss_roll(1500, random_state=0)
-    for params in ({}, {"n_landmarks": 300}):
+    for params in ({}, {"n_landmarks": 300}, {"n_landmarks": 300, "z_neighbors": "graph"}):
         Y = [ge.LaplacianEigenmaps(2, n_neighbors=15, random_state=0, backend=b,
                                    **params).fit_transform(X) for b in ("cpu", "gpu")]
         assert procrustes_error(Y[0], Y[1]) < 1e-5
@@ -573,3 +573,71 @@ def test_landmark_functions_gpu_equal_cpu(digits):
         cpu, gpu = fn("cpu"), fn("gpu")
         assert isinstance(gpu, np.ndarray)
         assert procrustes_error(cpu, gpu) < 1e-8
+
+
+def test_graph_landmark_neighbours_against_brute_force(rng):
+    """z_neighbors="graph": each point's kz nearest of the landmarks within 2 hops
+    on the graph (reach from powers of the adjacency), ascending; rows with fewer
+    take the input-space search's kz nearest of all landmarks; a new point walks
+    from its seed."""
+    from gpuembed.spectral.lll import GRAPH_HOPS, graph_landmark_neighbours
+
+    n, kz = 300, 4
+    X = rng.standard_normal((n, 5))
+    graph = ge.spectral.affinity_graph(X, 4, sigma=1.0, backend="cpu")
+    landmarks = rng.choice(n, 80, replace=False)
+    adjacency = (graph != 0).astype(np.int64) + scipy.sparse.identity(n, dtype=np.int64)
+    reach = (adjacency ** GRAPH_HOPS).toarray() > 0
+    Q, seeds = X + 0.01 * rng.standard_normal(X.shape), rng.integers(n, size=n)
+    sqdist, nearest = graph_landmark_neighbours(Q, seeds, X, landmarks, graph, kz,
+                                                backend="cpu")
+    all_sq = ((Q[:, None, :] - X[landmarks][None]) ** 2).sum(axis=2)
+    n_short = 0
+    for r in range(n):
+        near = np.flatnonzero(reach[seeds[r], landmarks])
+        if near.size < kz:                       # the input-space search's
+            near, n_short = np.arange(len(landmarks)), n_short + 1
+        expected = near[np.argsort(all_sq[r, near], kind="stable")[:kz]]
+        np.testing.assert_array_equal(np.sort(nearest[r]), np.sort(expected))
+        np.testing.assert_allclose(sqdist[r], np.sort(all_sq[r, expected]), rtol=1e-12)
+    assert 0 < n_short < n / 2                    # both kinds of row were checked
+
+
+def test_graph_z(roll):
+    """z_neighbors="graph": every point a landmark gives the exact solution; the
+    error falls with more landmarks; training points map to their own rows, new
+    ones near them; fit_grid makes each graph's own Z and equals separate fits."""
+    X, _, exact = roll
+    small = X[:800]
+    lll = ge.LaplacianEigenmaps(2, n_neighbors=20, n_landmarks=800, kz=1,
+                                z_neighbors="graph", backend="cpu")
+    assert procrustes_error(ge.LaplacianEigenmaps(2, n_neighbors=20, backend="cpu")
+                            .fit_transform(small), lll.fit_transform(small)) < 1e-8
+    errors = [procrustes_error(exact, ge.LaplacianEigenmaps(
+        2, n_neighbors=20, n_landmarks=L, z_neighbors="graph", random_state=0,
+        backend="cpu").fit_transform(X)) for L in (100, 300, 1000)]
+    assert errors[0] > errors[1] > errors[2] and errors[1] < 0.10
+    model = ge.LaplacianEigenmaps(2, n_neighbors=20, n_landmarks=300, z_neighbors="graph",
+                                  random_state=0, backend="cpu").fit(X)
+    np.testing.assert_allclose(model.transform(X[:50]), model.embedding_[:50], rtol=1e-8,
+                               atol=1e-10)
+    moved = model.transform(X[:50] + 0.01)
+    spread = np.abs(model.embedding_).max()
+    assert np.abs(moved - model.embedding_[:50]).max() < 0.05 * spread
+    grid = {"sigma": [0.5, 2.0]}
+    estimator = ge.SpectralClustering(4, n_neighbors=10, n_landmarks=80, z_neighbors="graph",
+                                      random_state=0, backend="cpu")
+    points, _ = ge.datasets.gaussian_clusters(500, 4, 6, random_state=0)
+    for params, fitted in ge.spectral.fit_grid(estimator, points, grid):
+        alone = type(estimator)(**{**estimator.get_params(), **params}).fit(points)
+        np.testing.assert_array_equal(fitted.embedding_, alone.embedding_)
+
+
+def test_graph_z_bad_arguments():
+    X, _ = ge.datasets.gaussian_clusters(200, 3, 5, random_state=0)
+    with pytest.raises(ValueError, match="z_neighbors must be one of"):
+        ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=50, z_neighbors="knn").fit(X)
+    with pytest.raises(ValueError, match="z_neighbors='graph' computes distances between "
+                                         "dense rows"):
+        ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=50, z_neighbors="graph").fit(
+            scipy.sparse.csr_matrix(np.abs(X)))
