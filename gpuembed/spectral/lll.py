@@ -31,7 +31,7 @@ LANDMARKS_PER_VECTOR = 100  # this many landmarks per wanted vector, go to LOBPC
 LOBPCG_TOL, LOBPCG_MAXITER = 1e-8, 2000
 LOBPCG_CHECK = 1e-6     # largest residual norm accepted from LOBPCG, else dense eigh
 # Where each point's kz landmarks come from: "input", the nearest in the input
-# space (eqs 4.6-4.8); "graph", the nearest of those within GRAPH_HOPS hops on the
+# space (eqs 4.6-4.8); "graph", the nearest of those within 2 hops on the
 # affinity graph (and for a new point, of its nearest training point), so that
 # landmarks across a fold of the manifold are not taken (section 4.4 wants them
 # along it).  Fashion-MNIST 70k, 20-NN Gaussian graph, d = 10, random landmarks,
@@ -42,7 +42,6 @@ LOBPCG_CHECK = 1e-6     # largest residual norm accepted from LOBPCG, else dense
 # on to the input search: 1.22 s against 0.72 s), and 3 hops cost more than the
 # input search (4.0 s at 250 landmarks, 2.1 s at 1,000).
 Z_NEIGHBORS = ("input", "graph")
-GRAPH_HOPS = 2
 
 
 def default_kz(d):
@@ -157,7 +156,7 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
 def graph_landmark_neighbours(Q, seeds, X, landmarks, graph, kz, *, backend="auto"):
     """(sqdist, positions), each (M, kz) on the host: for each row of Q (M, D),
     its kz nearest of the landmarks (indices ``landmarks`` into the rows of X,
-    (N, D)) within GRAPH_HOPS hops of the point ``seeds[m]`` on ``graph`` (N x
+    (N, D)) within 2 hops of the point ``seeds[m]`` on ``graph`` (N x
     N, the affinity graph's pattern), ascending; a row with fewer landmarks that
     close takes the kz nearest of all (the input-space search, on ``backend``).
     X dense; Q made dense (new points, a few)."""
@@ -167,12 +166,14 @@ def graph_landmark_neighbours(Q, seeds, X, landmarks, graph, kz, *, backend="aut
         raise ValueError(f"the graph has shape {graph.shape}, X {n} points")
     position = np.full(n, -1, np.int64)
     position[landmarks] = np.arange(len(landmarks))
+    near = graph[:, landmarks].tocsr()          # each point's neighbouring landmarks
     landmark_rows = np.ascontiguousarray(X[landmarks])
     Q = np.ascontiguousarray(Q.toarray() if scipy.sparse.issparse(Q) else Q,
                              dtype=landmark_rows.dtype)
-    sqdist, nearest, found = graph_landmarks(graph.indptr, graph.indices, position, Q,
+    sqdist, nearest, found = graph_landmarks(graph.indptr, graph.indices, near.indptr,
+                                             near.indices, position, Q,
                                              np.asarray(seeds, dtype=np.int64), landmark_rows,
-                                             kz, GRAPH_HOPS)
+                                             kz)
     short = np.flatnonzero(found < kz)
     if short.size:
         be = get_backend(backend)
