@@ -59,9 +59,10 @@ z_neighbors : {"input", "graph"}, default "input"
     ("input", the dissertation's), or the nearest of those within 2 hops of it
     on the affinity graph ("graph", dense X; a new point takes those of its
     nearest training point), which keeps them along the manifold: on
-    Fashion-MNIST 70k with 2,000-3,000 landmarks a tenth less error in about
-    half the time, but with a few hundred landmarks (under ~2% of the points)
-    most points have too few that close and fall back to the input search.
+    Fashion-MNIST 70k with 2,000-4,000 landmarks (d = 10) a tenth less error in
+    a third of the time, but with a few hundred landmarks (under ~1% of the
+    points) most points have too few that close and fall back to the input
+    search.
 random_state : None, int, numpy Generator or RandomState
     Seeds the landmarks, the eigensolver's start and k-means.
 backend : {"auto", "cpu", "gpu"}, default "auto"

@@ -35,12 +35,14 @@ LOBPCG_CHECK = 1e-6     # largest residual norm accepted from LOBPCG, else dense
 # affinity graph (and for a new point, of its nearest training point), so that
 # landmarks across a fold of the manifold are not taken (section 4.4 wants them
 # along it).  Fashion-MNIST 70k, 20-NN Gaussian graph, d = 10, random landmarks,
-# Procrustes error against exact LE (2.15 s) and seconds of LLL (AMD EPYC, 2
-# cores): 1,000 landmarks input 0.159 in 1.56 s, graph 0.150 in 1.50 s; 2,000
-# 0.127 in 2.77 s, 0.107 in 1.40 s; 3,000 0.112 in 2.76 s, 0.098 in 1.60 s.  With
-# 250 landmarks few points have kz of them within 2 hops (67,295 of 70,000 went
-# on to the input search: 1.22 s against 0.72 s), and 3 hops cost more than the
-# input search (4.0 s at 250 landmarks, 2.1 s at 1,000).
+# Procrustes error against exact LE (2.09 s) and seconds of LLL (lll.json at
+# 3f11796, AMD EPYC, 2 cores): 1,000 landmarks input 0.159 in 1.59 s, graph 0.150
+# in 0.99 s; 2,000 0.127 in 2.87 s, 0.107 in 0.84 s; 3,000 0.112 in 2.97 s, 0.098
+# in 0.94 s; at d = 50 the graph's error is lower from 2,000 landmarks on (0.354
+# against 0.370) and higher at 1,000 (0.445 against 0.424).  With 250 landmarks
+# few points have kz of them within 2 hops (67,295 of 70,000 go on to the input
+# search: 0.85 s against 0.77 s, the same error), and a walk of 3 hops cost more
+# than the input search (4.0 s at 250 landmarks, 2.1 s at 1,000).
 Z_NEIGHBORS = ("input", "graph")
 
 
