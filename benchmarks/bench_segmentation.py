@@ -1,6 +1,8 @@
 """Image segmentation by spectral clustering (dissertation section 4.7, fig. 4.12):
 exact against Locally Linear Landmarks and the Nystrom extension.
 
+LLL takes each point's landmarks from the input space and, as "LLL (graph Z)",
+along the affinity graph (z_neighbors="graph").
 The pixels of a grey-level image (scikit-learn's bundled ``china.jpg``,
 downsampled) are points (row / SIGMA_XY, column / SIGMA_XY, intensity / SIGMA_I)
 on a Gaussian k-NN graph (width SIGMA) shared by exact and LLL (Nystrom builds its own
@@ -77,6 +79,8 @@ def run(step=3, K=6, landmarks=(100, 200, 500, 1000, 2000), backend="cpu", name=
     for L in landmarks:
         for method, embed in (
             ("LLL", lambda: lll_spectral(X, W, d, L, random_state=0, backend=be)[0]),
+            ("LLL (graph Z)", lambda: lll_spectral(X, W, d, L, random_state=0, backend=be,
+                                                   z_neighbors="graph")[0]),
             ("Nystrom", lambda: nystrom_le(X, d, n_landmarks=L, sigma=SIGMA,
                                            random_state=0, backend=be)),
         ):
