@@ -578,29 +578,35 @@ def test_landmark_functions_gpu_equal_cpu(digits):
 def test_graph_landmark_neighbours_against_brute_force(rng):
     """z_neighbors="graph": each point's kz nearest of the landmarks within 2 hops
     on the graph (reach from powers of the adjacency), ascending; rows with fewer
-    take the input-space search's kz nearest of all landmarks; a new point walks
-    from its seed."""
+    take those within 3 hops, and rows with fewer still the input-space search's
+    kz nearest of all landmarks; a new point walks from its seed."""
     from gpuembed.spectral.lll import graph_landmark_neighbours
 
-    n, kz = 300, 4
+    n, kz = 300, 5
     X = rng.standard_normal((n, 5))
+    X[-10:] += 100                          # a separate group that holds one landmark
     graph = ge.spectral.affinity_graph(X, 4, sigma=1.0, backend="cpu")
-    landmarks = rng.choice(n, 80, replace=False)
+    landmarks = np.append(rng.choice(n - 10, 79, replace=False), n - 5)
     adjacency = (graph != 0).astype(np.int64) + scipy.sparse.identity(n, dtype=np.int64)
-    reach = (adjacency @ adjacency).toarray() > 0
+    reach2 = (adjacency @ adjacency).toarray() > 0
+    reach3 = (adjacency @ adjacency @ adjacency).toarray() > 0
     Q, seeds = X + 0.01 * rng.standard_normal(X.shape), rng.integers(n, size=n)
     sqdist, nearest = graph_landmark_neighbours(Q, seeds, X, landmarks, graph, kz,
                                                 backend="cpu")
     all_sq = ((Q[:, None, :] - X[landmarks][None]) ** 2).sum(axis=2)
-    n_short = 0
+    kinds = np.zeros(3, dtype=int)          # rows by 2 hops, by 3, by the input search
     for r in range(n):
-        near = np.flatnonzero(reach[seeds[r], landmarks])
-        if near.size < kz:                       # the input-space search's
-            near, n_short = np.arange(len(landmarks)), n_short + 1
+        near = np.flatnonzero(reach2[seeds[r], landmarks])
+        kind = 0
+        if near.size < kz:
+            near, kind = np.flatnonzero(reach3[seeds[r], landmarks]), 1
+        if near.size < kz:
+            near, kind = np.arange(len(landmarks)), 2
+        kinds[kind] += 1
         expected = near[np.argsort(all_sq[r, near], kind="stable")[:kz]]
         np.testing.assert_array_equal(np.sort(nearest[r]), np.sort(expected))
         np.testing.assert_allclose(sqdist[r], np.sort(all_sq[r, expected]), rtol=1e-12)
-    assert 0 < n_short < n / 2                    # both kinds of row were checked
+    assert (kinds > 0).all(), kinds.tolist()  # every kind of row was checked
 
 
 def test_graph_z(roll):

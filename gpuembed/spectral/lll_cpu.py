@@ -1,8 +1,8 @@
 """Compiled search of each point's nearest landmarks along the affinity graph
 (spectral/lll.py, ``z_neighbors="graph"``).
 
-A point's candidates are the landmarks within 2 hops of a graph point (its own
-for a training point, its nearest training point for a new one); their
+A point's candidates are the landmarks within 2 or 3 hops of a graph point (its
+own for a training point, its nearest training point for a new one); their
 distances are computed for those pairs alone, and the kz nearest kept.  Rows
 are taken in blocks, each with its own marks of the landmarks met (one array of
 L entries per block, not per row).  On Fashion-MNIST 70k (a 20-NN graph, 32
@@ -21,16 +21,18 @@ BLOCK_ROWS = 256
 # Reassociation lets LLVM vectorize the sums of squares; no flag about infinities,
 # which the unset entries of ``sqdist`` hold.
 @njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
-def graph_landmarks(indptr, indices, near_ptr, near, position, Q, seeds, landmark_rows, kz):
+def graph_landmarks(indptr, indices, near_ptr, near, position, Q, seeds, landmark_rows, kz,
+                    hops):
     """(sqdist, idx, found): for each row r of Q (M, D) the ``kz`` nearest to it
-    of the landmarks within 2 hops of the graph point ``seeds[r]`` on the graph
+    of the landmarks within ``hops`` (2 or 3) hops of the graph point ``seeds[r]`` on the graph
     (indptr, indices) of N points; ``position``: each point's index among the
     landmarks (-1 for the others), whose coordinates are ``landmark_rows``;
     (near_ptr, near): each point's neighbouring landmarks (the graph's columns
     of the landmarks, CSR, N x L).  The seed, its neighbouring landmarks and
     theirs of each of its neighbours are the landmarks within 2 hops: a pass
     over the seed's row and its neighbours' short lists, not over the points 2
-    hops away (32 neighbours per point: about 1,000 of them).  Ascending, equal
+    hops away (32 neighbours per point: about 1,000 of them); within 3 hops, those
+    of its neighbours' neighbours too.  Ascending, equal
     distances in the order they were met; ``found[r]``: how many of row r's kz
     entries are set (fewer where fewer landmarks lie that close)."""
     m_rows, d = Q.shape
@@ -57,6 +59,15 @@ def graph_landmarks(indptr, indices, near_ptr, near, position, Q, seeds, landmar
                         seen[lm] = r
                         met[count] = lm
                         count += 1
+                if hops == 3 and v != i:
+                    for e2 in range(indptr[v], indptr[v + 1]):
+                        u = indices[e2]
+                        for f in range(near_ptr[u], near_ptr[u + 1]):
+                            lm = near[f]
+                            if seen[lm] != r:
+                                seen[lm] = r
+                                met[count] = lm
+                                count += 1
             m = 0
             for c in range(count):
                 lm = met[c]
