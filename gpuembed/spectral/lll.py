@@ -36,14 +36,14 @@ LOBPCG_CHECK = 1e-6     # largest residual norm accepted from LOBPCG, else dense
 # training point), so that
 # landmarks across a fold of the manifold are not taken (section 4.4 wants them
 # along it).  Fashion-MNIST 70k, 20-NN Gaussian graph, d = 10, random landmarks,
-# Procrustes error against exact LE (2.09 s) and seconds of LLL (lll.json at
-# 3f11796, AMD EPYC, 2 cores): 1,000 landmarks input 0.159 in 1.59 s, graph 0.150
-# in 0.99 s; 2,000 0.127 in 2.87 s, 0.107 in 0.84 s; 3,000 0.112 in 2.97 s, 0.098
-# in 0.94 s; at d = 50 the graph's error is lower from 2,000 landmarks on (0.354
-# against 0.370) and higher at 1,000 (0.445 against 0.424).  With 250 landmarks
-# few points have kz of them within 2 hops (67,295 of 70,000 go on to the input
-# search: 0.85 s against 0.77 s, the same error), and a walk of 3 hops cost more
-# than the input search (4.0 s at 250 landmarks, 2.1 s at 1,000).
+# Procrustes error against exact LE (1.97 s) and seconds of LLL (lll.json at
+# be52b92, AMD EPYC, 2 cores), input / graph: 250 landmarks 0.234 in 0.73 s /
+# 0.218 in 0.67 s; 1,000 0.159 in 1.54 s / 0.141 in 0.60 s; 2,000 0.127 in 2.84
+# s / 0.106 in 0.69 s; 3,000 0.112 in 2.92 s / 0.098 in 0.87 s; at d = 50 the
+# graph's error is lower at every number too (1,000: 0.419 against 0.424).  With
+# 250 landmarks 67,295 of 70,000 points have fewer than kz within 2 hops; 3 hops
+# read through each point's list of neighbouring landmarks cost little, where a
+# breadth-first walk over the points took 4.0 s.
 Z_NEIGHBORS = ("input", "graph")
 
 
