@@ -49,6 +49,7 @@ def _embed_le(X, n_components, backend, args):
     model = LaplacianEigenmaps(n_components, n_neighbors=math.ceil(3 * perplexity),
                                perplexity=perplexity, neighbors=args.neighbors,
                                metric=args.metric, n_landmarks=args.n_landmarks,
+                               z_neighbors=args.z_neighbors or "input",
                                random_state=args.random_state, backend=backend)
     return model.fit_transform(X)
 
@@ -81,6 +82,8 @@ METHODS = {"tsne": _estimator(TSNE), "ee": _estimator(EE), "ssne": _estimator(SS
 def _run_method(X, n_components, backend, args):
     if args.n_landmarks is not None and args.method != "le":
         raise ValueError("--n-landmarks applies to --method le (Locally Linear Landmarks) only")
+    if args.z_neighbors is not None and args.n_landmarks is None:
+        raise ValueError("--z-neighbors applies to --method le with --n-landmarks only")
     if args.neighbors == "approx" and args.method == "msne":
         raise ValueError("--neighbors approx does not apply to --method msne (its scales reach "
                          "thousands of neighbours per point)")
@@ -321,6 +324,9 @@ def _method_options(parser):
                              "1e-7)")
     parser.add_argument("--n-landmarks", type=int,
                         help="le: solve by Locally Linear Landmarks with this many landmarks")
+    parser.add_argument("--z-neighbors", choices=("input", "graph"),
+                        help="le with --n-landmarks: each point's landmarks the nearest in the "
+                             "input space (default) or along the affinity graph")
     parser.add_argument("--neighbors", choices=("auto", "exact", "approx"), default="auto",
                         help="k-NN search of the affinities (approx: k-means lists, 2x faster "
                              "at 20,000 points, 4.5x at 70,000, more beyond, some neighbours "

@@ -82,6 +82,16 @@ def test_embed_file(tmp_path):
         2, n_neighbors=30, perplexity=10.0, n_landmarks=40, random_state=3,
         backend="cpu").fit_transform(X))
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
+                  "--backend", "cpu", "--method", "le", "--perplexity", "10",
+                  "--n-landmarks", "40", "--random-state", "3", "--z-neighbors", "graph")
+    assert out.returncode == 0, out.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "y_out.npy"), ge.LaplacianEigenmaps(
+        2, n_neighbors=30, perplexity=10.0, n_landmarks=40, random_state=3,
+        z_neighbors="graph", backend="cpu").fit_transform(X))
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
+                  "--backend", "cpu", "--method", "le", "--z-neighbors", "graph")
+    assert out.returncode == 1 and "--z-neighbors applies to" in out.stderr
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
                   "--backend", "cpu", "--method", "tsne", "--n-landmarks", "40")
     assert out.returncode == 1 and "--n-landmarks applies to --method le" in out.stderr
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
