@@ -187,6 +187,7 @@ class _SpectralBase(Params):
                            neighbors=neighbors or self.neighbors, backend=be)
         self._X = X
         self._queries = QuerySearch(X, self.neighbors, be)
+        self._graph = W if self._graph_z() else None     # for transform's landmarks
         self.n_features_in_ = X.shape[1]
         if self.n_landmarks is None:
             self.landmarks_ = self.Z_ = None
@@ -196,7 +197,6 @@ class _SpectralBase(Params):
         Y, self.landmarks_, self.Z_, self.landmark_embedding_, self._kz = lll_spectral(
             X, W, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, drop_first, be,
             basis, self.z_neighbors)
-        self._graph = W if self._graph_z() else None
         return Y
 
     def fit(self, X, y=None):
