@@ -34,8 +34,9 @@ LOBPCG_CHECK = 1e-6     # largest residual norm accepted from LOBPCG, else dense
 # space (eqs 4.6-4.8); "graph", the nearest of those within 2 hops on the
 # affinity graph (3 where fewer lie that close; for a new point, from its nearest
 # training point), so that landmarks across a fold of the manifold are not taken
-# (section 4.4 wants them along it).  Fashion-MNIST 70k, 20-NN Gaussian graph, d = 10, random landmarks,
-# Procrustes error against exact LE (1.97 s) and seconds of LLL (lll.json at
+# (section 4.4 wants them along it).  Fashion-MNIST 70k, 20-NN Gaussian graph,
+# d = 10, random landmarks, Procrustes error against exact LE (1.97 s) and
+# seconds of LLL (lll.json at
 # be52b92, AMD EPYC, 2 cores), input / graph: 250 landmarks 0.234 in 0.73 s /
 # 0.218 in 0.67 s; 1,000 0.159 in 1.54 s / 0.141 in 0.60 s; 2,000 0.127 in 2.84
 # s / 0.106 in 0.69 s; 3,000 0.112 in 2.92 s / 0.098 in 0.87 s; at d = 50 the
