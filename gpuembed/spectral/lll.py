@@ -30,19 +30,18 @@ DENSE_MAX_L = 1500      # reduced problems above this size, with at least
 LANDMARKS_PER_VECTOR = 100  # this many landmarks per wanted vector, go to LOBPCG
 LOBPCG_TOL, LOBPCG_MAXITER = 1e-8, 2000
 LOBPCG_CHECK = 1e-6     # largest residual norm accepted from LOBPCG, else dense eigh
-# Where each point's kz landmarks come from: "input", the nearest in the input
-# space (eqs 4.6-4.8); "graph", the nearest of those within 2 hops on the
-# affinity graph (3 where fewer lie that close; for a new point, from its nearest
-# training point), so that landmarks across a fold of the manifold are not taken
-# (section 4.4 wants them along it).  Fashion-MNIST 70k, 20-NN Gaussian graph,
-# d = 10, random landmarks, Procrustes error against exact LE (1.97 s) and
-# seconds of LLL (lll.json at
-# be52b92, AMD EPYC, 2 cores), input / graph: 250 landmarks 0.234 in 0.73 s /
-# 0.218 in 0.67 s; 1,000 0.159 in 1.54 s / 0.141 in 0.60 s; 2,000 0.127 in 2.84
-# s / 0.106 in 0.69 s; 3,000 0.112 in 2.92 s / 0.098 in 0.87 s; at d = 50 the
-# graph's error is lower at every number too (1,000: 0.419 against 0.424).  With
-# 250 landmarks 67,295 of 70,000 points have fewer than kz within 2 hops; 3 hops
-# read through each point's list of neighbouring landmarks cost little, where a
+# Where each point's kz landmarks come from: "input", the nearest in the input space
+# (eqs 4.6-4.8); "graph", the nearest of those within 2 hops on the affinity graph
+# (3 where fewer lie that close; for a new point, from its nearest training point),
+# so that landmarks across a fold of the manifold are not taken (section 4.4 wants
+# them along it).  Fashion-MNIST 70k, 20-NN Gaussian graph, d = 10, random
+# landmarks, Procrustes error against exact LE (1.97 s) and seconds of LLL (lll.json
+# at be52b92, AMD EPYC, 2 cores), input / graph: 250 landmarks 0.234 in 0.73 s /
+# 0.218 in 0.67 s; 1,000 0.159 in 1.54 s / 0.141 in 0.60 s; 2,000 0.127 in 2.84 s /
+# 0.106 in 0.69 s; 3,000 0.112 in 2.92 s / 0.098 in 0.87 s; at d = 50 the graph's
+# error is lower at every number too (1,000: 0.419 against 0.424).  With 250
+# landmarks 67,295 of 70,000 points have fewer than kz within 2 hops; 3 hops read
+# through each point's list of neighbouring landmarks cost little, where a
 # breadth-first walk over the points took 4.0 s.
 Z_NEIGHBORS = ("input", "graph")
 
