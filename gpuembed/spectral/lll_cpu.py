@@ -53,21 +53,10 @@ def graph_landmarks(indptr, indices, near_ptr, near, position, Q, seeds, landmar
                 count = 1
             for e in range(indptr[i], indptr[i + 1] + 1):
                 v = i if e == indptr[i + 1] else indices[e]     # the neighbours, then i
-                for f in range(near_ptr[v], near_ptr[v + 1]):
-                    lm = near[f]
-                    if seen[lm] != r:
-                        seen[lm] = r
-                        met[count] = lm
-                        count += 1
+                count = _meet(near_ptr, near, v, r, seen, met, count)
                 if hops == 3 and v != i:
                     for e2 in range(indptr[v], indptr[v + 1]):
-                        u = indices[e2]
-                        for f in range(near_ptr[u], near_ptr[u + 1]):
-                            lm = near[f]
-                            if seen[lm] != r:
-                                seen[lm] = r
-                                met[count] = lm
-                                count += 1
+                        count = _meet(near_ptr, near, indices[e2], r, seen, met, count)
             m = 0
             for c in range(count):
                 lm = met[c]
@@ -85,3 +74,16 @@ def graph_landmarks(indptr, indices, near_ptr, near, position, Q, seeds, landmar
                 m = min(m + 1, kz)
             found[r] = m
     return sqdist, idx, found
+
+
+@njit(inline="always", cache=True)
+def _meet(near_ptr, near, v, r, seen, met, count):
+    """Appends point v's neighbouring landmarks that row r has not met to ``met``
+    (its first ``count`` entries set); returns the new count."""
+    for f in range(near_ptr[v], near_ptr[v + 1]):
+        lm = near[f]
+        if seen[lm] != r:
+            seen[lm] = r
+            met[count] = lm
+            count += 1
+    return count
