@@ -246,9 +246,10 @@ class _Embedding(Params):
             n = _given_matrix(self.affinities).shape[0]
             if n < 4:
                 raise ValueError(f"affinities need at least 4 points, got {n}")
-            if self._metric() != "euclidean":
-                raise ValueError(f"metric={self._metric()!r} applies to the data X, and "
-                                 f"fit(None) embeds the given affinities alone")
+            metric = self._metric()
+            if metric != "euclidean":
+                raise ValueError(f"metric={metric!r} applies to the data X, and fit(None) "
+                                 f"embeds the given affinities alone")
         elif X is None:
             raise ValueError("X is required, unless affinities are given (then fit(None) "
                              "embeds them alone)")
@@ -336,6 +337,7 @@ class _Embedding(Params):
         return {}
 
     def _metric(self):
+        """The ``metric`` method parameter, checked (fit reads it before the others)."""
         return check_choice(self._method_params.get("metric") or "euclidean", "metric", METRICS)
 
     def _check_method_params(self):
@@ -344,7 +346,6 @@ class _Embedding(Params):
         checks = {
             "step_size": lambda v: check_float(v, "step_size", 0.0, low_open=True),
             "neighbors": lambda v: check_choice(v, "neighbors", tuple(SEARCHES)),
-            "metric": lambda v: check_choice(v, "metric", METRICS),
             "kappa": lambda v: check_int(v, "kappa", 1),
             "sd_solver": lambda v: check_choice(v, "sd_solver", Spectral.SOLVERS),
             "sd_refresh": check_refresh,
