@@ -122,9 +122,14 @@ class PairSet:
 
     def entropy_term(self):
         """sum p log p (the constant part of KL(P || Q)), by NumPy's pairwise sum:
-        OpenBLAS's dot product gave other last bits on 1 and 2 threads."""
+        OpenBLAS's dot product gave other last bits on 1 and 2 threads.  In place in
+        one temporary: each fresh array of multi-scale SNE's 15M pairs (Fashion-MNIST
+        10k) took up to 0.27 s of page faults on the 2-core VM, 0.56 s per stage."""
         xp = self.be.xp
-        return float((self.p * xp.log(xp.where(self.p > 0, self.p, 1.0))).sum())
+        terms = xp.where(self.p > 0, self.p, 1.0)
+        xp.log(terms, out=terms)
+        terms *= self.p
+        return float(terms.sum())
 
 
 class Objective:
