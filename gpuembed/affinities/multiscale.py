@@ -85,9 +85,9 @@ def mean_on_pattern(be, matrices):
     data = first.data.copy()
     for M in matrices[1:]:
         data += M.data
+    data /= len(matrices)           # in place: a fresh array of the pairs costs page faults
     sparse = scipy.sparse if scipy.sparse.issparse(first) else be.sparse
-    return sparse.csr_matrix((data / len(matrices), first.indices, first.indptr),
-                             shape=first.shape)
+    return sparse.csr_matrix((data, first.indices, first.indptr), shape=first.shape)
 
 
 def _default_neighbors(n, largest_perplexity):
