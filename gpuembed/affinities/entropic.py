@@ -218,11 +218,15 @@ def _start(xp, sources, scale_free, log_scale, lo, hi, order):
 
 
 def _row_weights(xp, shifted, beta):
-    """Rows of p(m|n); beta = +inf rows are uniform over their zero-distance neighbours."""
+    """Rows of p(m|n); beta = +inf rows are uniform over their zero-distance neighbours.
+    In place in one array of shifted's size: each fresh one of multi-scale SNE's 15M
+    neighbours (Fashion-MNIST 10k) took up to 0.27 s of page faults on the 2-core VM."""
     with np.errstate(invalid="ignore"):
-        w = xp.exp(-beta[:, None] * shifted)
-    w = xp.where(xp.isnan(w), 1.0, w)        # inf * 0: the tied neighbours of saturated rows
-    return w / w.sum(axis=1, keepdims=True)
+        w = xp.multiply(-beta[:, None], shifted)
+        xp.exp(w, out=w)
+    w[xp.isnan(w)] = 1.0                    # inf * 0: the tied neighbours of saturated rows
+    w /= w.sum(axis=1, keepdims=True)
+    return w
 
 
 def _neighbors(X, neighbors, perplexity, n_neighbors, be, metric):
