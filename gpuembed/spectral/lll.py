@@ -261,8 +261,7 @@ def trailing_generalized(A, B, d, skip=0):
         warnings.simplefilter("ignore", UserWarning)    # non-convergence: checked below
         vals, vecs = scipy.sparse.linalg.lobpcg(
             _on_all_cores(A), X0, B=_on_all_cores(B), M=scipy.sparse.diags(1.0 / B.diagonal()),
-            largest=False,
-            tol=LOBPCG_TOL, maxiter=LOBPCG_MAXITER)
+            largest=False, tol=LOBPCG_TOL, maxiter=LOBPCG_MAXITER)
     order = np.argsort(vals)
     vals, vecs = vals[order], vecs[:, order]
     residual = np.linalg.norm(A @ vecs - (B @ vecs) * vals, axis=0).max()
