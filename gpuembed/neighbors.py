@@ -44,7 +44,7 @@ import numpy as np
 import scipy.sparse
 
 from ._checks import check_choice, check_data, check_int
-from ._sparse import gram, is_sparse, product, row_sqnorms, same_kind, transposed
+from ._sparse import BlockProducts, is_sparse, row_sqnorms, same_kind, transposed
 from .backend import get_backend
 
 __all__ = ["knn", "knn_query"]
@@ -222,20 +222,21 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, poin
     select = _select_gpu if be.is_gpu else _select_cpu
     values = xp.empty((m, n_cand), dtype=X.dtype)
     cand = xp.empty((m, n_cand), dtype=xp.int64)
-    for start in range(0, m, rows):
-        stop = min(m, start + rows)
-        if Qc is None:
-            block = xp.subtract(Q[start:stop], mean, out=centred[:stop - start])
-            if not exclude_self:
-                sq_q[start:stop] = row_sqnorms(xp, block)
-        else:
-            block = Qc[start:stop]
-        # D[i, j] + |y_j|^2 = |y_j|^2 - 2 x_i.y_j ranks j like the distance does.
-        skip = inv_perm[start:stop] if exclude_self else xp.full(stop - start, -1, xp.int64)
-        if points is not None:      # the block is the search's own (centred) copy
-            block *= -2
-        values[start:stop], cand[start:stop] = select(be, product(block, right), sq, skip,
-                                                      n_cand)
+    with BlockProducts(be) as products:
+        for start in range(0, m, rows):
+            stop = min(m, start + rows)
+            if Qc is None:
+                block = xp.subtract(Q[start:stop], mean, out=centred[:stop - start])
+                if not exclude_self:
+                    sq_q[start:stop] = row_sqnorms(xp, block)
+            else:
+                block = Qc[start:stop]
+            # D[i, j] + |y_j|^2 = |y_j|^2 - 2 x_i.y_j ranks j like the distance does.
+            skip = inv_perm[start:stop] if exclude_self else xp.full(stop - start, -1, xp.int64)
+            if points is not None:      # the block is the search's own (centred) copy
+                block *= -2
+            values[start:stop], cand[start:stop] = select(be, products(block, right), sq, skip,
+                                                          n_cand)
     if Qc is None and not exclude_self:
         _check_spread(xp, X.dtype, [sq_q])
     values += sq_q[:, None]
@@ -367,9 +368,10 @@ def _self_knn_cpu(X, Yp, sq, sq_x, perm, inv_perm, k, n_cand, block_bytes):
     values = np.full((n, n_cand), np.inf, dtype=X.dtype)
     cand = np.full((n, n_cand), -1, dtype=np.int64)
     rows = _block_rows(n, n, X, block_bytes)
-    for start in range(0, n, rows):
-        strip = gram(Yp[start:start + rows], Yp[start:])
-        offer_strip(strip, sq, start, values, cand)
+    with BlockProducts(get_backend("cpu")) as products:
+        for start in range(0, n, rows):
+            offer_strip(products(Yp[start:start + rows], transposed(Yp[start:])), sq, start,
+                        values, cand)
     # Back to the caller's order: row r is Yp's row inv_perm[r].
     return _finish_all(np, X, X, values[inv_perm], sq_x, sq, perm, cand[inv_perm], k,
                        block_bytes)
