@@ -163,3 +163,45 @@ def test_minimize_runs_blas_on_one_thread(rng):
             callbacks=[lambda *args: seen.append(blas_threads())]).fit(X)
     assert seen and all(threads == [1] * len(before) for threads in seen)
     assert blas_threads() == before
+
+
+def test_block_products_split_rows_on_single_threaded_blas(rng, monkeypatch):
+    """The k-NN's block products (_sparse.BlockProducts): on the CPU, A @ B.T by
+    row chunks on numba's threads with BLAS held at one thread inside the context
+    and given back after; sparse operands and one thread take _sparse.product."""
+    import numba
+    import scipy.sparse
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    from gpuembed import _sparse
+
+    if numba.get_num_threads() < 2:
+        pytest.skip("needs 2 of numba's threads")
+
+    def blas_threads():
+        return [p["num_threads"] for p in threadpoolctl.threadpool_info()
+                if p["user_api"] == "blas"]
+
+    before = blas_threads()
+    A, B = rng.standard_normal((37, 20)), rng.standard_normal((50, 20))
+    calls = []
+    product = _sparse.product
+    monkeypatch.setattr(_sparse, "product", lambda *a: calls.append(1) or product(*a))
+    with _sparse.BlockProducts(ge.get_backend("cpu")) as products:
+        inside = blas_threads()
+        P = products(A, B.T)
+        assert not calls
+        S = products(scipy.sparse.csr_matrix(A), _sparse.transposed(scipy.sparse.csr_matrix(B)))
+        assert calls == [1]
+    assert inside == [1] * len(before) and blas_threads() == before
+    np.testing.assert_allclose(P, A @ B.T, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(S, A @ B.T, rtol=1e-12, atol=1e-12)
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        with _sparse.BlockProducts(ge.get_backend("cpu")) as products:
+            assert blas_threads() == before
+            np.testing.assert_allclose(products(A, B.T), A @ B.T, rtol=1e-12, atol=1e-12)
+    finally:
+        numba.set_num_threads(threads)
+    assert calls == [1, 1]
