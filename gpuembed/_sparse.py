@@ -105,9 +105,16 @@ class BlockProducts:
         out = np.empty((A.shape[0], Bt.shape[1]), dtype=np.result_type(A, Bt))
         bounds = np.linspace(0, A.shape[0], self.threads + 1).astype(np.int64)
         spans = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-        list(self._pool.map(lambda s: np.matmul(A[s[0]:s[1]], Bt, out=out[s[0]:s[1]]),
-                            spans))
+        self.each(lambda s: np.matmul(A[s[0]:s[1]], Bt, out=out[s[0]:s[1]]), spans)
         return out
+
+    def each(self, fn, items):
+        """fn(item) for every item, on the threads (in order with one)."""
+        if self.threads == 1:
+            for item in items:
+                fn(item)
+        else:
+            list(self._pool.map(fn, items))
 
 
 def gram(A, B):

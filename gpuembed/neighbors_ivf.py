@@ -49,7 +49,7 @@ import math
 import numpy as np
 
 from ._checks import check_data, check_float, check_int, make_rng
-from ._sparse import is_sparse, row_sqnorms
+from ._sparse import BlockProducts, is_sparse, row_sqnorms
 from .backend import get_backend
 from .neighbors import (CANDIDATE_MARGIN, DEFAULT_BLOCK_BYTES, TREE_MAX_DIM, _finish_all,
                         _knn, _select_cpu, _select_gpu, knn, knn_query, metric_rows)
@@ -280,43 +280,45 @@ class ListIndex:
                            PROBE_GEMM_ROWS * len(self.filled) // int(n_probed.mean())))
         # One buffer for all chunks: fresh pages for each took a quarter of the time.
         buffer = xp.empty(min(chunk, Q.shape[0]) * width, dtype=X.dtype)
-        for first in range(0, Q.shape[0], chunk):
-            rows = slice(first, min(Q.shape[0], first + chunk))
-            Qc = Q[rows]
-            minus2 = Qc - self.mean
-            sq_q = row_sqnorms(xp, minus2)
-            minus2 *= -2                            # exact: the products are as if unscaled
-            n_rows = Qc.shape[0]
-            dist = buffer[:n_rows * width]
-            dist.fill(xp.inf)                       # inf: no candidate there
-            slots = dist.reshape(n_rows, -1, slot_width)
-            probed = n_probed[rows]
-            query = np.repeat(np.arange(n_rows), probed)
-            slot = np.arange(query.size) - np.repeat(np.cumsum(probed) - probed, probed)
-            lists = ranked[rows][query, slot]
-            by_list = np.argsort(lists, kind="stable")
-            bounds = np.concatenate([[0], np.cumsum(np.bincount(lists, minlength=len(sizes)))])
-            for p in np.flatnonzero(np.diff(bounds)):
-                pairs = by_list[bounds[p]:bounds[p + 1]]
-                s = slice(starts[p], starts[p + 1])
-                q = be.asarray(query[pairs])
-                slots[q, be.asarray(slot[pairs]), :sizes[p]] = (minus2[q] @ self.rows[s].T
-                                                                + self.sq[s])
-            if exclude_self:                        # each point left out of its own list
-                own = np.arange(rows.start, rows.stop)
-                slot_own = np.argmax(ranked[rows] == self.lists[own][:, None], axis=1)
-                column = slot_own * slot_width + where[own] - starts[self.lists[own]]
-                dist[be.asarray(np.arange(n_rows) * width + column)] = xp.inf
-            values, best = select(be, dist.reshape(n_rows, width), xp.zeros(width, X.dtype),
-                                  xp.full(n_rows, -1, dtype=xp.int64), m)
-            values += sq_q[:, None]
-            best_list = xp.take_along_axis(be.asarray(ranked[rows]), best // slot_width, axis=1)
-            # A column past its list's end is never among the k best (inf), but
-            # must still name a point.
-            cand = xp.minimum(starts_dev[best_list] + best % slot_width, X.shape[0] - 1)
-            sqdist[rows], indices[rows] = _finish_all(xp, Qc, X, values, sq_q, self.sq,
-                                                      order_dev, cand, k,
-                                                      DEFAULT_BLOCK_BYTES[be.name])
+        with BlockProducts(be) as products:
+            for first in range(0, Q.shape[0], chunk):
+                rows = slice(first, min(Q.shape[0], first + chunk))
+                Qc = Q[rows]
+                minus2 = Qc - self.mean
+                sq_q = row_sqnorms(xp, minus2)
+                minus2 *= -2                            # exact: the products are as if unscaled
+                n_rows = Qc.shape[0]
+                dist = buffer[:n_rows * width]
+                dist.fill(xp.inf)                       # inf: no candidate there
+                slots = dist.reshape(n_rows, -1, slot_width)
+                probed = n_probed[rows]
+                query = np.repeat(np.arange(n_rows), probed)
+                slot = np.arange(query.size) - np.repeat(np.cumsum(probed) - probed, probed)
+                lists = ranked[rows][query, slot]
+                by_list = np.argsort(lists, kind="stable")
+                bounds = np.concatenate([[0], np.cumsum(np.bincount(lists, minlength=len(sizes)))])
+                def fill(p):
+                    pairs = by_list[bounds[p]:bounds[p + 1]]
+                    s = slice(starts[p], starts[p + 1])
+                    q = be.asarray(query[pairs])
+                    slots[q, be.asarray(slot[pairs]), :sizes[p]] = (minus2[q] @ self.rows[s].T
+                                                                    + self.sq[s])
+                products.each(fill, np.flatnonzero(np.diff(bounds)))
+                if exclude_self:                        # each point left out of its own list
+                    own = np.arange(rows.start, rows.stop)
+                    slot_own = np.argmax(ranked[rows] == self.lists[own][:, None], axis=1)
+                    column = slot_own * slot_width + where[own] - starts[self.lists[own]]
+                    dist[be.asarray(np.arange(n_rows) * width + column)] = xp.inf
+                values, best = select(be, dist.reshape(n_rows, width), xp.zeros(width, X.dtype),
+                                      xp.full(n_rows, -1, dtype=xp.int64), m)
+                values += sq_q[:, None]
+                best_list = xp.take_along_axis(be.asarray(ranked[rows]), best // slot_width, axis=1)
+                # A column past its list's end is never among the k best (inf), but
+                # must still name a point.
+                cand = xp.minimum(starts_dev[best_list] + best % slot_width, X.shape[0] - 1)
+                sqdist[rows], indices[rows] = _finish_all(xp, Qc, X, values, sq_q, self.sq,
+                                                          order_dev, cand, k,
+                                                          DEFAULT_BLOCK_BYTES[be.name])
         return sqdist, indices
 
     def _recall_by_probes(self, true, ranked, held):
