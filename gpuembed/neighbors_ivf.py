@@ -297,6 +297,8 @@ class ListIndex:
                 lists = ranked[rows][query, slot]
                 by_list = np.argsort(lists, kind="stable")
                 bounds = np.concatenate([[0], np.cumsum(np.bincount(lists, minlength=len(sizes)))])
+                # One GEMM per list, the lists on the threads: a list's queries fill
+                # their own slots, which no other list's write.
                 def fill(p):
                     pairs = by_list[bounds[p]:bounds[p + 1]]
                     s = slice(starts[p], starts[p + 1])
