@@ -85,21 +85,22 @@ class BlockProducts:
     def __init__(self, backend):
         import numba
 
+        self.backend = backend
         self.threads = 1 if backend.is_gpu else numba.get_num_threads()
 
     def __enter__(self):
         if self.threads > 1:
             from concurrent.futures import ThreadPoolExecutor
-            from threadpoolctl import threadpool_limits
 
-            self._limits = threadpool_limits(1, user_api="blas")
+            self._serial = self.backend.serial_blas()
+            self._serial.__enter__()
             self._pool = ThreadPoolExecutor(self.threads)
         return self
 
     def __exit__(self, *exc):
         if self.threads > 1:
             self._pool.shutdown()
-            self._limits.restore_original_limits()
+            self._serial.__exit__(*exc)
 
     def __call__(self, A, Bt):
         """A @ B.T as a dense array from Bt = transposed(B), as :func:`product`."""
