@@ -621,10 +621,10 @@ def test_multiscale_sne_bad_arguments(kwargs, match):
 
 
 def test_fused_sweep_gives_the_same_bits_compiled_or_loaded_from_the_cache(tmp_path):
-    """msne_cpu.fused_exact (and out_of_sample_rows, transform's) is cached on disk;
-    compiled in a process or loaded from numba's cache it must sum in one order (with
-    fastmath's reassociation the two differed in the last bits, so a first run would
-    not have repeated later)."""
+    """msne_cpu.fused_exact, edge_terms (the FGT path's) and out_of_sample_rows
+    (transform's) are cached on disk; compiled in a process or loaded from numba's
+    cache they must give the same bits (with fastmath's reassociation the two once
+    differed in the last bits, so a first run would not have repeated later)."""
     import os
     import subprocess
     import sys
@@ -632,7 +632,8 @@ def test_fused_sweep_gives_the_same_bits_compiled_or_loaded_from_the_cache(tmp_p
     script = """
 import hashlib, json, numpy as np, scipy.sparse
 from numba import get_num_threads
-from gpuembed.objectives.msne_cpu import fused_exact, out_of_sample_rows, squaring_plan
+from gpuembed.objectives.msne_cpu import (edge_terms, fused_exact, out_of_sample_rows,
+                                          squaring_plan)
 rng = np.random.default_rng(0)
 n, H, d = 300, 4, 2
 half_p = np.array([30.0, 7.5, 1.875, 0.5])        # chained (factors of 4), then an exp
@@ -645,6 +646,11 @@ T, longest = get_num_threads(), int(np.diff(P.indptr).max())
 grad = np.empty((n, d))
 out = fused_exact(P.indptr, P.indices, XT, P.data, half_p, plan, sq.min(axis=1), True, 0.3,
                   np.empty((T, H, n)), np.empty((T, 2, n)), np.empty((T, H + 4, longest)), grad)
+m = half_p[:, None] * sq.min(axis=1)                # the rows' shifts, chained as in a fit
+edge_plan = squaring_plan(half_p, m)
+rs, edge_grad = np.empty((H, n)), np.empty((n, d))
+edge_out = edge_terms(P.indptr, P.indices, XT, P.data, half_p, edge_plan, m,
+                      rng.random((H, n)) + 1.0, True, 0.3, rs, edge_grad)
 M, k = 40, 30
 X, Y = rng.standard_normal((M, d)), XT.T.copy()
 idx = np.stack([rng.choice(n, k, replace=False) for _ in range(M)])
@@ -652,9 +658,10 @@ W = rng.random((M, k)); W /= W.sum(axis=1, keepdims=True)
 rows = [np.empty(M), np.empty(M), np.empty((M, d)), np.empty(M)]
 out_of_sample_rows(X, Y, idx, W, half_p, plan, np.zeros(M), np.full((H, M), 7.0),
                    rng.standard_normal((H, M, d)), True, 0.3, True, *rows, np.empty((T, H + 3, k)))
-digest = hashlib.sha1(grad.tobytes() + np.array(out).tobytes()
-                      + b"".join(a.tobytes() for a in rows)).hexdigest()
-hits = sum(f.stats.cache_hits.get(f.signatures[0], 0) for f in (fused_exact, out_of_sample_rows))
+digest = hashlib.sha1(b"".join(np.asarray(a).tobytes() for a in
+                              (grad, out, rs, edge_grad, edge_out, *rows))).hexdigest()
+hits = sum(f.stats.cache_hits.get(f.signatures[0], 0)
+           for f in (fused_exact, edge_terms, out_of_sample_rows))
 print(json.dumps({"hits": hits, "digest": digest}))
 """
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
@@ -663,5 +670,5 @@ print(json.dumps({"hits": hits, "digest": digest}))
     for run in runs:
         assert run.returncode == 0, run.stderr
     first, second = (json.loads(run.stdout.strip().splitlines()[-1]) for run in runs)
-    assert (first["hits"], second["hits"]) == (0, 2)
+    assert (first["hits"], second["hits"]) == (0, 3)
     assert first["digest"] == second["digest"]

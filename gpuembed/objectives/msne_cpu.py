@@ -38,8 +38,9 @@ TINY = np.finfo(np.float64).tiny
 # numba 0.68 the reassociated sweep gives the same bits either way, as the
 # exact N-body loop does (nbody/exact_cpu.py), but it ran slower: 30
 # iterations on Fashion-MNIST 3k 16.6-18.2 s against 11.9-13.5 s strict.
-# edge_terms (the FGT path, from 6,000 points, where a fit takes minutes) keeps
-# reassociation, 21% faster, and is compiled in each process instead.
+# edge_terms (the FGT path, from 6,000 points) keeps reassociation, 21% faster;
+# it was compiled in each process (4.3 s each time) until numba 0.68 gave the
+# same bits from its cache too (tested), and is cached since.
 FLAGS = {"contract"}
 LANES = 8
 # The sweeps' rows go in this many slots of consecutive rows, each with its own
@@ -152,7 +153,7 @@ def _edge_cost(sg, s, js, kappa, off):
     return cost, (r if s >= TINY else 0.0), se
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def edge_terms(indptr, indices, XT, sigma, half_p, squarings, m, Z, js, kappa, rs, grad):
     """One sweep: fills ``rs`` (H, N) with sum_j r_ij s_hij, where r = dE/ds (KL:
     sigma / s; JS: eq. 2.7's), and ``grad`` (N, d) with the pattern's gradient
