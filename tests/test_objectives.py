@@ -157,6 +157,33 @@ def test_compiled_edge_distances_equal_the_array_code_and_brute_force(problem, d
         brute = ((Y[coo.row].astype(np.float64) - Y[coo.col]) ** 2).sum(axis=1)
         np.testing.assert_allclose(d2, brute, rtol=1e-12 if dtype == np.float64 else 1e-6)
 
+def test_pair_set_copies_affinities_unless_owned_and_canonical():
+    """PairSet keeps a matrix it owns in canonical form as it is (multi-scale SNE's
+    mean affinities, made for it); any other it copies, so that summing duplicates
+    and sorting indices never reach the caller's arrays."""
+    import scipy.sparse
+    be = ge.get_backend("cpu")
+    canonical = scipy.sparse.random(30, 30, density=0.3, format="csr", random_state=0)
+    owned = objectives.base.PairSet(be, canonical, np.float64, owned=True)
+    assert np.shares_memory(owned.P.data, canonical.data)
+    assert np.shares_memory(owned.P.indices, canonical.indices)
+    for own in (False, True):
+        unsorted = scipy.sparse.csr_matrix(
+            (canonical.data[::-1].copy(), canonical.indices.copy(), canonical.indptr.copy()),
+            shape=canonical.shape)
+        unsorted.indices = np.concatenate([unsorted.indices[a:b][::-1] for a, b in
+                                           zip(unsorted.indptr[:-1], unsorted.indptr[1:])])
+        before = (unsorted.data.copy(), unsorted.indices.copy())
+        pairs = objectives.base.PairSet(be, unsorted, np.float64, owned=own)
+        assert pairs.P.has_canonical_format
+        np.testing.assert_array_equal(pairs.P.toarray(), unsorted.toarray())
+        np.testing.assert_array_equal(unsorted.data, before[0])
+        np.testing.assert_array_equal(unsorted.indices, before[1])
+        assert not np.shares_memory(pairs.P.indices, unsorted.indices)
+    copied = objectives.base.PairSet(be, canonical, np.float64)
+    assert not np.shares_memory(copied.P.data, canonical.data)
+
+
 def test_exact_engine_against_brute_force(rng):
     be = ge.get_backend("cpu")
     for d in (1, 2, 3, 7):

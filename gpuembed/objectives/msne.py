@@ -124,7 +124,7 @@ class MultiscaleObjective(Objective):
             raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
         if not 0.0 < kappa < 1.0:
             raise ValueError(f"kappa must be in (0, 1), got {kappa}")
-        super().__init__(mean_on_pattern(backend, sigmas), backend, dtype, nbody)
+        super().__init__(mean_on_pattern(backend, sigmas), backend, dtype, nbody, owned=True)
         self.p = np.asarray(precisions, dtype=np.float64)
         self.cost, self.kappa = cost, float(kappa)
         # The compiled sweeps (msne_cpu.py; with the exact engine, msne_gpu.py's
