@@ -920,10 +920,12 @@ def _has_duplicate_rows(Y):
 PCA_OVERSAMPLING = 10
 PCA_TOL = 1e-10
 PCA_MAX_ITERATIONS = 100
-# Dense rows are centred this many bytes at a time for PCA's scatter matrix and
-# scores: the centred copy of all of them (2.9 GB for 10^6 Fashion-MNIST images
-# in float32) set the peak memory of the default t-SNE fit, 12.4 GB.
-PCA_BLOCK_BYTES = 2**26
+# Dense rows are centred this many bytes at a time for PCA's scatter matrix (on
+# up to PCA_THREADS threads at once) and scores: the centred copy of all of them
+# (2.9 GB for 10^6 Fashion-MNIST images in float32) set the peak memory of the
+# default t-SNE fit, 12.4 GB.
+PCA_BLOCK_BYTES = 2**23
+PCA_THREADS = 8
 
 
 def _pca(X, d):
@@ -946,9 +948,7 @@ def _pca(X, d):
     if is_sparse(X):
         scatter = (X.T @ X).toarray() - n * np.outer(mean, mean)
     else:
-        scatter = np.zeros((D, D))
-        for _, block in _centred_blocks(X, mean):
-            scatter += block.T @ block
+        scatter = _scatter_matrix(X, mean)
     # The eigenvectors and scores on one BLAS thread: LAPACK's eigensolver and the
     # scores' product (N x D times D x d) gave other last bits on 1 and 2 OpenBLAS
     # threads (the scatter matrix's product did not), and so did every fit from
@@ -989,12 +989,38 @@ def _subspace_scores(Xc, d):
     return B @ V
 
 
-def _centred_blocks(X, mean):
-    """(rows, X[rows] - mean) for blocks of PCA_BLOCK_BYTES of dense X."""
+def _block_rows(X):
+    """Slices of rows of dense X, PCA_BLOCK_BYTES each."""
     step = max(1, PCA_BLOCK_BYTES // (X.shape[1] * X.itemsize))
-    for start in range(0, X.shape[0], step):
-        rows = slice(start, start + step)
+    return [slice(start, start + step) for start in range(0, X.shape[0], step)]
+
+
+def _centred_blocks(X, mean):
+    """(rows, X[rows] - mean) for the blocks of :func:`_block_rows`."""
+    for rows in _block_rows(X):
         yield rows, X[rows] - mean
+
+
+def _scatter_matrix(X, mean):
+    """The scatter matrix (X - mean)^T (X - mean) of dense X in float64: each
+    block's product on one BLAS thread, the blocks spread over numba's threads,
+    their products summed in block order.  OpenBLAS's threaded product of
+    float32 rows gave other last bits on 1 and 2 threads (Fashion-MNIST), and
+    so did every fit from this start."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numba
+
+    def centred_product(rows):
+        block = X[rows] - mean
+        return block.T @ block
+
+    scatter = np.zeros((X.shape[1], X.shape[1]))
+    threads = min(numba.get_num_threads(), PCA_THREADS)
+    with get_backend("cpu").serial_blas(), ThreadPoolExecutor(threads) as pool:
+        for part in pool.map(centred_product, _block_rows(X)):     # in order
+            scatter += part
+    return scatter
 
 
 def _fixed_signs(Y):

@@ -984,13 +984,16 @@ def test_cpu_results_do_not_depend_on_the_number_of_threads():
         numba.set_num_threads(threads)
 
 
-def test_default_fit_does_not_depend_on_the_number_of_blas_threads():
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_default_fit_does_not_depend_on_the_number_of_blas_threads(dtype):
     """The PCA start's eigenvectors and scores and KL's constant sum p log p gave
     other last bits on 1 and 2 OpenBLAS threads (LAPACK's eigensolver, a product
-    with two columns, a dot product): now on one thread or by NumPy's sum."""
+    with two columns, a dot product), and so did the scatter matrix of float32
+    rows (Fashion-MNIST's): now on one thread, in fixed blocks, or by NumPy's sum."""
     import threadpoolctl
 
     X, _ = ge.datasets.gaussian_clusters(3000, 6, 400, random_state=2)
+    X = X.astype(dtype)
     fits = []
     for threads in (1, 2):
         with threadpoolctl.threadpool_limits(threads, user_api="blas"):
