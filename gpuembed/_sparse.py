@@ -67,20 +67,33 @@ def product(A, Bt):
     return G.toarray() if is_sparse(G) else G
 
 
+# BlockProducts' tiles of a dense product: rows, columns.
+TILE_ROWS, TILE_COLS = 1024, 4096
+
+
 class BlockProducts:
     """The products of a loop whose blocks each feed a compiled parallel pass.
-    On the CPU, inside the context, BLAS runs on one thread, and the rows of a
-    dense block (:meth:`__call__`) or the items of :meth:`each` (the
+    On the CPU, inside the context, BLAS runs on one thread, and the tiles of a
+    dense product (:meth:`__call__`) or the items of :meth:`each` (the
     approximate search's lists) are spread over numba's threads, each on its
     own Python thread (NumPy releases the GIL in BLAS): OpenBLAS's own workers
     busy-wait for a while after each threaded call and took the cores from
     numba's threads.  The exact 90-NN of Fashion-MNIST 70k passed its 74 strips
     of distances to the heaps in 6.7 s after OpenBLAS's threaded products, in
     4.0 s after single-threaded ones (the whole search 22.9 s against 26.0 s;
-    the approximate one 3.5-3.7 s against 3.9-4.1 s).  A product's last bits
-    depend on how its rows are split, as they did on OpenBLAS's number of
-    threads.  On the GPU, and with one thread, the products are
-    :func:`product`'s, in order."""
+    the approximate one 3.5-3.7 s against 3.9-4.1 s).
+
+    An entry's last bits depend on how the product is cut (OpenBLAS's kernels
+    treat the edges of a block apart: halves of a 958-row block of float32
+    Fashion-MNIST gave other bits on 88 rows than the whole), so the cut is
+    fixed, tiles of TILE_ROWS x TILE_COLS whatever the number of threads, and
+    the k-NN of float32 data is the same on 1 or 2 threads (it was not when
+    the rows went in one span per thread, nor on OpenBLAS's threads before).
+    Tiles of 1024 x 4096 cost about what halves did on 2 cores (a 958 x 70,000
+    strip 0.46-0.47 s, 16,384 queries against 4,000 points 0.44 s; the exact
+    90-NN of Fashion-MNIST 70k 22.9-23.5 s against 22.3-22.4 s), and wider
+    tiles more (8,192 and 16,384 columns: 1% and 10%).  On the GPU the
+    products are :func:`product`'s, in order."""
 
     def __init__(self, backend):
         import numba
@@ -89,27 +102,28 @@ class BlockProducts:
         self.threads = 1 if backend.is_gpu else numba.get_num_threads()
 
     def __enter__(self):
+        self._serial = self.backend.serial_blas()         # a no-op on the GPU
+        self._serial.__enter__()
         if self.threads > 1:
             from concurrent.futures import ThreadPoolExecutor
 
-            self._serial = self.backend.serial_blas()
-            self._serial.__enter__()
             self._pool = ThreadPoolExecutor(self.threads)
         return self
 
     def __exit__(self, *exc):
         if self.threads > 1:
             self._pool.shutdown()
-            self._serial.__exit__(*exc)
+        self._serial.__exit__(*exc)
 
     def __call__(self, A, Bt):
         """A @ B.T as a dense array from Bt = transposed(B), as :func:`product`."""
-        if self.threads == 1 or is_sparse(A) or not isinstance(Bt, np.ndarray):
+        if self.backend.is_gpu or is_sparse(A) or not isinstance(Bt, np.ndarray):
             return product(A, Bt)
         out = np.empty((A.shape[0], Bt.shape[1]), dtype=np.result_type(A, Bt))
-        bounds = np.linspace(0, A.shape[0], self.threads + 1).astype(np.int64)
-        spans = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-        self.each(lambda s: np.matmul(A[s[0]:s[1]], Bt, out=out[s[0]:s[1]]), spans)
+        tiles = [(slice(r, r + TILE_ROWS), slice(c, c + TILE_COLS))
+                 for r in range(0, A.shape[0], TILE_ROWS)
+                 for c in range(0, Bt.shape[1], TILE_COLS)]
+        self.each(lambda t: np.matmul(A[t[0]], Bt[:, t[1]], out=out[t]), tiles)
         return out
 
     def each(self, fn, items):

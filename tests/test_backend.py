@@ -165,10 +165,12 @@ def test_minimize_runs_blas_on_one_thread(rng):
     assert blas_threads() == before
 
 
-def test_block_products_split_rows_on_single_threaded_blas(rng, monkeypatch):
-    """The k-NN's block products (_sparse.BlockProducts): on the CPU, A @ B.T by
-    row chunks on numba's threads with BLAS held at one thread inside the context
-    and given back after; sparse operands and one thread take _sparse.product."""
+def test_block_products_cut_tiles_on_single_threaded_blas(rng, monkeypatch):
+    """The k-NN's block products (_sparse.BlockProducts): on the CPU, A @ B.T in
+    fixed tiles on numba's threads with BLAS held at one thread inside the context
+    (with one thread too) and given back after, the same bits on 1 and 2 threads
+    (float32: an entry's last bits depend on the cut); sparse operands take
+    _sparse.product."""
     import numba
     import scipy.sparse
     threadpoolctl = pytest.importorskip("threadpoolctl")
@@ -182,26 +184,29 @@ def test_block_products_split_rows_on_single_threaded_blas(rng, monkeypatch):
         return [p["num_threads"] for p in threadpoolctl.threadpool_info()
                 if p["user_api"] == "blas"]
 
+    monkeypatch.setattr(_sparse, "TILE_ROWS", 16)
+    monkeypatch.setattr(_sparse, "TILE_COLS", 24)
     before = blas_threads()
-    A, B = rng.standard_normal((37, 20)), rng.standard_normal((50, 20))
+    A = rng.standard_normal((37, 300)).astype(np.float32)
+    B = rng.standard_normal((50, 300)).astype(np.float32)
     calls = []
     product = _sparse.product
     monkeypatch.setattr(_sparse, "product", lambda *a: calls.append(1) or product(*a))
-    with _sparse.BlockProducts(ge.get_backend("cpu")) as products:
-        inside = blas_threads()
-        P = products(A, B.T)
-        assert not calls
-        S = products(scipy.sparse.csr_matrix(A), _sparse.transposed(scipy.sparse.csr_matrix(B)))
-        assert calls == [1]
-    assert inside == [1] * len(before) and blas_threads() == before
-    np.testing.assert_allclose(P, A @ B.T, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(S, A @ B.T, rtol=1e-12, atol=1e-12)
-    threads = numba.get_num_threads()
+    threads, products = numba.get_num_threads(), {}
     try:
-        numba.set_num_threads(1)
-        with _sparse.BlockProducts(ge.get_backend("cpu")) as products:
-            assert blas_threads() == before
-            np.testing.assert_allclose(products(A, B.T), A @ B.T, rtol=1e-12, atol=1e-12)
+        for n_threads in (2, 1):
+            numba.set_num_threads(n_threads)
+            with _sparse.BlockProducts(ge.get_backend("cpu")) as block_products:
+                assert blas_threads() == [1] * len(before)
+                products[n_threads] = block_products(A, B.T)
     finally:
         numba.set_num_threads(threads)
-    assert calls == [1, 1]
+    assert not calls and blas_threads() == before
+    np.testing.assert_array_equal(products[1], products[2])
+    np.testing.assert_allclose(products[2], A.astype(np.float64) @ B.T, rtol=1e-5, atol=1e-4)
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    with _sparse.BlockProducts(ge.get_backend("cpu")) as block_products:
+        S = block_products(scipy.sparse.csr_matrix(A64),
+                           _sparse.transposed(scipy.sparse.csr_matrix(B64)))
+    assert calls == [1]
+    np.testing.assert_allclose(S, A64 @ B64.T, rtol=1e-12, atol=1e-12)
