@@ -86,6 +86,20 @@ def test_sparse_reduced_eigensolver_equals_dense(roll, monkeypatch, maxiter):
     np.testing.assert_allclose(np.abs(U), np.abs(U_ref), atol=1e-6 * np.abs(U_ref).max())
 
 
+def test_lll_does_not_depend_on_the_number_of_blas_threads():
+    """The landmarks' distances (a GEMM) and the dense reduced eigenproblem (LAPACK)
+    gave other last bits on 1 and 2 OpenBLAS threads; now on one thread."""
+    import threadpoolctl
+
+    X, _ = ge.datasets.gaussian_clusters(3000, 6, 400, random_state=2)
+    fits = []
+    for threads in (1, 2):
+        with threadpoolctl.threadpool_limits(threads, user_api="blas"):
+            fits.append(ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=600,
+                                              random_state=0, backend="cpu").fit_transform(X))
+    np.testing.assert_array_equal(fits[0], fits[1])
+
+
 def test_reconstruction_weights_are_local_affine_and_reconstruct(rng):
     landmarks = rng.standard_normal((200, 3))
     Y = rng.standard_normal((100, 3)) * 0.8

@@ -139,7 +139,8 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
     sqdist, idx = (be.to_host(a) for a in neighbours)
     sqdist = sqdist.astype(np.float64, copy=False)
     landmarks = be.to_host(Y_landmarks)
-    between = squared_distances(np, landmarks, landmarks)
+    with get_backend("cpu").serial_blas():      # the same bits on any number of threads
+        between = squared_distances(np, landmarks, landmarks)
     W = np.empty((n, kz))
     for start in range(0, n, REFINE_CHUNK):
         stop = min(n, start + REFINE_CHUNK)
@@ -291,4 +292,5 @@ def dense_generalized_eigh(A, B, ridge, subset):
     A, B = dense(A), dense(B)
     A = (A + A.T) / 2
     B = (B + B.T) / 2 + ridge * np.eye(len(B))
-    return scipy.linalg.eigh(A, B, subset_by_index=subset)
+    with get_backend("cpu").serial_blas():      # the same bits on any number of threads
+        return scipy.linalg.eigh(A, B, subset_by_index=subset)
