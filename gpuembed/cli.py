@@ -283,8 +283,9 @@ def cmd_embed(args):
         raise ValueError(f"INPUT must be a .npy, .csv or .npz (sparse) file, got {path}")
     # Everything that can fail after the fit is checked before it.
     labels = np.load(args.labels) if args.labels else None
-    if labels is not None and len(labels) != X.shape[0]:
-        raise ValueError(f"--labels has {len(labels)} entries but INPUT {X.shape[0]} rows")
+    if labels is not None and (labels.ndim != 1 or len(labels) != X.shape[0]):
+        raise ValueError(f"--labels must be a 1-D array of one entry per row of INPUT "
+                         f"({X.shape[0]}), got shape {labels.shape}")
     save = OUTPUT_FORMATS.get(_in_a_folder(args.output).suffix)
     if save is None:
         raise ValueError(f"--output must end in .npy or .csv, got {args.output}")

@@ -48,6 +48,8 @@ def knn_accuracy(X_low, labels, k=10, *, backend="cpu"):
     """
     be = get_backend(backend)
     labels = np.asarray(be.to_host(labels))
+    if labels.ndim != 1:
+        raise ValueError(f"labels must be a 1-D array (N,), got shape {labels.shape}")
     n = labels.shape[0]
     if getattr(X_low, "shape", (None,))[0] != n:
         raise ValueError(f"labels must have one entry per row of X_low, got {n}")

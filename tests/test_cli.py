@@ -230,14 +230,20 @@ def test_runtime_errors_have_no_traceback(tmp_path):
 
 
 def test_embed_checks_before_it_fits(tmp_path):
-    """A labels file of the wrong length or an output in a missing folder fails at
+    """A labels file of the wrong length or shape or an output in a missing folder fails at
     once, not after the fit; a CSV may start with a header line."""
     X = np.random.default_rng(0).random((50, 3))
     np.save(tmp_path / "x.npy", X)
     np.save(tmp_path / "y.npy", np.arange(10))
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy"),
                   "--labels", str(tmp_path / "y.npy"), "--backend", "cpu")
-    assert out.returncode == 1 and "--labels has 10 entries" in out.stderr
+    assert out.returncode == 1 and "got shape (10,)" in out.stderr
+    assert "points in" not in out.stdout            # failed before the fit
+    np.save(tmp_path / "y2.npy", X)                 # one row per point, but 2-D
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy"),
+                  "--labels", str(tmp_path / "y2.npy"), "--backend", "cpu")
+    assert out.returncode == 1 and "--labels must be a 1-D array" in out.stderr
+    assert "points in" not in out.stdout and "Traceback" not in out.stderr
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "no" / "o.npy"),
                   "--backend", "cpu")
     assert out.returncode == 1 and "no such directory" in out.stderr

@@ -74,6 +74,10 @@ def test_knn_accuracy_extremes(rng):
 def test_knn_accuracy_bad_labels():
     with pytest.raises(ValueError, match="labels"):
         knn_accuracy(np.zeros((10, 2)), np.zeros(9))
+    # A 2-D array of one row per point (gpuembed embed --labels data.npy) failed inside
+    # NumPy's scatter with a shape mismatch.
+    with pytest.raises(ValueError, match=r"labels must be a 1-D array \(N,\), got shape \(10, 5\)"):
+        knn_accuracy(np.zeros((10, 2)), np.zeros((10, 5)))
 
 
 from gpuembed.metrics import auc_rnx, coranking, log_k_auc, procrustes_error, rnx  # noqa: E402
