@@ -951,7 +951,7 @@ def _pca(X, d):
         scatter = _scatter_matrix(X, mean)
     # The eigenvectors and scores on one BLAS thread: LAPACK's eigensolver and the
     # scores' product (N x D times D x d) gave other last bits on 1 and 2 OpenBLAS
-    # threads (the scatter matrix's product did not), and so did every fit from
+    # threads (as the scatter matrix of float32 rows did), and so did every fit from
     # this start.  On Fashion-MNIST (784 features) the eigensolver takes 0.1 s.
     with get_backend("cpu").serial_blas():
         V = np.linalg.eigh(scatter)[1][:, ::-1][:, :d]
@@ -1002,11 +1002,11 @@ def _centred_blocks(X, mean):
 
 
 def _scatter_matrix(X, mean):
-    """The scatter matrix (X - mean)^T (X - mean) of dense X in float64: each
-    block's product on one BLAS thread, the blocks spread over numba's threads,
-    their products summed in block order.  OpenBLAS's threaded product of
-    float32 rows gave other last bits on 1 and 2 threads (Fashion-MNIST), and
-    so did every fit from this start."""
+    """The scatter matrix (X - mean)^T (X - mean) of dense X: each block's product
+    (in X's dtype) on one BLAS thread, the blocks spread over numba's threads,
+    their products summed in float64 in block order.  OpenBLAS's threaded
+    product of float32 rows gave other last bits on 1 and 2 threads
+    (Fashion-MNIST), and so did every fit from this start."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numba
