@@ -1002,6 +1002,38 @@ def test_default_fit_does_not_depend_on_the_number_of_blas_threads(dtype):
     assert [h["objective"] for h in fits[0].history_] == [h["objective"] for h in fits[1].history_]
 
 
+def test_fit_from_float32_data_does_not_depend_on_the_number_of_threads(monkeypatch):
+    """The whole default pipeline from float32 rows: the k-NN's products (in fixed
+    tiles, here small ones so that there are many), the PCA start's scatter matrix
+    (fixed blocks), the affinities and the fit, on 1 and 2 of numba's threads and
+    on 1 and 2 OpenBLAS threads: the k-NN's float32 products gave other bits when
+    their rows went in one span per thread, and so did the scatter matrix on
+    OpenBLAS's threads."""
+    import numba
+    import threadpoolctl
+
+    from gpuembed import _sparse
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 of numba's threads")
+    monkeypatch.setattr(_sparse, "TILE_ROWS", 96)
+    monkeypatch.setattr(_sparse, "TILE_COLS", 320)
+    monkeypatch.setattr(ge.embedding, "PCA_BLOCK_BYTES", 200 * 300 * 4)
+    X, _ = ge.datasets.gaussian_clusters(1500, 5, 300, random_state=3)
+    X = X.astype(np.float32)
+    threads = numba.get_num_threads()
+    fits = []
+    try:
+        for numba_threads, blas_threads in ((2, 2), (1, 2), (2, 1)):
+            numba.set_num_threads(numba_threads)
+            with threadpoolctl.threadpool_limits(blas_threads, user_api="blas"):
+                fits.append(ge.TSNE(max_iter=5, random_state=0, backend="cpu").fit(X))
+    finally:
+        numba.set_num_threads(threads)
+    for fit in fits[1:]:
+        np.testing.assert_array_equal(fit.embedding_, fits[0].embedding_)
+
+
 def test_random_state_takes_a_numpy_random_state(small):
     """scikit-learn's convention: a RandomState seeds the fit with its next draw, so
     two fresh ones of one seed give the same layout, one used again another; the
