@@ -22,7 +22,7 @@ import numba
 import numpy as np
 
 from ._checks import check_data, check_int
-from ._sparse import row_sqnorms, transposed
+from ._sparse import BlockProducts, row_sqnorms, transposed
 from .backend import get_backend
 from .metrics_cpu import max_rank_counts, ties_by_index
 from .neighbors import knn, metric_rows
@@ -99,15 +99,18 @@ def _rank_blocks(X_high, X_low, k_max, be):
     # prepared once for all the blocks.
     spaces = [(X, row_sqnorms(xp, X), transposed(X)) for X in (X_high, X_low)]
     rows = max(1, min(n, BLOCK_BYTES // (8 * n)))
-    for start in range(0, n, rows):
-        stop = min(n, start + rows)
-        own = xp.arange(start, stop)
-        orders = []
-        for X, sq, Xt in spaces:
-            D = squared_distances(xp, X[start:stop], X, sq[start:stop], sq, Xt)
-            D[own - start, own] = xp.inf
-            orders.append(_smallest_sorted(xp, D, k_max))
-        yield orders
+    # In fixed tiles: OpenBLAS's threads cut a float32 product differently, and a
+    # tie in the ranks moved the log-K AUC of Fashion-MNIST 3k in its 6th digit.
+    with BlockProducts(be) as products:
+        for start in range(0, n, rows):
+            stop = min(n, start + rows)
+            own = xp.arange(start, stop)
+            orders = []
+            for X, sq, Xt in spaces:
+                D = squared_distances(xp, X[start:stop], X, sq[start:stop], sq, Xt, products)
+                D[own - start, own] = xp.inf
+                orders.append(_smallest_sorted(xp, D, k_max))
+            yield orders
 
 
 def _low_ranks(xp, order_l, n, k_max):

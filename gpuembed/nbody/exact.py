@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .._sparse import gram, product, row_sqnorms
+from .._sparse import gram, product, row_sqnorms, transposed
 from .exact_cpu import exact_sums_cpu
 
 KERNELS = ("gaussian", "student", "student2")
@@ -55,17 +55,22 @@ def kernel_values(xp, kernel, t):
     raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
 
 
-def squared_distances(xp, Y, X, sq_y=None, sq_x=None, Xt=None):
+def squared_distances(xp, Y, X, sq_y=None, sq_x=None, Xt=None, products=None):
     """(len(Y), len(X)) squared Euclidean distances by GEMM.
 
     Their absolute rounding error, ~eps (|y|^2 + |x|^2), is negligible against
     the unit width of the embedding kernels, so no coordinate-wise pass is needed.
     Y and X may both be sparse (high-dimensional data in the metrics); ``Xt``:
-    _sparse.transposed(X), for callers that pass the same X block after block.
+    _sparse.transposed(X), for callers that pass the same X block after block;
+    ``products``: a _sparse.BlockProducts that makes the product (the same bits
+    on any number of threads).
     """
     sq_y = row_sqnorms(xp, Y) if sq_y is None else sq_y
     sq_x = row_sqnorms(xp, X) if sq_x is None else sq_x
-    D = gram(Y, X) if Xt is None else product(Y, Xt)
+    if products is not None:
+        D = products(Y, transposed(X) if Xt is None else Xt)
+    else:
+        D = gram(Y, X) if Xt is None else product(Y, Xt)
     D *= -2.0
     D += sq_y[:, None]
     D += sq_x[None, :]
