@@ -54,6 +54,27 @@ def test_rbf_mapping_fits_a_smooth_function(rng):
     assert err < 0.02 * Z.std()
 
 
+def test_mapping_fits_do_not_depend_on_the_number_of_blas_threads():
+    """The linear map's and the RBF network's fits (Grams, pseudo-inverses, the RBF
+    design's distances and k-means) run on one BLAS thread: on 1 and 2 OpenBLAS
+    threads their coefficients differed in the last bits (the RBF network's
+    predictions on Fashion-MNIST 3k by 1e-9)."""
+    import threadpoolctl
+
+    rng = np.random.default_rng(0)
+    Y = rng.random((3000, 300)) ** 4
+    Z = rng.standard_normal((3000, 2))
+    for make in (lambda: RBFMapping(random_state=0), LinearMapping):
+        fits = []
+        for threads in (1, 2):
+            with threadpoolctl.threadpool_limits(threads, user_api="blas"):
+                fits.append(make().fit(Y, Z))
+        np.testing.assert_array_equal(fits[0].coef_, fits[1].coef_)
+        for name in ("centers_", "sigma_"):
+            np.testing.assert_array_equal(getattr(fits[0], name, None),
+                                          getattr(fits[1], name, None))
+
+
 def test_rbf_default_centres_fit_small_data(rng):
     """The default takes min(200, N) centres: 60 points get 60 (200 refused them);
     every point is then a centre, and sigma is width x half the RMS distance
