@@ -18,6 +18,16 @@ import scipy.sparse.linalg
 
 __all__ = ["Backend", "BackendUnavailable", "get_backend", "kernel_path", "kernel_source"]
 
+
+@functools.lru_cache(maxsize=None)
+def _blas_controller():
+    """threadpoolctl's controller of the BLAS libraries loaded now (NumPy's and
+    SciPy's OpenBLAS, which this module imports), made once: each
+    ``threadpool_limits`` scans the process's libraries again, 0.65 ms against
+    0.009 ms for a limit by this controller."""
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController()
+
 BACKEND_NAMES = ("auto", "cpu", "gpu")
 
 
@@ -128,8 +138,7 @@ class Backend:
         on Fashion-MNIST 20k that made the attractive sweep 32 ms instead of 13 ms."""
         if self.is_gpu:
             return contextlib.nullcontext()
-        from threadpoolctl import threadpool_limits
-        return threadpool_limits(1, user_api="blas")
+        return _blas_controller().limit(limits=1, user_api="blas")
 
     def scatter_add(self, target, indices, values):
         """``target[indices] += values`` with repeated indices accumulated."""
