@@ -54,22 +54,26 @@ def test_rbf_mapping_fits_a_smooth_function(rng):
     assert err < 0.02 * Z.std()
 
 
-def test_mapping_fits_do_not_depend_on_the_number_of_blas_threads():
+def test_mappings_do_not_depend_on_the_number_of_blas_threads():
     """The linear map's and the RBF network's fits (Grams, pseudo-inverses, the RBF
-    design's distances and k-means) run on one BLAS thread: on 1 and 2 OpenBLAS
-    threads their coefficients differed in the last bits (the RBF network's
-    predictions on Fashion-MNIST 3k by 1e-9)."""
+    design's distances and k-means), predictions and gradients run on one BLAS
+    thread: on 1 and 2 OpenBLAS threads their coefficients and predictions
+    differed in the last bits (the RBF network's predictions on Fashion-MNIST 3k
+    by 1e-9, the linear map's by 1e-15)."""
     import threadpoolctl
 
     rng = np.random.default_rng(0)
     Y = rng.random((3000, 300)) ** 4
     Z = rng.standard_normal((3000, 2))
     for make in (lambda: RBFMapping(random_state=0), LinearMapping):
-        fits = []
+        fits, outputs = [], []
         for threads in (1, 2):
             with threadpoolctl.threadpool_limits(threads, user_api="blas"):
                 fits.append(make().fit(Y, Z))
+                outputs.append((fits[-1].predict(Y), fits[-1].backward(Y, Z)[0]))
         np.testing.assert_array_equal(fits[0].coef_, fits[1].coef_)
+        for a, b in zip(*outputs):
+            np.testing.assert_array_equal(a, b)
         for name in ("centers_", "sigma_"):
             np.testing.assert_array_equal(getattr(fits[0], name, None),
                                           getattr(fits[1], name, None))

@@ -46,9 +46,9 @@ def _with_bias(xp, Y):
 
 def _one_blas_thread(xp):
     """For host arrays, BLAS on one thread: the fits' Grams, pseudo-inverses and
-    products gave other last bits on 1 and 2 OpenBLAS threads (the RBF network's
-    predictions on Fashion-MNIST 3k by 1e-9).  Only around fits, which MAC makes
-    once per F step: each switch costs about 1 ms of threadpoolctl."""
+    products, and the predictions' products, gave other last bits on 1 and 2
+    OpenBLAS threads (the RBF network's predictions on Fashion-MNIST 3k by 1e-9,
+    the linear map's by 1e-15)."""
     return get_backend("cpu").serial_blas() if xp is np else contextlib.nullcontext()
 
 
@@ -74,8 +74,9 @@ class _LinearInParameters:
     def forward(self, Y, design=None):
         """(F(Y), the design of Y); ``design`` given is used as that of Y.  Float32
         input stays float32; other input (integers) gets float64."""
-        design = self.design(Y) if design is None else design
-        return (design @ self.coef_).astype(float_dtype(Y), copy=False), design
+        with _one_blas_thread(array_module(Y)):
+            design = self.design(Y) if design is None else design
+            return (design @ self.coef_).astype(float_dtype(Y), copy=False), design
 
     def predict(self, Y):
         return self.forward(Y)[0]
@@ -85,7 +86,8 @@ class _LinearInParameters:
 
     def backward(self, Y, G, design=None):
         """Gradients of sum_n G_n . F(y_n) wrt parameters(): Phi(Y)^T G."""
-        return [(self.design(Y) if design is None else design).T @ G]
+        with _one_blas_thread(array_module(Y)):
+            return [(self.design(Y) if design is None else design).T @ G]
 
 
 class LinearMapping(_LinearInParameters):
