@@ -28,6 +28,7 @@ def _blas_controller():
     from threadpoolctl import ThreadpoolController
     return ThreadpoolController()
 
+
 BACKEND_NAMES = ("auto", "cpu", "gpu")
 
 
