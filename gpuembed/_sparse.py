@@ -126,13 +126,15 @@ class BlockProducts:
         self.each(lambda t: np.matmul(A[t[0]], Bt[:, t[1]], out=out[t]), tiles)
         return out
 
+    def map(self, fn, items):
+        """fn(item) for every item, on the threads; the results in the items' order,
+        as they come (in order on one thread)."""
+        return map(fn, items) if self.threads == 1 else self._pool.map(fn, items)
+
     def each(self, fn, items):
-        """fn(item) for every item, on the threads (in order with one)."""
-        if self.threads == 1:
-            for item in items:
-                fn(item)
-        else:
-            list(self._pool.map(fn, items))
+        """fn(item) for every item, on the threads."""
+        for _ in self.map(fn, items):
+            pass
 
 
 def gram(A, B):

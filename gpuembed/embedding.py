@@ -23,7 +23,7 @@ from ._checks import (check_bool, check_callbacks, check_choice, check_data, che
                       check_features, check_fitted, check_float, check_int, check_random_state,
                       check_verbose, make_rng)
 from ._params import Params, fill_doc
-from ._sparse import is_sparse
+from ._sparse import BlockProducts, is_sparse
 from .affinities import EntropicAffinities, entropic_affinities
 from .affinities.entropic import conditional_affinities
 from .backend import get_backend
@@ -920,12 +920,11 @@ def _has_duplicate_rows(Y):
 PCA_OVERSAMPLING = 10
 PCA_TOL = 1e-10
 PCA_MAX_ITERATIONS = 100
-# Dense rows are centred this many bytes at a time for PCA's scatter matrix (on
-# up to PCA_THREADS threads at once) and scores: the centred copy of all of them
-# (2.9 GB for 10^6 Fashion-MNIST images in float32) set the peak memory of the
-# default t-SNE fit, 12.4 GB.
+# Dense rows are centred this many bytes at a time (on each thread) for PCA's
+# scatter matrix and scores: the centred copy of all of them (2.9 GB for 10^6
+# Fashion-MNIST images in float32) set the peak memory of the default t-SNE fit,
+# 12.4 GB.
 PCA_BLOCK_BYTES = 2**23
-PCA_THREADS = 8
 
 
 def _pca(X, d):
@@ -1003,22 +1002,17 @@ def _centred_blocks(X, mean):
 
 def _scatter_matrix(X, mean):
     """The scatter matrix (X - mean)^T (X - mean) of dense X: each block's product
-    (in X's dtype) on one BLAS thread, the blocks spread over numba's threads,
-    their products summed in float64 in block order.  OpenBLAS's threaded
-    product of float32 rows gave other last bits on 1 and 2 threads
-    (Fashion-MNIST), and so did every fit from this start."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import numba
-
+    (in X's dtype) on one BLAS thread, the blocks spread over numba's threads
+    (_sparse.BlockProducts), their products summed in float64 in block order.
+    OpenBLAS's threaded product of float32 rows gave other last bits on 1 and 2
+    threads (Fashion-MNIST), and so did every fit from this start."""
     def centred_product(rows):
         block = X[rows] - mean
         return block.T @ block
 
     scatter = np.zeros((X.shape[1], X.shape[1]))
-    threads = min(numba.get_num_threads(), PCA_THREADS)
-    with get_backend("cpu").serial_blas(), ThreadPoolExecutor(threads) as pool:
-        for part in pool.map(centred_product, _block_rows(X)):     # in order
+    with BlockProducts(get_backend("cpu")) as products:
+        for part in products.map(centred_product, _block_rows(X)):
             scatter += part
     return scatter
 
