@@ -14,7 +14,6 @@ the MLP's weights) so an F step is cheap.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 
@@ -44,12 +43,12 @@ def _with_bias(xp, Y):
     return xp.concatenate([Y, xp.ones((Y.shape[0], 1), dtype=Y.dtype)], axis=1)
 
 
-def _one_blas_thread(xp):
-    """For host arrays, BLAS on one thread: the fits' Grams, pseudo-inverses and
-    products, and the predictions' products, gave other last bits on 1 and 2
-    OpenBLAS threads (the RBF network's predictions on Fashion-MNIST 3k by 1e-9,
-    the linear map's by 1e-15)."""
-    return get_backend("cpu").serial_blas() if xp is np else contextlib.nullcontext()
+def _one_blas_thread():
+    """BLAS on one thread (for host arrays; device arrays do not use it): the fits'
+    Grams, pseudo-inverses and products, and the predictions' products, gave other
+    last bits on 1 and 2 OpenBLAS threads (the RBF network's predictions on
+    Fashion-MNIST 3k by 1e-9, the linear map's by 1e-15)."""
+    return get_backend("cpu").serial_blas()
 
 
 class _LinearInParameters:
@@ -74,7 +73,7 @@ class _LinearInParameters:
     def forward(self, Y, design=None):
         """(F(Y), the design of Y); ``design`` given is used as that of Y.  Float32
         input stays float32; other input (integers) gets float64."""
-        with _one_blas_thread(array_module(Y)):
+        with _one_blas_thread():
             design = self.design(Y) if design is None else design
             return (design @ self.coef_).astype(float_dtype(Y), copy=False), design
 
@@ -86,7 +85,7 @@ class _LinearInParameters:
 
     def backward(self, Y, G, design=None):
         """Gradients of sum_n G_n . F(y_n) wrt parameters(): Phi(Y)^T G."""
-        with _one_blas_thread(array_module(Y)):
+        with _one_blas_thread():
             return [(self.design(Y) if design is None else design).T @ G]
 
 
@@ -99,7 +98,7 @@ class LinearMapping(_LinearInParameters):
 
     def fit(self, Y, Z, warm_start=False):
         xp = array_module(Y)
-        with _one_blas_thread(xp):
+        with _one_blas_thread():
             Yb = self.design(Y)
             gram_pinv = self._fit_cache(Y, warm_start, lambda Y: xp.linalg.pinv(Yb.T @ Yb))
             self.coef_ = gram_pinv @ (Yb.T @ Z)            # (D + 1, L): [A^T; b]
@@ -172,7 +171,7 @@ class RBFMapping(_LinearInParameters):
     def fit(self, Y, Z, warm_start=False, sample_weight=None):
         weight = uniform_sample_weight(sample_weight)
         ridge = check_float(self.ridge, "ridge", 0.0)
-        with _one_blas_thread(array_module(Y)):
+        with _one_blas_thread():
             Phi, gram, inverses = self._fit_cache(Y, warm_start, self._build)
             strength = ridge * Y.shape[0] / weight
             if strength not in inverses:
