@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .._sparse import gram, product, row_sqnorms, transposed
+from .._sparse import gram, product, row_sqnorms
 from .exact_cpu import exact_sums_cpu
 
 KERNELS = ("gaussian", "student", "student2")
@@ -62,15 +62,12 @@ def squared_distances(xp, Y, X, sq_y=None, sq_x=None, Xt=None, products=None):
     the unit width of the embedding kernels, so no coordinate-wise pass is needed.
     Y and X may both be sparse (high-dimensional data in the metrics); ``Xt``:
     _sparse.transposed(X), for callers that pass the same X block after block;
-    ``products``: a _sparse.BlockProducts that makes the product (the same bits
-    on any number of threads).
+    ``products``: a _sparse.BlockProducts that makes the product with Xt (the same
+    bits on any number of threads).
     """
     sq_y = row_sqnorms(xp, Y) if sq_y is None else sq_y
     sq_x = row_sqnorms(xp, X) if sq_x is None else sq_x
-    if products is not None:
-        D = products(Y, transposed(X) if Xt is None else Xt)
-    else:
-        D = gram(Y, X) if Xt is None else product(Y, Xt)
+    D = gram(Y, X) if Xt is None else (products or product)(Y, Xt)
     D *= -2.0
     D += sq_y[:, None]
     D += sq_x[None, :]
