@@ -188,8 +188,8 @@ def test_spectral_clustering_predicts_new_points(params):
 def test_kmeans_is_a_lloyd_fixed_point_for_dense_and_sparse_rows(rng, monkeypatch):
     """At its end each centre is the mean of its points, each label the nearest
     centre and the inertia their squared distances' sum (brute force); the
-    compiled assignment (dense rows, few centre entries), the distance matrix's
-    GEMM and sparse rows give the same clusters; k-means++'s distances to a row,
+    compiled assignment (dense rows, few centre entries), the distances' GEMM in
+    blocks of rows and sparse rows give the same clusters; k-means++'s distances to a row,
     from the squared norms, are the differences' ones."""
     import importlib
     km = importlib.import_module("gpuembed.spectral.kmeans")
@@ -203,6 +203,7 @@ def test_kmeans_is_a_lloyd_fixed_point_for_dense_and_sparse_rows(rng, monkeypatc
     assert inertia == pytest.approx(D.min(axis=1).sum(), rel=1e-12)
     sparse = kmeans(scipy.sparse.csr_matrix(X), 4, n_init=3, random_state=0, tol=0)
     monkeypatch.setattr(km, "COMPILED_MAX_CENTER_ENTRIES", 0)
+    monkeypatch.setattr(km, "TILE_ROWS", 64)        # the distances in 7 blocks, one partial
     gemm = kmeans(X, 4, n_init=3, random_state=0, tol=0)
     for other in (sparse, gemm):
         np.testing.assert_array_equal(other[0], labels)
@@ -217,6 +218,52 @@ def test_kmeans_is_a_lloyd_fixed_point_for_dense_and_sparse_rows(rng, monkeypatc
     for rows in (X, scipy.sparse.csr_matrix(X)):
         np.testing.assert_allclose(km._sqdist_to_row(rows, 7, (X * X).sum(axis=1)),
                                    ((X - X[7]) ** 2).sum(axis=1), rtol=1e-9, atol=1e-9)
+
+
+def test_kmeans_landmarks_snap_to_the_nearest_point_in_blocks(rng, monkeypatch):
+    """Each k-means landmark is the data point nearest to its centre, found block
+    by block of the data's rows (here 7 rows, the last block partial): the first
+    of equally near points, as argmin over all of them."""
+    import importlib
+    km = importlib.import_module("gpuembed.spectral.kmeans")
+    lll = importlib.import_module("gpuembed.spectral.lll")
+    Y = rng.standard_normal((40, 3))
+    Y[31] = Y[2]                              # a tie across blocks goes to the first
+    Y[5] = Y[3]                               # and one within a block
+    centres = np.concatenate([Y[[2, 3]] + 1e-3, rng.standard_normal((10, 3))])
+    monkeypatch.setattr(km, "TILE_ROWS", 7)
+    nearest = lll._nearest_rows(centres, Y)
+    np.testing.assert_array_equal(
+        nearest, ((centres[:, None] - Y[None]) ** 2).sum(axis=-1).argmin(axis=1))
+    assert list(nearest[:2]) == [2, 3]
+    np.testing.assert_array_equal(lll._nearest_rows(centres, scipy.sparse.csr_matrix(Y)),
+                                  nearest)
+
+
+def test_kmeans_distances_do_not_depend_on_the_number_of_threads(rng):
+    """The distances to many centres (a GEMM): one 5,000 x 200 product gave other
+    bits on 1 and 2 OpenBLAS threads; now fixed blocks of rows, each on one BLAS
+    thread, whatever the number of numba's or BLAS's threads."""
+    import numba
+    import threadpoolctl
+
+    from gpuembed.spectral.kmeans import nearest_centers
+
+    X = rng.standard_normal((5000, 300))
+    centres = X[rng.choice(5000, 200, replace=False)] + 0.01
+    threads, results = numba.get_num_threads(), []
+    try:
+        for n_threads in (1, 2):
+            numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
+            with threadpoolctl.threadpool_limits(n_threads, user_api="blas"):
+                results.append(nearest_centers(X, centres))
+    finally:
+        numba.set_num_threads(threads)
+    for one, two in zip(*results):
+        np.testing.assert_array_equal(one, two)
+    D = ((X[:500, None] - centres[None]) ** 2).sum(axis=-1)
+    np.testing.assert_array_equal(results[0][0][:500], D.argmin(axis=1))
+    np.testing.assert_allclose(results[0][1][:500], D.min(axis=1), rtol=1e-9)
 
 
 def test_kmeans_warm_start_matches_restarts(rng):

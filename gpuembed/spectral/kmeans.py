@@ -7,7 +7,7 @@ import numpy as np
 import scipy.sparse
 
 from .._checks import check_data, check_float, check_int, make_rng
-from .._sparse import is_sparse, row_sqnorms
+from .._sparse import TILE_ROWS, BlockProducts, is_sparse, row_sqnorms
 from ..backend import get_backend
 from ..nbody.exact import squared_distances
 from .kmeans_cpu import assign, cluster_sums
@@ -93,9 +93,34 @@ def nearest_centers(X, centers):
         nearest = np.empty(X.shape[0])
         assign(X, centers, labels, nearest)
         return labels, nearest
-    D = squared_distances(np, X, centers)
-    labels = D.argmin(axis=1)
-    return labels, D[np.arange(X.shape[0]), labels]
+
+    def nearest_in(_, D):
+        labels = D.argmin(axis=1)
+        return labels, D[np.arange(D.shape[0]), labels]
+
+    labels, nearest = zip(*distance_blocks(X, centers, nearest_in))
+    return np.concatenate(labels), np.concatenate(nearest)
+
+
+def distance_blocks(X, centers, reduce):
+    """[reduce(rows, D) for each block of TILE_ROWS ``rows`` (a slice) of X and D,
+    their squared distances to the centres], in the blocks' order.  Each block's
+    product runs on one BLAS thread, the blocks on numba's threads, so the bits do
+    not depend on the number of threads (OpenBLAS's threads cut one N x K product
+    by their count: 5,000 x 300 rows against 200 centres gave other distances on
+    1 and 2 threads), and a block's distances are held at a time, not N x K
+    (k-means landmarks of Fashion-MNIST 70k, 2,000 of them: 0.88 GB at most
+    instead of 2.17 GB, the same landmarks in 16 s)."""
+    sq_x, sq_c = row_sqnorms(np, X), row_sqnorms(np, centers)
+    centers_t = np.ascontiguousarray(centers.T)
+
+    def block(start):
+        rows = slice(start, start + TILE_ROWS)
+        return reduce(rows, squared_distances(np, X[rows], centers, sq_x[rows], sq_c,
+                                             centers_t))
+
+    with BlockProducts(get_backend("cpu")) as blocks:
+        return list(blocks.map(block, range(0, X.shape[0], TILE_ROWS)))
 
 
 def _lloyd(X, centers, max_iter, tol):

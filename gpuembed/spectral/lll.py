@@ -20,7 +20,7 @@ from ..backend import get_backend
 from ..neighbors import knn_query
 from ..nbody.exact import squared_distances
 from ..optim.sparse_cpu import csr_times
-from .kmeans import kmeans, plusplus_seeds
+from .kmeans import distance_blocks, kmeans, plusplus_seeds
 from .lll_cpu import graph_landmarks
 
 LANDMARK_METHODS = ("random", "random-pruned", "kmeans")
@@ -113,8 +113,16 @@ def _choose_landmarks(Y, n_landmarks, method, random_state):
     among = min(sample.shape[0], max(2 * L, 2000))
     seeds = plusplus_seeds(sample[rng.choice(sample.shape[0], among, replace=False)], L, rng)
     _, centers, _ = kmeans(sample, L, init=seeds, max_iter=10)
-    nearest = squared_distances(np, centers, Y).argmin(axis=1)
-    return np.unique(nearest)
+    return np.unique(_nearest_rows(centers, Y))
+
+
+def _nearest_rows(centers, Y):
+    """Index of the row of Y nearest to each centre (the first of ties), from
+    :func:`~gpuembed.spectral.kmeans.distance_blocks` over Y's rows."""
+    blocks = distance_blocks(Y, centers,
+                             lambda rows, D: (D.min(axis=0), D.argmin(axis=0) + rows.start))
+    least, where = (np.stack(parts) for parts in zip(*blocks))
+    return where[least.argmin(axis=0), np.arange(len(centers))]
 
 
 def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
