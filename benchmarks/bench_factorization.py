@@ -33,7 +33,11 @@ def run(sizes=(5000, 20000), kappas=(7, 15, FULL)):
         P = ge.entropic_affinities(None, 30.0, neighbors=(sqdist.astype(np.float64), indices)).P
         for kappa in kappas:
             tsne = objectives.make_objective("tsne", P, be, np.float64)
-            B = directions.Spectral(tsne, np.zeros((n, 2)), kappa=kappa, solver="cg").B
+            # B as the factorizing solver assembles it, in float64: CG keeps its B in
+            # float32 from SINGLE_CG_MIN_TOL up.
+            B = directions.Spectral(tsne, np.zeros((n, 2)), kappa=kappa, solver="cg",
+                                    cg_tol=directions.SINGLE_CG_MIN_TOL / 2).B
+            assert B.dtype == np.float64
             G = np.random.default_rng(0).standard_normal((n, 2))
             G -= G.mean(axis=0)              # as the direction does: no translation part
             t_lu, lu = best_time(lambda: scipy.sparse.linalg.splu(B.tocsc(), permc_spec="COLAMD"))
