@@ -15,7 +15,11 @@ import numpy as np
 # Benchmarks measure the checkout they live in, installed or not.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# GPUEMBED_BENCH_OUTPUT=<folder>: the results and the neighbours' cache go to its
+# results/ and .cache/ instead of benchmarks/ (tests/test_benchmarks.py's toy runs).
+OUTPUT = Path(os.environ.get("GPUEMBED_BENCH_OUTPUT") or Path(__file__).resolve().parent)
+RESULTS = OUTPUT / "results"
+RESULTS.mkdir(parents=True, exist_ok=True)      # plots are saved before the JSON
 
 
 def cpu_name():
@@ -143,7 +147,6 @@ def write_result(name, figures, suffix="", merge=False):
     run that this one did not redo are kept, and "figure_runs" records the date,
     commit, CPU and GPU of the run that made each figure (the header is the last
     run's)."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
     env = environment()
     path = RESULTS / f"{name}{suffix}.json"
     record = {"benchmark": name, **env, "figures": figures}
@@ -176,7 +179,7 @@ def _jsonable(obj):
     raise TypeError(type(obj))
 
 
-CACHE = Path(__file__).resolve().parent / ".cache"
+CACHE = OUTPUT / ".cache"
 
 
 def fashion_mnist_knn(k, n=None):

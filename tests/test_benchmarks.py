@@ -1,0 +1,65 @@
+"""The benchmark scripts still run: each at a toy size, in its own process, its
+JSON written to a temporary folder (``GPUEMBED_BENCH_OUTPUT``).  The scripts
+reach into internals (solve_rows, Spectral, the k-NN's selections), so a
+refactor can break one unseen until a long run or a scarce GPU session finds
+it: bench_factorization.py did (CG's B became float32, and SuperLU's float32
+factor refused float64 right-hand sides).  Timings at these sizes mean nothing."""
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+# (script and arguments, the JSON it writes, keys its figures must hold, whether it
+# reads Fashion-MNIST)
+RUNS = [
+    (["bench_factorization.py", "--n", "600"], "factorization", ["runs"], True),
+    (["bench_entropic.py", "--n", "1500", "--no-sequential"], "entropic_n1500",
+     ["cpu", "anchors", "fastest_cpu"], True),
+    (["bench_knn.py", "--float64", "--n", "1500", "--repeat", "1"], "knn_float64_n1500", [],
+     True),
+    (["bench_lll.py", "--n", "2000", "--d", "4", "--landmarks", "100", "200"], "lll_n2000",
+     ["d4", "kmeans"], True),
+    (["bench_msne.py", "--scaling", "--max-n", "2000", "--exact-max-n", "2000"],
+     "msne_scaling", ["rows"], True),
+    (["bench_spectral_anchors.py", "--n", "1500", "--d", "4", "--landmarks", "100", "--step",
+      "16"], "spectral_anchors", ["laplacian_eigenmaps", "segmentation"], True),
+    (["profile_fit.py", "--n", "1500", "--top", "5"], "profile_cpu_n1500", ["tsne_fit"], True),
+    (["bench_nbody.py", "--parts", "scaling,accuracy,tree", "--max-n", "1500",
+      "--exact-max-n", "1500"], "nbody", ["scaling", "accuracy", "tree"], False),
+    (["bench_mac.py", "--parts", "cost,linear", "--max-n", "1000", "--exact-max-n", "500",
+      "--linear-n", "300", "--chain-iter", "3"], "mac", ["cost", "linear_ee_rotating_objects"],
+     False),
+    (["bench_segmentation.py", "--step", "16"], "segmentation", ["pixels"], False),
+    (["bench_embedding.py", "--coil", "1", "--max-iter", "30"], "embedding_coil1", ["coil"],
+     False),
+]
+
+@functools.lru_cache(maxsize=None)
+def fashion_mnist_available():
+    import gpuembed as ge
+
+    try:
+        ge.datasets.fashion_mnist()
+    except (FileNotFoundError, OSError):
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,name,keys,fmnist", RUNS, ids=[run[0][0] for run in RUNS])
+def test_benchmark_script_runs(tmp_path, args, name, keys, fmnist):
+    if fmnist and not fashion_mnist_available():
+        pytest.skip("needs Fashion-MNIST (Debian's dataset-fashion-mnist)")
+    env = {**os.environ, "GPUEMBED_BENCH_OUTPUT": str(tmp_path), "MPLBACKEND": "Agg"}
+    done = subprocess.run([sys.executable, *args], cwd=BENCHMARKS, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    record = json.loads((tmp_path / "results" / f"{name}.json").read_text())
+    assert record["benchmark"] and record["commit"]
+    assert set(keys) <= set(record["figures"])
