@@ -5,6 +5,7 @@ refactor can break one unseen until a long run or a scarce GPU session finds
 it: bench_factorization.py did (CG's B became float32, and SuperLU's float32
 factor refused float64 right-hand sides).  Timings at these sizes mean nothing."""
 import functools
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,33 +16,37 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
-# (script and arguments, the JSON it writes, keys its figures must hold, whether it
-# reads Fashion-MNIST)
+# (script and arguments, the JSON it writes, keys its figures must hold, what it
+# needs beyond the test extra: Fashion-MNIST, Pillow for scikit-learn's sample image)
 RUNS = [
-    (["bench_factorization.py", "--n", "600"], "factorization", ["runs"], True),
+    (["bench_factorization.py", "--n", "600"], "factorization", ["runs"], ["fashion_mnist"]),
     (["bench_entropic.py", "--n", "1500", "--no-sequential"], "entropic_n1500",
-     ["cpu", "anchors", "fastest_cpu"], True),
+     ["cpu", "anchors", "fastest_cpu"], ["fashion_mnist"]),
     (["bench_knn.py", "--float64", "--n", "1500", "--repeat", "1"], "knn_float64_n1500", [],
-     True),
+     ["fashion_mnist"]),
     (["bench_lll.py", "--n", "2000", "--d", "4", "--landmarks", "100", "200"], "lll_n2000",
-     ["d4", "kmeans"], True),
+     ["d4", "kmeans"], ["fashion_mnist"]),
     (["bench_msne.py", "--scaling", "--max-n", "2000", "--exact-max-n", "2000"],
-     "msne_scaling", ["rows"], True),
+     "msne_scaling", ["rows"], ["fashion_mnist"]),
     (["bench_spectral_anchors.py", "--n", "1500", "--d", "4", "--landmarks", "100", "--step",
-      "16"], "spectral_anchors", ["laplacian_eigenmaps", "segmentation"], True),
-    (["profile_fit.py", "--n", "1500", "--top", "5"], "profile_cpu_n1500", ["tsne_fit"], True),
+      "16"], "spectral_anchors", ["laplacian_eigenmaps", "segmentation"],
+     ["fashion_mnist", "PIL"]),
+    (["profile_fit.py", "--n", "1500", "--top", "5"], "profile_cpu_n1500", ["tsne_fit"],
+     ["fashion_mnist"]),
     (["bench_nbody.py", "--parts", "scaling,accuracy,tree", "--max-n", "1500",
-      "--exact-max-n", "1500"], "nbody", ["scaling", "accuracy", "tree"], False),
+      "--exact-max-n", "1500"], "nbody", ["scaling", "accuracy", "tree"], []),
     (["bench_mac.py", "--parts", "cost,linear", "--max-n", "1000", "--exact-max-n", "500",
       "--linear-n", "300", "--chain-iter", "3"], "mac", ["cost", "linear_ee_rotating_objects"],
-     False),
-    (["bench_segmentation.py", "--step", "16"], "segmentation", ["pixels"], False),
-    (["bench_embedding.py", "--coil", "1", "--max-iter", "30"], "embedding_coil1", ["coil"],
-     False),
+     []),
+    (["bench_segmentation.py", "--step", "16"], "segmentation", ["pixels"], ["PIL"]),
+    (["bench_embedding.py", "--coil", "1", "--max-iter", "30"], "embedding_coil1", ["coil"], []),
 ]
 
+
 @functools.lru_cache(maxsize=None)
-def fashion_mnist_available():
+def available(need):
+    if need == "PIL":
+        return importlib.util.find_spec("PIL") is not None
     import gpuembed as ge
 
     try:
@@ -52,10 +57,11 @@ def fashion_mnist_available():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args,name,keys,fmnist", RUNS, ids=[run[0][0] for run in RUNS])
-def test_benchmark_script_runs(tmp_path, args, name, keys, fmnist):
-    if fmnist and not fashion_mnist_available():
-        pytest.skip("needs Fashion-MNIST (Debian's dataset-fashion-mnist)")
+@pytest.mark.parametrize("args,name,keys,needs", RUNS, ids=[run[0][0] for run in RUNS])
+def test_benchmark_script_runs(tmp_path, args, name, keys, needs):
+    missing = [need for need in needs if not available(need)]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
     env = {**os.environ, "GPUEMBED_BENCH_OUTPUT": str(tmp_path), "MPLBACKEND": "Agg"}
     done = subprocess.run([sys.executable, *args], cwd=BENCHMARKS, env=env,
                           capture_output=True, text=True, timeout=600)

@@ -189,8 +189,8 @@ def test_kmeans_is_a_lloyd_fixed_point_for_dense_and_sparse_rows(rng, monkeypatc
     """At its end each centre is the mean of its points, each label the nearest
     centre and the inertia their squared distances' sum (brute force); the
     compiled assignment (dense rows, few centre entries), the distances' GEMM in
-    blocks of rows and sparse rows give the same clusters; k-means++'s distances to a row,
-    from the squared norms, are the differences' ones."""
+    blocks of rows and sparse rows give the same clusters; k-means++'s distances to
+    a row, from the squared norms, are the differences' ones."""
     import importlib
     km = importlib.import_module("gpuembed.spectral.kmeans")
     X = rng.standard_normal((400, 6)) + 6.0 * rng.integers(0, 4, (400, 1))
