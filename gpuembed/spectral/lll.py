@@ -119,10 +119,14 @@ def _choose_landmarks(Y, n_landmarks, method, random_state):
 def _nearest_rows(centers, Y):
     """Index of the row of Y nearest to each centre (the first of ties), from
     :func:`~gpuembed.spectral.kmeans.distance_blocks` over Y's rows."""
-    blocks = distance_blocks(Y, centers,
-                             lambda rows, D: (D.min(axis=0), D.argmin(axis=0) + rows.start))
-    least, where = (np.stack(parts) for parts in zip(*blocks))
-    return where[least.argmin(axis=0), np.arange(len(centers))]
+    columns = np.arange(len(centers))
+
+    def nearest_in(rows, D):
+        where = D.argmin(axis=0)
+        return D[where, columns], where + rows.start
+
+    least, where = (np.stack(parts) for parts in zip(*distance_blocks(Y, centers, nearest_in)))
+    return where[least.argmin(axis=0), columns]
 
 
 def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
