@@ -335,26 +335,29 @@ def _recomputed_best(Q, X, cand, k):
 def _tree_knn(Q, X, k, exclude_self, block_bytes):
     """The CPU's k-NN in up to TREE_MAX_DIM dimensions: a k-d tree's
     k + CANDIDATE_MARGIN nearest (O(log N) per query where brute force computes
-    a row of N distances), self left out, re-sorted on exact squared distances by
-    (distance, index) as the brute force sorts them; in blocks of query rows
-    whose candidates' coordinates fit ``block_bytes``."""
+    a row of N distances), self left out, their squared distances recomputed from
+    the coordinates (summed in float64) and sorted by (distance, index) as the
+    brute force sorts them, compiled (neighbors_cpu.best_sorted: the 10-NN of
+    70,000 2-D points 0.09 s where NumPy's gather and lexsort took 0.17 s); in
+    blocks of query rows whose candidate lists fit ``block_bytes``."""
     from scipy.spatial import cKDTree
+
+    from .neighbors_cpu import best_sorted, candidate_sqdist
 
     n, m_rows = X.shape[0], Q.shape[0]
     m = min(n, k + int(exclude_self) + CANDIDATE_MARGIN)
     tree = cKDTree(X)
     sqdist = np.empty((m_rows, k), dtype=X.dtype)
     indices = np.empty((m_rows, k), dtype=np.int64)
-    rows = max(1, block_bytes // (m * (X.shape[1] + 2) * 8))
+    # Per candidate: the tree's distance and index, the index's int64 copy, d2.
+    rows = max(1, block_bytes // (m * 4 * 8))
     for start in range(0, m_rows, rows):
         q = Q[start:start + rows]
         idx = tree.query(q, m, workers=-1)[1].reshape(len(q), m).astype(np.int64)
-        d2 = ((X[idx] - q[:, None, :]) ** 2).sum(axis=2)
+        d2 = candidate_sqdist(q, X, idx)
         if exclude_self:                    # wherever the tree put it among its copies
             d2[idx == np.arange(start, start + len(q))[:, None]] = np.inf
-        order = np.lexsort((idx, d2), axis=1)[:, :k]
-        sqdist[start:start + len(q)] = np.take_along_axis(d2, order, axis=1)
-        indices[start:start + len(q)] = np.take_along_axis(idx, order, axis=1)
+        sqdist[start:start + len(q)], indices[start:start + len(q)] = best_sorted(d2, idx, k)
     return sqdist, indices
 
 
@@ -484,6 +487,10 @@ def _finish(xp, Q, X, dist, sq_rows, sq_cand, cand, k):
 
 def _best_sorted(xp, dist, cand, k):
     """The k best of each row's candidates, sorted by (distance, index)."""
+    if xp is np:
+        from .neighbors_cpu import best_sorted
+
+        return best_sorted(dist, cand, k)
     # Sort by index, then stably by distance: ties end up in index order.
     by_index = xp.argsort(cand, axis=1)
     cand = xp.take_along_axis(cand, by_index, axis=1)

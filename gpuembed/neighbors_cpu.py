@@ -12,7 +12,8 @@ on all cores in one pass instead of NumPy's partition, filter and gather.
 For sparse rows the strips come from ``sparse_gram``, compiled here too, and
 ``centred_float32`` and ``candidate_sqdist`` serve the float32 search of float64
 points (neighbors._mixed_precision_knn): its input, and its candidates' float64
-distances.
+distances (the k-d tree's too); ``best_sorted`` puts every CPU search's
+candidates in (distance, index) order.
 """
 from __future__ import annotations
 
@@ -147,6 +148,58 @@ def candidate_sqdist(Q, X, cand):
                 s += u * u
             out[i, e] = s
     return out
+
+
+@njit(inline="always")
+def _before(values, indices, a, b):
+    """Whether entry a comes before entry b in (distance, index) order."""
+    return values[a] < values[b] or (values[a] == values[b] and indices[a] < indices[b])
+
+
+@njit(inline="always")
+def _sift_down(values, indices, root, end):
+    """Restore the max-heap (in (distance, index) order) of entries [0, end)
+    below ``root``."""
+    while True:
+        child = 2 * root + 1
+        if child >= end:
+            return
+        if child + 1 < end and _before(values, indices, child, child + 1):
+            child += 1
+        if not _before(values, indices, root, child):
+            return
+        values[root], values[child] = values[child], values[root]
+        indices[root], indices[child] = indices[child], indices[root]
+        root = child
+
+
+@njit(parallel=True, cache=True)
+def best_sorted(dist, cand, k):
+    """(distances, indices) of each row's k best candidates cand[i, e] at
+    dist[i, e], sorted by (distance, index): a heapsort of each row on that key.
+    On 2 cores 0.15 s for the 90 best of 98 unordered candidates of 70,000 rows,
+    where NumPy's argsort by index, then stably by distance, took 0.80 s."""
+    m, width = dist.shape
+    out_dist = np.empty((m, k), dtype=dist.dtype)
+    out_cand = np.empty((m, k), dtype=np.int64)
+    for i in prange(m):
+        # Copies by loops: with the rows' copy() and astype() numba took 3.2 s
+        # instead of 1.5 to compile this.
+        values = np.empty(width, dtype=dist.dtype)
+        indices = np.empty(width, dtype=np.int64)
+        for e in range(width):
+            values[e] = dist[i, e]
+            indices[e] = cand[i, e]
+        for root in range(width // 2 - 1, -1, -1):
+            _sift_down(values, indices, root, width)
+        for end in range(width - 1, 0, -1):
+            values[0], values[end] = values[end], values[0]
+            indices[0], indices[end] = indices[end], indices[0]
+            _sift_down(values, indices, 0, end)
+        for e in range(k):
+            out_dist[i, e] = values[e]
+            out_cand[i, e] = indices[e]
+    return out_dist, out_cand
 
 
 class FeatureSplit(NamedTuple):

@@ -137,6 +137,21 @@ def test_ties_on_a_grid(backend):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [1, 7, 40])
+def test_compiled_sort_orders_candidates_by_distance_then_index(rng, dtype, k):
+    """neighbors_cpu.best_sorted against a lexsort: unordered candidates at a few
+    distinct distances, so that runs of ties cross the k-th place; all 40 kept."""
+    from gpuembed.neighbors_cpu import best_sorted
+    dist = rng.integers(0, 4, (300, 40)).astype(dtype)
+    cand = np.stack([rng.permutation(1000)[:40] for _ in range(300)])
+    order = np.lexsort((cand, dist), axis=1)[:, :k]
+    got_dist, got_cand = best_sorted(dist, cand, k)
+    assert got_dist.dtype == dtype and got_cand.dtype == np.int64
+    np.testing.assert_array_equal(got_dist, np.take_along_axis(dist, order, axis=1))
+    np.testing.assert_array_equal(got_cand, np.take_along_axis(cand, order, axis=1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_ties_before_rounding_on_a_grid_in_many_dimensions(backend, dtype, rng):
     # Integer points in 12-D (the GEMM path): dozens tied at each distance, which
     # the GEMM rounds apart.  The order within a tie and the cut through one follow
@@ -149,6 +164,7 @@ def test_ties_before_rounding_on_a_grid_in_many_dimensions(backend, dtype, rng):
     np.testing.assert_allclose(sqdist, ref_d, rtol=1e-4 if dtype == np.float32 else 1e-10)
     assert (np.diff(np.sort(idx, axis=1), axis=1) > 0).all()
     assert (idx != np.arange(300)[:, None]).all()
+
 
 def test_integer_input_becomes_float64():
     X = np.arange(20).reshape(10, 2)
