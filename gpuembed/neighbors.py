@@ -75,14 +75,12 @@ MIXED_MIN_QUERIES = 500
 # Relative accuracy of the returned distances, per dtype (see module doc).
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
 # Up to this many features the CPU walks a k-d tree instead (_tree_knn), 2 cores,
-# benchmarks/results/knn_lowdim.json: the 10-NN of 70,000 uniform 2-D points in
-# 0.27 s against 13.6 s by brute force, their 90-NN in 5-D in 2.5 s against 17.9
-# s, of 20 Gaussian clusters in 10-D in 5.9 s against 17.2 s (float32 clusters
-# and Fashion-MNIST's first 10 principal components: 3.7-4.2 s against 11.7-12.0
-# s).  Uniform 10-D points, whose intrinsic dimension is all 10, are its worst
-# case: 27.4 s against 17.5 s in float64 (13.8 against 12.1 in float32), ahead
-# only from a few times more points (N log N against N^2).  In 16-D uniform
-# float32 points took 180 s against 12 s.
+# benchmarks/results/knn_lowdim.json (bbd0378): the 10-NN of 70,000 uniform 2-D
+# points in 0.10 s against 6.9 s by brute force, their 90-NN in 5-D in 1.0 s
+# against 5.2 s, of 20 Gaussian clusters in 10-D in 2.3 s against 6.5 s.  Uniform
+# 10-D points, whose intrinsic dimension is all 10, are its worst case: 8.0 s
+# against 5.8 s, ahead only from a few times more points (N log N against N^2).
+# In 16-D uniform float32 points took 180 s against 12 s (an earlier run).
 TREE_MAX_DIM = 10
 METRICS = ("euclidean", "cosine")
 
