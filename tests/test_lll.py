@@ -429,20 +429,67 @@ def test_narrow_width_falls_back_to_shift_invert_or_says_why(monkeypatch):
     Lanczos gave up after 20,000 restarts (17 s) with ArpackNoConvergence.  After
     LANCZOS_MAXITER restarts the CPU now solves by shift-invert, and where even that
     cannot separate them (the graph numerically disconnected) says so (fewer
-    restarts here, for time)."""
+    restarts here, for time).  The graphs have 5 and 3 components, and more
+    vectors are wanted (as many take no solver: the next test)."""
     from gpuembed.spectral import affinity_graph, embedding, spectral_embedding
 
     monkeypatch.setattr(embedding, "LANCZOS_MAXITER", 100)
+    shift_invert = embedding._shift_invert_eigsh
+    calls = []
+    monkeypatch.setattr(embedding, "_shift_invert_eigsh",
+                        lambda *a: calls.append(1) or shift_invert(*a))
 
     X, _ = ge.datasets.gaussian_clusters(2000, 5, 10, random_state=3)
     X1 = X + np.random.default_rng(0).normal(scale=1.0, size=X.shape)
     W = affinity_graph(X1, 15, sigma=0.5, backend="cpu")
-    fallback = spectral_embedding(W, 5, drop_first=False, backend="cpu")
-    direct = spectral_embedding(W, 5, drop_first=False, shift_invert=True, backend="cpu")
+    fallback = spectral_embedding(W, 6, drop_first=False, backend="cpu")
+    direct = spectral_embedding(W, 6, drop_first=False, shift_invert=True, backend="cpu")
+    assert len(calls) == 2
     assert procrustes_error(direct, fallback) < 1e-6
-    X2 = X + np.random.default_rng(0).normal(scale=2.0, size=X.shape)
+    X3 = X + np.random.default_rng(0).normal(scale=3.0, size=X.shape)
     with pytest.raises(ValueError, match="numerically disconnected.*wider sigma"):
-        ge.SpectralClustering(5, n_neighbors=15, sigma=0.5, backend="cpu").fit(X2)
+        ge.SpectralClustering(5, n_neighbors=15, sigma=0.5, backend="cpu").fit(X3)
+
+
+def test_as_many_vectors_as_components_take_no_eigensolver(monkeypatch):
+    """A graph of as many components as vectors wanted (or more): eigenvalue 1's
+    vectors, D^1/2 times the components' indicators, without the Lanczos, which
+    finds a multiple eigenvalue only through rounding.  On these 5 clusters
+    (weights within them down to 1e-62) it and shift-invert failed, and at
+    another width ARPACK returned 4 of the 5 and a mixture (ARI 0.82)."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from gpuembed.spectral import affinity_graph, embedding, spectral_embedding
+
+    X, y = ge.datasets.gaussian_clusters(2000, 5, 10, random_state=3)
+    X2 = X + np.random.default_rng(0).normal(scale=2.0, size=X.shape)
+    W = affinity_graph(X2, 15, sigma=0.5, backend="cpu")
+    monkeypatch.setattr(embedding, "_largest", None)           # not called
+    degree = np.asarray(W.sum(axis=1)).ravel()
+    for n_components, drop_first in ((5, False), (4, True), (2, False)):
+        Y = spectral_embedding(W, n_components, drop_first=drop_first, backend="cpu")
+        np.testing.assert_allclose(Y.T @ (degree[:, None] * Y), np.eye(n_components),
+                                   atol=1e-12)
+        for c in range(5):                                      # constant on each cluster
+            np.testing.assert_allclose(Y[y == c], Y[y == c][:1].repeat(400, axis=0),
+                                       rtol=0, atol=1e-12 * np.abs(Y).max())
+        if drop_first:                                          # D-orthogonal to 1
+            np.testing.assert_allclose(degree @ Y, 0.0, atol=1e-12)
+    model = ge.SpectralClustering(5, n_neighbors=15, sigma=0.5, backend="cpu").fit(X2)
+    assert adjusted_rand_score(y, model.labels_) == 1.0
+
+
+def test_component_vectors_are_the_same_on_either_backend(backend):
+    """The vectors of a graph of 3 components (3 wanted), from the labels that
+    each backend's connected_components gives."""
+    from gpuembed.spectral import affinity_graph, spectral_embedding
+
+    X, _ = ge.datasets.gaussian_clusters(300, 3, 5, random_state=0)
+    W = affinity_graph(X, 10, sigma=1.0, backend="cpu")
+    on_host = spectral_embedding(W, 2, backend="cpu")
+    got = spectral_embedding(backend.sparse.csr_matrix(backend.asarray(W.toarray())), 2,
+                             backend=backend)
+    np.testing.assert_allclose(backend.to_host(got), on_host, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("estimator,grid,error,match", [

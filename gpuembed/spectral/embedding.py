@@ -7,6 +7,7 @@ import scipy.sparse.linalg
 
 from .._checks import check_bool, check_int, make_rng
 from ..backend import get_backend
+from ..optim.directions import connected_components
 
 # Graphs of points of at most this many coordinates are solved with
 # shift_invert=True (see points_suit_shift_invert): their Cholesky factors stay
@@ -67,6 +68,21 @@ def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_
     # Largest eigenvalues of M = smallest of the normalized Laplacian I - M.
     skip = 1 if drop_first else 0
     k = n_components + skip
+    n_comp, labels = connected_components(be, W)
+    if k <= n_comp:                    # all of eigenvalue 1: known without a solver
+        vecs = _component_basis(xp, degree, be.asarray(labels), k)
+    else:
+        vecs = _largest(be, M, k, v0, shift_invert)
+    vecs = vecs[:, skip:]              # drop the trivial eigenvector D^1/2 1
+    Y = vecs * d_isqrt[:, None]
+    # Fix each eigenvector's sign so that the result is reproducible.
+    signs = xp.sign(Y[xp.argmax(xp.abs(Y), axis=0), xp.arange(n_components)])
+    return Y * signs
+
+
+def _largest(be, M, k, v0, shift_invert):
+    """The k eigenvectors of the largest eigenvalues of the symmetric sparse M,
+    in their order."""
     if be.is_gpu:
         vals, vecs = be.sparse_linalg.eigsh(M, k=k, which="LA", v0=v0)
     elif shift_invert:
@@ -77,12 +93,34 @@ def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_
                                                    maxiter=LANCZOS_MAXITER)
         except scipy.sparse.linalg.ArpackNoConvergence:
             vals, vecs = _shift_invert_eigsh(M, k, v0)
-    order = xp.argsort(-vals)
-    vecs = vecs[:, order[skip:]]       # drop the trivial eigenvector D^1/2 1
-    Y = vecs * d_isqrt[:, None]
-    # Fix each eigenvector's sign so that the result is reproducible.
-    signs = xp.sign(Y[xp.argmax(xp.abs(Y), axis=0), xp.arange(n_components)])
-    return Y * signs
+    return vecs[:, be.xp.argsort(-vals)]
+
+
+def _component_basis(xp, degree, labels, m):
+    """m orthonormal eigenvectors (N, m) of M of eigenvalue 1 on a graph of at
+    least m components (``labels``, numbered by their first points), whose
+    indicators times D^1/2 span them all.  Lanczos from one start vector finds a
+    multiple eigenvalue's vectors only through rounding: on 5 separated clusters
+    (a 15-NN graph of 5 components) ARPACK returned 4 of them and a mixture, and
+    k-means split a cluster (ARI 0.82).  The first column is the trivial D^1/2 1
+    (normalized), the others Gram-Schmidt's from the first m - 1 components.
+    Where more vectors are wanted than there are components, the eigensolver
+    finds them all, eigenvalue 1's copies included, which it may miss: in
+    tests/test_lll.py's model selection at sigma 2 (3 components, 5 vectors)
+    ARPACK returned two of the three (deflating the known ones is not done).
+
+    Each vector is D^1/2 times a value per component: those values come from a
+    QR of the components' volumes (c x m), not of the N x m vectors, whose
+    rounding divided by a tiny degree's root (1e-31 in a test) scattered a
+    component's coordinates."""
+    n_comp = int(labels.max()) + 1
+    volume_root = xp.sqrt(xp.bincount(labels, weights=degree, minlength=n_comp))
+    # Column 0: the trivial vector's values (all ones); column j: component j - 1's.
+    parts = xp.zeros((n_comp, m))
+    parts[:, 0] = 1.0
+    parts[xp.arange(m - 1), xp.arange(1, m)] = 1.0
+    Q = xp.linalg.qr(volume_root[:, None] * parts)[0]
+    return xp.sqrt(degree)[:, None] * (Q / volume_root[:, None])[labels]
 
 
 def points_suit_shift_invert(X):
