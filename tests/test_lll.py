@@ -115,6 +115,39 @@ def test_reconstruction_weights_are_local_affine_and_reconstruct(rng):
     assert np.median(err) < 0.1 * np.median(snap)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_reconstruction_weights_solve_each_points_gram_system(rng, sparse):
+    """Each row of Z against its local Gram system built from the differences
+    y - l_j (eqs 4.7-4.8, with the ridge); the Gram entries of the code come from
+    distances alone, between landmarks only for the pairs that some point uses
+    (dense rows) or for all (sparse rows).  An odd number of landmarks: the
+    compiled pairs run rows t and L - 1 - t together."""
+    from gpuembed.spectral import lll
+    landmarks = rng.standard_normal((201, 3)) + 5
+    Y = rng.standard_normal((150, 3)) * 0.8 + 5
+    as_input = scipy.sparse.csr_matrix if sparse else np.asarray
+    Z = reconstruction_weights(as_input(Y), as_input(landmarks), 4)
+    for n in range(len(Y)):
+        nb = Z.indices[Z.indptr[n]:Z.indptr[n + 1]]
+        diff = Y[n] - landmarks[nb]
+        G = diff @ diff.T
+        G += lll.REGULARIZATION * np.trace(G) / 4 * np.eye(4)
+        w = np.linalg.solve(G, np.ones(4))
+        np.testing.assert_allclose(Z.data[Z.indptr[n]:Z.indptr[n + 1]], w / w.sum(),
+                                   rtol=1e-7, atol=1e-9)
+
+
+def test_landmark_pair_distances_are_those_of_the_pairs_in_use(rng):
+    from gpuembed.spectral.lll_cpu import landmark_pair_sqdist
+    landmarks = rng.standard_normal((31, 5))
+    neighbours = rng.integers(0, 31, (40, 3))
+    out = landmark_pair_sqdist(landmarks, neighbours)
+    brute = ((landmarks[:, None] - landmarks[None]) ** 2).sum(-1)
+    a, b = neighbours[:, :, None], neighbours[:, None, :]
+    np.testing.assert_allclose(out[a, b], brute[a, b], rtol=1e-13, atol=1e-14)
+    np.testing.assert_array_equal(np.diag(out), 0.0)
+
+
 @pytest.mark.parametrize("method", ["random", "random-pruned", "kmeans"])
 def test_landmark_choices(rng, method):
     Y = rng.standard_normal((500, 2))

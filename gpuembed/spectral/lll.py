@@ -21,7 +21,7 @@ from ..neighbors import knn_query
 from ..nbody.exact import squared_distances
 from ..optim.sparse_cpu import csr_times
 from .kmeans import distance_blocks, kmeans, plusplus_seeds
-from .lll_cpu import graph_landmarks
+from .lll_cpu import graph_landmarks, landmark_pair_sqdist
 
 LANDMARK_METHODS = ("random", "random-pruned", "kmeans")
 REFINE_CHUNK = 8192     # points per batch of local Gram systems
@@ -138,7 +138,9 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
 
     G_ij = (y - l_i).(y - l_j) = (|y - l_i|^2 + |y - l_j|^2 - |l_i - l_j|^2) / 2 comes
     from the k-NN distances and the landmarks' own distances, so no (N, kz, D)
-    array of differences is formed: O(N kz^2 + L^2 D) instead of O(N kz^2 D).
+    array of differences is formed: O(N kz^2 + P D) instead of O(N kz^2 D), P
+    the pairs of landmarks that are both among one point's nearest (dense rows,
+    lll_cpu.landmark_pair_sqdist; sparse rows: all L^2 pairs by a product).
     The k-NN search runs on ``backend`` in the inputs' dtype (``search(Y, kz)``:
     another search of the landmarks, such as a :class:`~gpuembed.neighbors_ivf.QuerySearch`
     of them), the Gram systems on the host in float64.
@@ -151,8 +153,11 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
     sqdist, idx = (be.to_host(a) for a in neighbours)
     sqdist = sqdist.astype(np.float64, copy=False)
     landmarks = be.to_host(Y_landmarks)
-    with get_backend("cpu").serial_blas():      # the same bits on any number of threads
-        between = squared_distances(np, landmarks, landmarks)
+    if scipy.sparse.issparse(landmarks):
+        with get_backend("cpu").serial_blas():  # the same bits on any number of threads
+            between = squared_distances(np, landmarks, landmarks)
+    else:                                       # only the pairs that share a point
+        between = landmark_pair_sqdist(np.ascontiguousarray(landmarks, dtype=np.float64), idx)
     W = np.empty((n, kz))
     for start in range(0, n, REFINE_CHUNK):
         stop = min(n, start + REFINE_CHUNK)

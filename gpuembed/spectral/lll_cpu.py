@@ -9,6 +9,9 @@ L entries per block, not per row).  On Fashion-MNIST 70k (a 20-NN graph, 32
 neighbours per point after symmetrizing; 3,000 landmarks, float64) 0.12-0.14 s, most
 of it the distances in 784-D; a breadth-first walk over the points 2 hops away
 took 0.59 s, without reassociating the sums of squares (no vectors) 0.91 s.
+
+``landmark_pair_sqdist`` serves the local Gram systems of either search: the
+distances between the landmarks that share a point, not all L^2 of them.
 """
 from __future__ import annotations
 
@@ -87,3 +90,41 @@ def _meet(near_ptr, near, v, r, seen, met, count):
             met[count] = lm
             count += 1
     return count
+
+
+@njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
+def landmark_pair_sqdist(landmark_rows, neighbours):
+    """(L, L) array whose entry (a, b) is |l_a - l_b|^2 for every two landmarks
+    that are both among one point's nearest (a row of ``neighbours``, (N, kz)),
+    and 0 on the diagonal; other entries are left unset.  The local Gram systems
+    need only those: 105,000 of the 4.5 million pairs of 3,000 landmarks of
+    Fashion-MNIST 70k (kz = 6), whose full distance matrix by GEMM took 0.13 s."""
+    n_landmarks, d = landmark_rows.shape
+    wanted = np.zeros((n_landmarks, n_landmarks), np.uint8)    # upper triangle
+    for i in range(neighbours.shape[0]):
+        for p in range(neighbours.shape[1]):
+            for q in range(neighbours.shape[1]):
+                a, b = neighbours[i, p], neighbours[i, q]
+                if a < b:
+                    wanted[a, b] = 1
+    out = np.empty((n_landmarks, n_landmarks))
+    # Row a has about L - a pairs to look at: task t takes rows t and L - 1 - t.
+    for t in prange((n_landmarks + 1) // 2):
+        _pair_row(landmark_rows, wanted, t, out)
+        if n_landmarks - 1 - t != t:
+            _pair_row(landmark_rows, wanted, n_landmarks - 1 - t, out)
+    return out
+
+
+@njit(inline="always", fastmath={"reassoc", "contract"}, cache=True)
+def _pair_row(landmark_rows, wanted, a, out):
+    """Row a's wanted pairs (a, b > a) of landmark_pair_sqdist, both ways."""
+    out[a, a] = 0.0
+    for b in range(a + 1, landmark_rows.shape[0]):
+        if wanted[a, b]:
+            s = 0.0
+            for j in range(landmark_rows.shape[1]):
+                u = landmark_rows[a, j] - landmark_rows[b, j]
+                s += u * u
+            out[a, b] = s
+            out[b, a] = s
