@@ -388,7 +388,8 @@ class Spectral(Direction):
     the factor only for the full L+: an exact solve with a sparsified L+ follows
     its near-null modes (weakly linked groups) all the way and stalled once B was
     refreshed at a spread layout, where CG's truncated solve resolves the stiff
-    modes first (100 rotating objects: KL 1.913 against 1.462).
+    modes first (100 rotating objects: KL 1.913 against 1.462; at d3ef4c5 that fit no
+    longer stalls, 1.398 against the default's 1.324: benchmarks/README.md).
 
     ``refresh=R`` (``sd_refresh``): every R iterations B is rebuilt and
     refactorized from the attractive weights at the current layout, and where the
