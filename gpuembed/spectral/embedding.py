@@ -116,7 +116,7 @@ def _component_basis(xp, degree, labels, m):
     n_comp = int(labels.max()) + 1
     volume_root = xp.sqrt(xp.bincount(labels, weights=degree, minlength=n_comp))
     # Column 0: the trivial vector's values (all ones); column j: component j - 1's.
-    parts = xp.zeros((n_comp, m))
+    parts = xp.zeros((n_comp, m), dtype=degree.dtype)
     parts[:, 0] = 1.0
     parts[xp.arange(m - 1), xp.arange(1, m)] = 1.0
     Q = xp.linalg.qr(volume_root[:, None] * parts)[0]
