@@ -137,6 +137,18 @@ def test_reconstruction_weights_solve_each_points_gram_system(rng, sparse):
                                    rtol=1e-7, atol=1e-9)
 
 
+def test_small_solver_pivots(rng):
+    """The local Gram systems' elimination against NumPy's, on matrices whose
+    leading entry is 0 (a row swap is needed) and on random ones."""
+    from gpuembed.spectral.lll_cpu import _solve_in_place
+    for G in (np.array([[0.0, 2.0, 1.0], [1.0, 1.0, 0.0], [3.0, 0.0, 1.0]]),
+              rng.standard_normal((6, 6))):
+        b = rng.standard_normal(G.shape[0])
+        w = b.copy()
+        _solve_in_place(G.copy(), w)
+        np.testing.assert_allclose(w, np.linalg.solve(G, b), rtol=1e-10, atol=1e-12)
+
+
 def test_landmark_pair_distances_are_those_of_the_pairs_in_use(rng):
     from gpuembed.spectral.lll_cpu import landmark_pair_sqdist
     landmarks = rng.standard_normal((31, 5))

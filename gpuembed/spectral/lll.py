@@ -21,10 +21,9 @@ from ..neighbors import knn_query
 from ..nbody.exact import squared_distances
 from ..optim.sparse_cpu import csr_times
 from .kmeans import distance_blocks, kmeans, plusplus_seeds
-from .lll_cpu import graph_landmarks, landmark_pair_sqdist
+from .lll_cpu import graph_landmarks, landmark_pair_sqdist, local_weights
 
 LANDMARK_METHODS = ("random", "random-pruned", "kmeans")
-REFINE_CHUNK = 8192     # points per batch of local Gram systems
 REGULARIZATION = 1e-3   # ridge on the local Gram matrix, relative to its trace (as in LLE)
 KZ_MAX = 6
 DENSE_MAX_L = 1500      # reduced problems above this size, with at least
@@ -143,7 +142,7 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
     lll_cpu.landmark_pair_sqdist; sparse rows: all L^2 pairs by a product).
     The k-NN search runs on ``backend`` in the inputs' dtype (``search(Y, kz)``:
     another search of the landmarks, such as a :class:`~gpuembed.neighbors_ivf.QuerySearch`
-    of them), the Gram systems on the host in float64.
+    of them), the Gram systems on the host in float64 (lll_cpu.local_weights).
     """
     n, L = Y.shape[0], Y_landmarks.shape[0]
     kz = check_int(kz, "kz", 1, L)
@@ -158,15 +157,8 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
             between = squared_distances(np, landmarks, landmarks)
     else:                                       # only the pairs that share a point
         between = landmark_pair_sqdist(np.ascontiguousarray(landmarks, dtype=np.float64), idx)
-    W = np.empty((n, kz))
-    for start in range(0, n, REFINE_CHUNK):
-        stop = min(n, start + REFINE_CHUNK)
-        s, nb = sqdist[start:stop], idx[start:stop]
-        G = 0.5 * (s[:, :, None] + s[:, None, :] - between[nb[:, :, None], nb[:, None, :]])
-        ridge = REGULARIZATION * np.trace(G, axis1=1, axis2=2) / kz
-        G += (ridge + 1e-300)[:, None, None] * np.eye(kz)
-        w = np.linalg.solve(G, np.ones((stop - start, kz, 1)))[..., 0]
-        W[start:stop] = w / w.sum(axis=1, keepdims=True)
+    W = local_weights(sqdist, np.ascontiguousarray(idx, dtype=np.int64),
+                      np.asarray(between, dtype=np.float64), REGULARIZATION)
     exact = sqdist[:, 0] == 0
     W[exact] = 0.0
     W[exact, 0] = 1.0
