@@ -151,14 +151,14 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
                   else knn_query(Y, Y_landmarks, kz, backend=be))
     sqdist, idx = (be.to_host(a) for a in neighbours)
     sqdist = sqdist.astype(np.float64, copy=False)
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
     landmarks = be.to_host(Y_landmarks)
     if scipy.sparse.issparse(landmarks):
         with get_backend("cpu").serial_blas():  # the same bits on any number of threads
             between = squared_distances(np, landmarks, landmarks)
     else:                                       # only the pairs that share a point
         between = landmark_pair_sqdist(np.ascontiguousarray(landmarks, dtype=np.float64), idx)
-    W = local_weights(sqdist, np.ascontiguousarray(idx, dtype=np.int64),
-                      np.asarray(between, dtype=np.float64), REGULARIZATION)
+    W = local_weights(sqdist, idx, np.asarray(between, dtype=np.float64), REGULARIZATION)
     exact = sqdist[:, 0] == 0
     W[exact] = 0.0
     W[exact, 0] = 1.0
