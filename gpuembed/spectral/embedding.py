@@ -62,22 +62,24 @@ def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_
     if bool((degree <= 0).any()):
         raise ValueError("W has a row without any affinity (isolated point)")
     d_isqrt = 1.0 / xp.sqrt(degree)
-    scale = be.sparse.diags(d_isqrt)
-    M = scale @ W @ scale
-    v0 = be.asarray(make_rng(random_state).random(n), dtype=M.dtype)
-    # Largest eigenvalues of M = smallest of the normalized Laplacian I - M.
     skip = 1 if drop_first else 0
     k = n_components + skip
     n_comp, labels = connected_components(be, W)
     if k <= n_comp:                    # all of eigenvalue 1: known without a solver
         vecs = _component_basis(xp, degree, be.asarray(labels), k)
-    elif n_comp > 1:                   # those and the rest, with the known ones deflated
-        host = get_backend("cpu")      # on the host: cupyx's eigsh is not given an operator
-        known = _component_basis(np, be.to_host(degree), be.to_host(labels), n_comp)
-        rest = _largest(host, be.to_host(M), k - n_comp, be.to_host(v0), shift_invert, known)
-        vecs = be.asarray(np.concatenate([known, rest], axis=1))
     else:
-        vecs = _largest(be, M, k, v0, shift_invert)
+        # Largest eigenvalues of M = smallest of the normalized Laplacian I - M.
+        scale = be.sparse.diags(d_isqrt)
+        M = scale @ W @ scale
+        v0 = be.asarray(make_rng(random_state).random(n), dtype=M.dtype)
+        if n_comp == 1:
+            vecs = _largest(be, M, k, v0, shift_invert)
+        else:                          # those and the rest, with the known ones deflated
+            host = get_backend("cpu")  # on the host: cupyx's eigsh is not given an operator
+            known = _component_basis(np, be.to_host(degree), be.to_host(labels), n_comp)
+            rest = _largest(host, be.to_host(M), k - n_comp, be.to_host(v0), shift_invert,
+                            known)
+            vecs = be.asarray(np.concatenate([known, rest], axis=1))
     vecs = vecs[:, skip:]              # drop the trivial eigenvector D^1/2 1
     Y = vecs * d_isqrt[:, None]
     # Fix each eigenvector's sign so that the result is reproducible.
