@@ -104,10 +104,9 @@ def landmark_pair_sqdist(landmark_rows, neighbours):
     wanted = np.zeros((n_landmarks, n_landmarks), np.uint8)    # upper triangle
     for i in range(neighbours.shape[0]):
         for p in range(neighbours.shape[1]):
-            for q in range(neighbours.shape[1]):
+            for q in range(p + 1, neighbours.shape[1]):
                 a, b = neighbours[i, p], neighbours[i, q]
-                if a < b:
-                    wanted[a, b] = 1
+                wanted[min(a, b), max(a, b)] = 1
     out = np.empty((n_landmarks, n_landmarks))
     # Row a has about L - a pairs to look at: task t takes rows t and L - 1 - t.
     for t in prange((n_landmarks + 1) // 2):
