@@ -39,7 +39,7 @@ import scipy.sparse.csgraph
 import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
-from .sparse_cpu import csr_times, jacobi_pcg, largest_per_row
+from .sparse_cpu import cholesky_solve, csr_times, jacobi_pcg, largest_per_row
 from .sparse_gpu import CGWorkspace, connected_components_gpu, largest_per_row_gpu
 
 try:
@@ -329,20 +329,24 @@ def factorize_cpu(B):
     A B with at least N^2 / DENSE_FACTOR_MIN_FILL nonzeros (the full L+ of up
     to about a thousand points) fills most of its factor whatever the ordering,
     and the wheel's CHOLMOD runs the dense blocks on a bundled reference BLAS:
-    LAPACK's dense Cholesky factorizes 4-6x faster there for solves up to 2x
-    slower, ahead for the first 100-180 solves.  rotating_objects' matrix (720
-    points, 82 nonzeros per row at perplexity 20): 3.5-5 ms against 22 ms,
-    solves of two columns 0.24-0.31 ms against 0.17; Fashion-MNIST 1,000 at
-    perplexity 30 (122 per row): 10.7 against 50 ms, 0.59 against 0.33 ms.
-    t-SNE's SD refactorizes every 50 iterations, and default EE fits of such
-    data stop within 54-165 iterations.  Sparser, CHOLMOD is ahead after a
-    few solves: rotating_objects at perplexity 10 (39 per row, 1/18 full)
-    factorizes in 8.9 ms against the dense 5.2 and solves 2.6x faster.
+    LAPACK's dense Cholesky factorizes 5-10x faster there, and the dense factor
+    solves (sparse_cpu.cholesky_solve) about as fast as CHOLMOD's.  Two columns,
+    2-core EPYC: rotating_objects' matrix (720 points, 82 nonzeros per row at
+    perplexity 20) 2.3 ms against 16.6 ms, solves 0.096 ms against 0.126 (LAPACK's
+    own potrs 0.166); Fashion-MNIST 1,000 at perplexity 30 (122 per row): 5.6
+    against 30 ms, 0.18 against 0.17 ms (potrs 0.30).  t-SNE's SD refactorizes
+    every 50 iterations, and default EE fits of such data stop within 54-165
+    iterations.  Sparser, CHOLMOD's faster solves pay for its factorization
+    over a long fit: rotating_objects at perplexity 10 (39 per row, 1/18 full) 7.1 ms against
+    the dense 2.3, solves 0.071 against 0.096 ms; Fashion-MNIST 2,000 (1/16 full)
+    84 against 44 ms, solves 0.42 against 0.95 ms.
     """
     n = B.shape[0]
     if B.nnz * DENSE_FACTOR_MIN_FILL >= n * n:
-        factor = scipy.linalg.cho_factor(B.toarray(), lower=True, check_finite=False)
-        solve64 = lambda G: scipy.linalg.cho_solve(factor, G, check_finite=False)
+        # LAPACK's lower factor is in Fortran order: its transpose is U in C order.
+        U = np.ascontiguousarray(
+            scipy.linalg.cho_factor(B.toarray(), lower=True, check_finite=False)[0].T)
+        solve64 = lambda G: cholesky_solve(U, G)
     elif _cholespy is None:
         solve64 = scipy.sparse.linalg.splu(B.tocsc(), permc_spec="COLAMD").solve
     else:

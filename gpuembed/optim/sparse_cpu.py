@@ -1,10 +1,11 @@
-"""Compiled sparse-matrix helpers of the spectral direction (optim/directions.py).
+"""Compiled matrix helpers of the spectral direction (optim/directions.py).
 
 ``largest_per_row`` sparsifies L+: the array code it replaces ranked all
 entries with one ``np.lexsort`` over (row, -weight), 1.0 s for t-SNE's 2.7M
 affinities on Fashion-MNIST 20k, paid again for every mu of a MAC run, each of
 which builds its own direction.  ``csr_times`` is the CG's product with the
-SD matrix on all cores (SciPy's runs on one), ``jacobi_pcg`` SD's whole CG.
+SD matrix on all cores (SciPy's runs on one), ``jacobi_pcg`` SD's whole CG,
+``cholesky_solve`` the solve by a dense Cholesky factor.
 """
 from __future__ import annotations
 
@@ -138,3 +139,35 @@ def _total(a):
     for x in a:
         total += x
     return total
+
+
+@njit(cache=True, fastmath={"contract", "reassoc"})
+def cholesky_solve(U, G):
+    """X with U^T U X = G, U upper triangular (C order; its strict lower triangle
+    is not read), G (N, k): one pass over U's rows for each triangle, every
+    column of G in turn while the row is in cache.  At 720 points (t-SNE's SD
+    on rotating_objects) 0.096 ms for two columns against 0.16 ms for LAPACK's
+    potrs (best of 30; 2-core EPYC).  Each inner loop runs over slices from 0:
+    over range(j + 1, N) they did not vectorize (4-5x slower)."""
+    n, k = G.shape
+    Y = np.empty((k, n))
+    for i in range(n):
+        for c in range(k):
+            Y[c, i] = G[i, c]
+    for j in range(n):                  # U^T Y = G: row j of U is column j of U^T
+        row, pivot = U[j, j + 1:], U[j, j]
+        for c in range(k):
+            y = Y[c, j + 1:]
+            t = Y[c, j] / pivot
+            Y[c, j] = t
+            for i in range(n - j - 1):
+                y[i] -= row[i] * t
+    for i in range(n - 1, -1, -1):      # U X = Y
+        row, pivot = U[i, i + 1:], U[i, i]
+        for c in range(k):
+            y = Y[c, i + 1:]
+            s = Y[c, i]
+            for j in range(n - i - 1):
+                s -= row[j] * y[j]
+            Y[c, i] = s / pivot
+    return np.ascontiguousarray(Y.T)
