@@ -695,8 +695,8 @@ def summarize(runs, suffix=""):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--n", type=int, default=5000, help="Fashion-MNIST subset size")
-    parser.add_argument("--max-iter", type=int, default=1000)
+    parser.add_argument("--n", type=int, help="Fashion-MNIST subset size (default 5000)")
+    parser.add_argument("--max-iter", type=int, help="(default 1000)")
     parser.add_argument("--backend", default="cpu")
     parser.add_argument("--suffix", default="")
     parser.add_argument("--datasets", default=",".join(DATASETS),
@@ -718,6 +718,13 @@ def main(argv=None):
                         help="only the sd vs classic accuracy comparison on this many subsets "
                              "(of --large points: the default fits)")
     args = parser.parse_args(argv)
+    parts = ("large", "text", "shifted", "coil", "clusters", "pairs", "tsne_pairs", "split")
+    chosen = [f"--{p.replace('_', '-')}" for p in parts if getattr(args, p)]
+    if chosen and (args.n, args.max_iter) != (None, None):
+        parser.error(f"--n and --max-iter set the default run and --subsets alone; "
+                     f"{chosen[0]} fits data and iterations of its own")
+    args.n = 5000 if args.n is None else args.n
+    args.max_iter = 1000 if args.max_iter is None else args.max_iter
     if args.subsets and args.large:
         write_result("embedding", {"tsne_large_subsets": large_subsets(
             args.large, args.subsets, args.backend)}, args.suffix or f"_n{args.large}",

@@ -39,7 +39,7 @@ RUNS = [
       "--linear-n", "300", "--chain-iter", "3"], "mac", ["cost", "linear_ee_rotating_objects"],
      []),
     (["bench_segmentation.py", "--step", "16"], "segmentation", ["pixels"], ["PIL"]),
-    (["bench_embedding.py", "--coil", "1", "--max-iter", "30"], "embedding_coil1", ["coil"], []),
+    (["bench_embedding.py", "--coil", "1"], "embedding_coil1", ["coil"], []),
 ]
 
 
