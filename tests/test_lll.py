@@ -56,6 +56,28 @@ def test_out_of_sample_of_training_points(roll):
         exact.embedding_[0] - exact.embedding_[1]) + 1e-12
 
 
+@pytest.mark.parametrize("loops", [False, True])
+def test_laplacian_reduced_matrices_against_dense_products(rng, loops):
+    """laplacian_reduced: Z^T (D - W) Z and Z^T D Z, D = diag(W 1), as dense
+    products, for a symmetric W with and without a diagonal (the half of W it
+    multiplies leaves the diagonal out)."""
+    from gpuembed.spectral import lll
+
+    n, L = 120, 15
+    W = scipy.sparse.random(n, n, density=0.1, random_state=1, format="lil")
+    W.setdiag(rng.random(n) if loops else 0.0)
+    W = scipy.sparse.csr_matrix(W + W.T)
+    W.eliminate_zeros()
+    assert W.diagonal().any() == loops
+    Z = reconstruction_weights(rng.standard_normal((n, 3)), rng.standard_normal((L, 3)), 4)
+    A, B = lll.laplacian_reduced(Z, W)
+    Wd, Zd = W.toarray(), Z.toarray()
+    D = np.diag(Wd.sum(axis=1))
+    assert scipy.sparse.issparse(A) and scipy.sparse.issparse(B)
+    np.testing.assert_allclose(A.toarray(), Zd.T @ (D - Wd) @ Zd, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(B.toarray(), Zd.T @ D @ Zd, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("maxiter", [None, 1])
 def test_sparse_reduced_eigensolver_equals_dense(roll, monkeypatch, maxiter):
     """Above DENSE_MAX_L landmarks the reduced problem goes to LOBPCG: the same
@@ -69,10 +91,8 @@ def test_sparse_reduced_eigensolver_equals_dense(roll, monkeypatch, maxiter):
         monkeypatch.setattr(lll, "LOBPCG_MAXITER", maxiter)
     X = roll[0]
     W = affinity_graph(X, 20, sigma=1.5)
-    degree = np.asarray(W.sum(axis=1)).ravel()
-    D = scipy.sparse.diags(degree)
     Z = reconstruction_weights(X, X[lll.choose_landmarks(X, 2000, random_state=0)], 3)
-    A, B = lll.reduced_problem(Z, D - W, D)
+    A, B = lll.laplacian_reduced(Z, W)
     assert scipy.sparse.issparse(A) and A.shape[0] > lll.DENSE_MAX_L
     dense_calls = []
     dense = lll._trailing_dense

@@ -27,7 +27,7 @@ from ..neighbors_ivf import SEARCHES, QuerySearch
 from .embedding import points_suit_shift_invert, spectral_embedding
 from .kmeans import kmeans, nearest_centers
 from .lll import (LANDMARK_METHODS, Z_NEIGHBORS, _landmark_basis, default_kz,
-                  graph_landmark_neighbours, reconstruction_weights, reduced_problem,
+                  graph_landmark_neighbours, laplacian_reduced, reconstruction_weights,
                   trailing_generalized)
 
 GRID_PARAMETERS = ("n_neighbors", "sigma", "perplexity")   # what fit_grid may vary
@@ -138,9 +138,7 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     check_choice(z_neighbors, "z_neighbors", Z_NEIGHBORS)
     idx, Z, kz = basis or _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state,
                                           backend, W if z_neighbors == "graph" else None)
-    degree = np.asarray(W.sum(axis=1)).ravel()
-    D = scipy.sparse.diags(degree)
-    A_r, B_r = reduced_problem(Z, D - W, D)
+    A_r, B_r = laplacian_reduced(Z, W)
     _, U = trailing_generalized(A_r, B_r, d, skip=int(drop_first))   # the constant solution
     return Z @ U, idx, Z, U, kz
 
