@@ -326,20 +326,20 @@ def factorize_cpu(B):
     benchmarks/results/factorization.json).
     SuperLU remains the fallback where cholespy cannot be imported.
 
-    A B with at least N^2 / DENSE_FACTOR_MIN_FILL nonzeros (the full L+ of up
-    to about a thousand points) fills most of its factor whatever the ordering,
-    and the wheel's CHOLMOD runs the dense blocks on a bundled reference BLAS:
-    LAPACK's dense Cholesky factorizes 5-10x faster there, and the dense factor
-    solves (sparse_cpu.cholesky_solve) about as fast as CHOLMOD's.  Two columns,
-    2-core EPYC: rotating_objects' matrix (720 points, 82 nonzeros per row at
-    perplexity 20) 2.3 ms against 16.6 ms, solves 0.096 ms against 0.126 (LAPACK's
-    own potrs 0.166); Fashion-MNIST 1,000 at perplexity 30 (122 per row): 5.6
-    against 30 ms, 0.18 against 0.17 ms (potrs 0.30).  t-SNE's SD refactorizes
-    every 50 iterations, and default EE fits of such data stop within 54-165
-    iterations.  Sparser, CHOLMOD's faster solves pay for its factorization
-    over a long fit: rotating_objects at perplexity 10 (39 per row, 1/18 full) 7.1 ms against
-    the dense 2.3, solves 0.071 against 0.096 ms; Fashion-MNIST 2,000 (1/16 full)
-    84 against 44 ms, solves 0.42 against 0.95 ms.
+    A B with at least N^2 / DENSE_FACTOR_MIN_FILL nonzeros (the full L+ of up to
+    about a thousand points) fills most of its factor whatever the ordering, and the
+    wheel's CHOLMOD runs the dense blocks on a bundled reference BLAS: LAPACK's
+    dense Cholesky factorizes 5-10x faster there, and the dense factor solves
+    (sparse_cpu.cholesky_solve) about as fast as CHOLMOD's.  Two columns, 2-core
+    EPYC: rotating_objects' matrix (720 points, 82 nonzeros per row at perplexity
+    20) 2.3 ms against 16.6 ms, solves 0.096 ms against 0.126 (LAPACK's own potrs
+    0.166); Fashion-MNIST 1,000 at perplexity 30 (122 per row): 5.6 against 30 ms,
+    0.18 against 0.17 ms (potrs 0.30).  t-SNE's SD refactorizes every 50 iterations,
+    and default EE fits of such data stop within 54-165 iterations.  Sparser,
+    CHOLMOD's faster solves pay for its factorization over a long fit:
+    rotating_objects at perplexity 10 (39 per row, 1/18 full) 7.1 ms against the
+    dense 2.3, solves 0.071 against 0.096 ms; Fashion-MNIST 2,000 (1/16 full) 84
+    against 44 ms, solves 0.42 against 0.95 ms.
     """
     n = B.shape[0]
     if B.nnz * DENSE_FACTOR_MIN_FILL >= n * n:
