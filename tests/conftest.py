@@ -4,7 +4,14 @@ backend (inputs are always drawn with NumPy, then moved to the device).
 
 ``pytest -m gpu --emulated-gpu`` runs the gpu tests without a GPU: the "gpu"
 backend becomes tests/emulated_cuda.py's, NumPy arrays with the CUDA kernels
-emulated on the CPU ("auto" resolves to it too, so select the gpu tests)."""
+emulated on the CPU ("auto" resolves to it too, so select the gpu tests).
+
+``numba_cache_runs(script)`` runs a script in two new processes sharing one empty
+numba cache folder: the first compiles, the second loads what the first cached."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -43,3 +50,19 @@ def backend(request):
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def numba_cache_runs(tmp_path):
+    """script -> the last line each of two processes printed running it with
+    NUMBA_CACHE_DIR a folder that is empty before the first."""
+    def runs(script):
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+        lines = []
+        for _ in range(2):
+            done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                                  text=True, env=env, timeout=600)
+            assert done.returncode == 0, done.stderr
+            lines.append(done.stdout.strip().splitlines()[-1])
+        return lines
+    return runs

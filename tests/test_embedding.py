@@ -895,13 +895,10 @@ def test_compiled_cholesky_solve_against_lapack(n):
         np.testing.assert_allclose(B @ X, G, rtol=1e-10, atol=1e-12)
 
 
-def test_compiled_cholesky_solve_gives_the_same_bits_compiled_or_loaded(tmp_path):
+def test_compiled_cholesky_solve_gives_the_same_bits_compiled_or_loaded(numba_cache_runs):
     """cholesky_solve reassociates its dot products and is cached on disk: a first
     process (compiling it) and a second (loading it) give the same bits."""
     import json
-    import os
-    import subprocess
-    import sys
 
     script = """
 import hashlib, json, numpy as np
@@ -913,12 +910,7 @@ X = cholesky_solve(U, rng.standard_normal((500, 2)))
 hits = cholesky_solve.stats.cache_hits.get(cholesky_solve.signatures[0], 0)
 print(json.dumps({"hits": hits, "digest": hashlib.sha1(X.tobytes()).hexdigest()}))
 """
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                           env=env, timeout=600) for _ in range(2)]
-    for run in runs:
-        assert run.returncode == 0, run.stderr
-    first, second = (json.loads(run.stdout.strip().splitlines()[-1]) for run in runs)
+    first, second = (json.loads(line) for line in numba_cache_runs(script))
     assert (first["hits"], second["hits"]) == (0, 1)
     assert first["digest"] == second["digest"]
 

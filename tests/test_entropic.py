@@ -583,25 +583,18 @@ def test_gpu_kernel_equals_array_reference(clusters, method):
     assert (be.to_host(out[2]) == ref[2]).mean() > 0.98
 
 
-def test_affinities_equal_whether_compiled_or_loaded_from_numba_cache(tmp_path):
+def test_affinities_equal_whether_compiled_or_loaded_from_numba_cache(numba_cache_runs,
+                                                                     tmp_path):
     """The root finding's compiled code, freshly compiled (an empty numba cache)
     or loaded from the cache, gives the same bits: with fastmath's reassociation
     in _entropy_terms the first process after an install differed from the rest."""
-    import os
-    import subprocess
-    import sys
-
     script = ("import hashlib, numpy as np, gpuembed as ge\n"
               "X = np.random.default_rng(0).standard_normal((400, 10))\n"
               "A = ge.entropic_affinities(X, 20.0, backend='cpu')\n"
               "print(hashlib.sha1(A.P.data.tobytes() + A.beta.tobytes()).hexdigest())\n")
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                           env=env, timeout=600) for _ in range(2)]
-    for run in runs:
-        assert run.returncode == 0, run.stderr
+    first, second = numba_cache_runs(script)
     assert any(tmp_path.rglob("*.nbi"))             # the second run had a cache to load
-    assert runs[0].stdout == runs[1].stdout
+    assert first == second
 
 
 def test_perplexity_above_the_point_count_says_so():

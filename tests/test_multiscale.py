@@ -620,15 +620,11 @@ def test_multiscale_sne_bad_arguments(kwargs, match):
         ge.MultiscaleSNE(backend="cpu", **kwargs).fit(X)
 
 
-def test_fused_sweep_gives_the_same_bits_compiled_or_loaded_from_the_cache(tmp_path):
+def test_fused_sweep_gives_the_same_bits_compiled_or_loaded_from_the_cache(numba_cache_runs):
     """msne_cpu.fused_exact, edge_terms (the FGT path's) and out_of_sample_rows
     (transform's) are cached on disk; compiled in a process or loaded from numba's
     cache they must give the same bits (with fastmath's reassociation the two once
     differed in the last bits, so a first run would not have repeated later)."""
-    import os
-    import subprocess
-    import sys
-
     script = """
 import hashlib, json, numpy as np, scipy.sparse
 from numba import get_num_threads
@@ -664,11 +660,6 @@ hits = sum(f.stats.cache_hits.get(f.signatures[0], 0)
            for f in (fused_exact, edge_terms, out_of_sample_rows))
 print(json.dumps({"hits": hits, "digest": digest}))
 """
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                           env=env, timeout=600) for _ in range(2)]
-    for run in runs:
-        assert run.returncode == 0, run.stderr
-    first, second = (json.loads(run.stdout.strip().splitlines()[-1]) for run in runs)
+    first, second = (json.loads(line) for line in numba_cache_runs(script))
     assert (first["hits"], second["hits"]) == (0, 3)
     assert first["digest"] == second["digest"]
