@@ -1603,6 +1603,37 @@ def test_lbfgs_and_cg_survive_vanishing_float32_vectors():
     np.testing.assert_array_equal(cg(X, G), -G)
 
 
+def test_lbfgs_first_quasi_newton_direction_starts_at_step_one():
+    """A layout with stiff and soft coordinates, E = sum c (x - x*)^2 / 2: L-BFGS's
+    first step along -G is about 1 / c of the stiff points (c = 2^20; halved from
+    the trust step), which leaves the soft ones where they were; the first
+    direction from the pair is as short (gamma ~ 1 / c), and that step along it
+    moves the points less than the line search's floor (1e-7 of the layout's
+    radius): the fit stopped after one iteration, at E = 3.3e4, as multi-scale
+    SNE's finer stages on Fashion-MNIST 5k did.  The first direction from pairs
+    starts at step 1, and the fit goes on to the minimum."""
+    from gpuembed.optim import minimize
+
+    rng = np.random.default_rng(0)
+    target = rng.standard_normal((50, 2))
+    c = np.where(np.arange(50) < 10, 2.0 ** 20, 1.0)[:, None]
+
+    class StiffAndSoft:
+        be = ge.get_backend("cpu")
+        is_layout = True
+
+        def value_and_grad(self, X):
+            D = X - target
+            return 0.5 * float((c * D * D).sum()), c * D
+
+    X0 = target + 0.5
+    result = minimize(StiffAndSoft(), X0, "lbfgs", max_iter=50, tol=0)
+    first, second = (h["step"] for h in result.history[1:3])
+    assert first < 2.0 / 2.0 ** 20 and second == 1.0
+    assert result.n_iter > 2
+    assert result.objective < 1e-12 * StiffAndSoft().value_and_grad(X0)[0]
+
+
 @pytest.mark.parametrize("bad", [-np.inf, np.nan])
 def test_line_search_rejects_non_finite_values(bad):
     """An approximate objective that breaks down far away (-inf or NaN there) is
