@@ -1339,6 +1339,47 @@ def test_line_search_fails_below_a_visible_move():
         assert objective.evaluations == 1 + trials, is_layout
 
 
+def test_line_search_starts_at_step_one_below_its_floor():
+    """A direction whose scale drops by orders of magnitude without saying so
+    (Direction.restart): the step accepted along the old one, tried first, would
+    move no point by the line search's floor (MIN_MOVE of the radius), and the
+    loop stopped after one iteration as if converged.  It tries the new
+    direction's unit step instead, and the fit goes on."""
+    from gpuembed.optim import minimize
+    from gpuembed.optim.directions import Direction
+
+    rng = np.random.default_rng(0)
+    target = rng.standard_normal((50, 2))
+    c = np.where(np.arange(50) < 10, 2.0 ** 20, 1.0)[:, None]
+
+    class StiffAndSoft:
+        be = ge.get_backend("cpu")
+        is_layout = True
+
+        def value_and_grad(self, X):
+            D = X - target
+            return 0.5 * float((c * D * D).sum()), c * D
+
+    class Rescaled(Direction):
+        """-G, then -G in the stiff coordinates' units, 2^-20 times as long."""
+        calls = 0
+
+        def __call__(self, X, G):
+            self.calls += 1
+            return -G if self.calls == 1 else -G / 2.0 ** 20
+
+    X0 = target + 0.5
+    objective = StiffAndSoft()
+    result = minimize(objective, X0, Rescaled(objective, X0), max_iter=10, tol=0)
+    first, second = (h["step"] for h in result.history[1:3])
+    # The first step (about 2^-20, along -G) moves the soft points by 2^-21 along the
+    # new direction, below the floor (1e-7 of a radius of about 1).
+    assert first < 2.0 / 2.0 ** 20 and second == 1.0
+    assert result.n_iter == 10 and not result.converged
+    energies = [h["objective"] for h in result.history]
+    assert all(b < a for a, b in zip(energies, energies[1:]))
+
+
 def test_loop_falls_back_to_the_gradient_at_the_direction_s_length():
     """A direction that is no descent direction gives way to -G scaled to its own
     length, so that the step keeps its scale: on E = |X|^2 / 2000, whose Newton

@@ -45,7 +45,12 @@ STOP_WINDOW = 10
 # and most went on to lower KL.  Default fits with exact sums took no step below 2e-5;
 # fixed-length ones (tol=0) end at the floor once converged: EE on rotating_objects by
 # SD, FP, L-BFGS, CG and GD after 146, 817, 101, 225 and 926 of 1,000 iterations, at
-# their former final objectives to 10 digits.
+# their former final objectives to 10 digits.  A first trial below the floor is
+# replaced by step 1: where a direction shrinks by orders of magnitude, the step
+# accepted along the last one says nothing (L-BFGS's first direction from pairs
+# stopped multi-scale SNE that way, see Direction.restart); those EE fits, in
+# which converged directions shrank below their last steps, now end after 157,
+# 853, 114, 200 and 926 (1e-13 to 1e-10 lower).
 MIN_MOVE = 1e-7
 # The stopping test asks for a renewal only where the line search has been cutting the
 # steps: the window's median accepted step (in units of the direction) below this.
@@ -189,6 +194,10 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
             retry = None if retry is None else min(retry, trust)
             streak = 0 if grow else streak
             floor = MIN_MOVE * trust / TRUST_RADIUS if math.isfinite(trust) else 0.0
+            if alpha < floor:
+                # The direction shrank by orders of magnitude since the last step (a new
+                # scale that did not set Direction.restart): its own unit step, not none.
+                alpha = min(1.0, trust)
             for backtracks, alpha in zip(range(MAX_BACKTRACKS),
                                          _trial_steps(alpha, retry, floor)):
                 X_new = X + alpha * P
