@@ -52,8 +52,9 @@ n_landmarks : int or None
     L landmarks, solving an L x L reduced problem.
 kz : int or None
     LLL: landmarks each point is reconstructed from (None: min(d + 1, 6)).
-landmarks : {"random", "random-pruned", "kmeans"}, default "random"
-    LLL: how the landmarks are chosen (:func:`gpuembed.spectral.choose_landmarks`).
+landmarks : {"random", "random-pruned", "kmeans", "spread"}, default "random"
+    LLL: how the landmarks are chosen (:func:`gpuembed.spectral.choose_landmarks`;
+    "spread": at random, no two of them neighbours on the affinity graph).
 z_neighbors : {"input", "graph"}, default "input"
     LLL: each point's kz landmarks are its nearest in the input space
     ("input", the dissertation's), or the nearest of those within 2 hops of it
@@ -137,7 +138,7 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     ``z_neighbors``: see the estimators' parameter."""
     check_choice(z_neighbors, "z_neighbors", Z_NEIGHBORS)
     idx, Z, kz = basis or _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state,
-                                          backend, W if z_neighbors == "graph" else None)
+                                          backend, W, z_neighbors)
     A_r, B_r = laplacian_reduced(Z, W)
     _, U = trailing_generalized(A_r, B_r, d, skip=int(drop_first))   # the constant solution
     return Z @ U, idx, Z, U, kz
@@ -176,6 +177,10 @@ class _SpectralBase(Params):
     def _graph_z(self):
         return self.n_landmarks is not None and self.z_neighbors == "graph"
 
+    def _basis_of_graph(self):
+        """Whether the landmark basis depends on the affinity graph."""
+        return self._graph_z() or self.landmarks == "spread"
+
     def _embed(self, be, X, d, drop_first=True, shared=None):
         """Embedding (N, d) exactly or by LLL; records landmarks_, Z_, landmark_embedding_.
         ``drop_first=False`` keeps the trivial solution (Ng-Jordan-Weiss clustering).
@@ -202,9 +207,9 @@ class _SpectralBase(Params):
 
     def _shared(self, be, X, d, k):
         """What a sweep over the affinity parameters shares: X's k-NN and, with
-        landmarks, the landmark basis (not z_neighbors="graph"'s, which each graph
-        makes)."""
-        basis = None if self.n_landmarks is None or self._graph_z() else _landmark_basis(
+        landmarks, the landmark basis (not one that depends on the graph, which
+        each graph makes: z_neighbors="graph", landmarks="spread")."""
+        basis = None if self.n_landmarks is None or self._basis_of_graph() else _landmark_basis(
             X, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, be)
         return SEARCHES[self.neighbors](X, k, backend=be), basis
 
@@ -351,8 +356,9 @@ def fit_grid(estimator, X, grid):
 
     The points share one k-NN search (for the largest n_neighbors) and, with
     ``n_landmarks``, one choice of landmarks and one Z, which depend on the data
-    alone, so each point costs its affinity graph, its (reduced) eigenproblem and,
-    for clustering, k-means.  Returns ``[(params, fitted), ...]``, each ``fitted``
+    alone (unless landmarks="spread" or z_neighbors="graph": then each graph makes
+    its own), so each point costs its affinity graph, its (reduced) eigenproblem
+    and, for clustering, k-means.  Returns ``[(params, fitted), ...]``, each ``fitted``
     a copy of ``estimator`` with ``params`` set, equal to fitting that copy alone
     (with a fixed ``random_state``; with None all points share one draw of the
     landmarks).

@@ -10,6 +10,9 @@ neighbours per point after symmetrizing; 3,000 landmarks, float64) 0.12-0.14 s, 
 of it the distances in 784-D; a breadth-first walk over the points 2 hops away
 took 0.59 s, without reassociating the sums of squares (no vectors) 0.91 s.
 
+``spread_points`` draws landmarks="spread": points none of whose nearest graph
+neighbours is a landmark yet.
+
 ``landmark_pair_sqdist`` serves the local Gram systems of either search: the
 distances between the landmarks that share a point, not all L^2 of them;
 ``local_weights`` builds and solves those systems, a point per task.
@@ -91,6 +94,56 @@ def _meet(near_ptr, near, v, r, seen, met, count):
             met[count] = lm
             count += 1
     return count
+
+
+@njit(parallel=True, cache=True)
+def by_affinity(indptr, indices, data):
+    """The column indices of each row of the CSR matrix (indptr, indices, data),
+    the largest entries first (ties in their stored order).  By insertion, a row
+    per task: k-NN graphs have a few dozen entries per row (Fashion-MNIST 70k,
+    20-NN, 32 entries per row: 28 ms, against 60 ms for a stable argsort of each
+    row)."""
+    out = indices.copy()
+    value = data.copy()
+    for i in prange(indptr.shape[0] - 1):
+        for e in range(indptr[i] + 1, indptr[i + 1]):
+            v, j, k = value[e], out[e], e
+            while k > indptr[i] and value[k - 1] < v:
+                value[k], out[k] = value[k - 1], out[k - 1]
+                k -= 1
+            value[k], out[k] = v, j
+    return out
+
+
+@njit(cache=True)
+def spread_points(indptr, ranked, order, count, m):
+    """(``count`` of the points 0..N-1, how many came from the first pass): taken in
+    ``order`` (a permutation), first each point not among the ``m`` nearest
+    neighbours of one taken before (``ranked``: each row's graph neighbours,
+    nearest first, as :func:`by_affinity` gives them, with the graph's indptr);
+    where those are fewer, then the points not taken, in ``order``."""
+    taken = np.zeros(order.shape[0], np.bool_)
+    near = np.zeros(order.shape[0], np.bool_)          # taken, or a near neighbour of one
+    out = np.empty(count, np.int64)
+    c = 0
+    for i in order:
+        if c == count:
+            break
+        if not near[i]:
+            out[c] = i
+            c += 1
+            taken[i] = near[i] = True
+            for e in range(indptr[i], min(indptr[i] + m, indptr[i + 1])):
+                near[ranked[e]] = True
+    spread = c
+    for i in order:
+        if c == count:
+            break
+        if not taken[i]:
+            out[c] = i
+            c += 1
+            taken[i] = True
+    return out, spread
 
 
 @njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
