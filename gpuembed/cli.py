@@ -16,6 +16,7 @@ from .backend import BackendUnavailable, get_backend, kernel_dirs
 from .embedding import EE, SNE, SSNE, TSNE, MultiscaleSNE
 from .metrics import auc_rnx, knn_accuracy
 from .optim import OPTIMIZERS
+from .spectral.lll import LANDMARK_METHODS
 
 DEMO_DATASETS = ("digits", "rotating_objects", "swiss_roll")
 # Defaults of the options left unset, for every method but msne (which keeps
@@ -50,6 +51,7 @@ def _embed_le(X, n_components, backend, args):
                                perplexity=perplexity, neighbors=args.neighbors,
                                metric=args.metric, n_landmarks=args.n_landmarks,
                                z_neighbors=args.z_neighbors or "input",
+                               landmarks=args.landmarks or "random",
                                random_state=args.random_state, backend=backend)
     return model.fit_transform(X)
 
@@ -82,8 +84,10 @@ METHODS = {"tsne": _estimator(TSNE), "ee": _estimator(EE), "ssne": _estimator(SS
 def _run_method(X, n_components, backend, args):
     if args.n_landmarks is not None and args.method != "le":
         raise ValueError("--n-landmarks applies to --method le (Locally Linear Landmarks) only")
-    if args.z_neighbors is not None and args.n_landmarks is None:
-        raise ValueError("--z-neighbors applies to --method le with --n-landmarks only")
+    for option in ("z_neighbors", "landmarks"):
+        if getattr(args, option) is not None and args.n_landmarks is None:
+            raise ValueError(f"--{option.replace('_', '-')} applies to --method le with "
+                             "--n-landmarks only")
     if args.neighbors == "approx" and args.method == "msne":
         raise ValueError("--neighbors approx does not apply to --method msne (its scales reach "
                          "thousands of neighbours per point)")
@@ -328,6 +332,10 @@ def _method_options(parser):
     parser.add_argument("--z-neighbors", choices=("input", "graph"),
                         help="le with --n-landmarks: each point's landmarks the nearest in the "
                              "input space (default) or along the affinity graph")
+    parser.add_argument("--landmarks", choices=LANDMARK_METHODS,
+                        help="le with --n-landmarks: how the landmarks are chosen (default "
+                             "random; spread: no two near neighbours on the affinity graph, "
+                             "less error with few landmarks)")
     parser.add_argument("--neighbors", choices=("auto", "exact", "approx"), default="auto",
                         help="k-NN search of the affinities (approx: k-means lists, 2x faster "
                              "at 20,000 points, 4.5x at 70,000, more beyond, some neighbours "

@@ -83,14 +83,16 @@ def test_embed_file(tmp_path):
         backend="cpu").fit_transform(X))
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
                   "--backend", "cpu", "--method", "le", "--perplexity", "10",
-                  "--n-landmarks", "40", "--random-state", "3", "--z-neighbors", "graph")
+                  "--n-landmarks", "40", "--random-state", "3", "--z-neighbors", "graph",
+                  "--landmarks", "spread")
     assert out.returncode == 0, out.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "y_out.npy"), ge.LaplacianEigenmaps(
         2, n_neighbors=30, perplexity=10.0, n_landmarks=40, random_state=3,
-        z_neighbors="graph", backend="cpu").fit_transform(X))
-    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
-                  "--backend", "cpu", "--method", "le", "--z-neighbors", "graph")
-    assert out.returncode == 1 and "--z-neighbors applies to" in out.stderr
+        z_neighbors="graph", landmarks="spread", backend="cpu").fit_transform(X))
+    for option, value in (("--z-neighbors", "graph"), ("--landmarks", "spread")):
+        out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
+                      "--backend", "cpu", "--method", "le", option, value)
+        assert out.returncode == 1 and f"{option} applies to" in out.stderr
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
                   "--backend", "cpu", "--method", "tsne", "--n-landmarks", "40")
     assert out.returncode == 1 and "--n-landmarks applies to --method le" in out.stderr
