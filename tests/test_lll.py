@@ -749,6 +749,10 @@ def test_host_functions_take_device_arrays(digits):
     for method in ("random", "random-pruned", "kmeans"):
         np.testing.assert_array_equal(choose_landmarks(Xd, 50, method, 0),
                                       choose_landmarks(X, 50, method, 0))
+    W = ge.spectral.affinity_graph(X, 10, sigma=20.0, backend="cpu")
+    np.testing.assert_array_equal(
+        choose_landmarks(Xd, 50, "spread", 0, graph=gpu.sparse.csr_matrix(W)),
+        choose_landmarks(X, 50, "spread", 0, graph=W))
     Z = [reconstruction_weights(A, A[:50], 4, backend="gpu") for A in (X, Xd)]
     assert abs(Z[0] - Z[1]).max() == 0
     basis = [landmark_basis(A, 2, 50, random_state=0, backend="gpu") for A in (X, Xd)]

@@ -80,21 +80,21 @@ def choose_landmarks(Y, n_landmarks, method="random", random_state=None, graph=N
     0.1045 / 0.0826 with 1,000 / 2,000 landmarks in 4.8 / 9.8 s, against 0.1038 /
     0.0833 in 11.8 / 19.8 s with the seeds drawn among all 20 L (a cost of 20 L^2
     D) and up to 50 iterations (random landmarks: 0.131 / 0.098 in 0.5 / 0.9 s).
-    "spread": along the affinity ``graph`` (N x N, symmetric), the points in a
-    random order, each taken unless it is among the m nearest graph neighbours
-    (largest affinities) of one taken before, m the largest that leaves L
-    (:func:`_spread_landmarks`): spread out, no two of them near neighbours while L
-    is below the graph's independent sets (about N / 8 on 20-NN graphs), as far
-    apart as L allows beyond.  LLL's Procrustes error against exact LE, mean of 4
-    seeds, random / spread landmarks: a swiss roll of 4,000 points (20-NN, d = 2)
-    with 100 / 300 / 1,000 landmarks 0.54 / 0.041 / 0.018 against 0.25 / 0.024 /
-    0.016; digits (10-NN, d = 10, input-space Z) with 200 / 800 0.43 / 0.29 against
-    0.32 / 0.14 (400: 0.26 against 0.28); Fashion-MNIST 70k (20-NN, d = 10, the
-    graph's Z) with 1,500 / 2,000 / 2,500 / 3,000 0.117 / 0.106 / 0.098 / 0.093
-    against 0.114 / 0.099 / 0.092 / 0.093, for 0.03 s more ("random-pruned" 0.108 at
-    2,000, in 0.1 s more).  Not where L is a large share of the points:
-    Fashion-MNIST 10k with 2,000, 0.134 against 0.169 (with 500 and 1,000, 0.24 and
-    0.21 against 0.23 and 0.20).
+    "spread": along the affinity ``graph`` (N x N, symmetric; sparse or dense, on
+    the host or the device), the points in a random order, each taken unless it is
+    among the m nearest graph neighbours (largest affinities) of one taken before, m
+    the largest that leaves L (:func:`_spread_landmarks`): spread out, no two of
+    them near neighbours while L is below the graph's independent sets (about N / 8
+    on 20-NN graphs), as far apart as L allows beyond.  LLL's Procrustes error
+    against exact LE, mean of 4 seeds, random / spread landmarks: a swiss roll of
+    4,000 points (20-NN, d = 2) with 100 / 300 / 1,000 landmarks 0.54 / 0.041 /
+    0.018 against 0.25 / 0.024 / 0.016; digits (10-NN, d = 10, input-space Z) with
+    200 / 800 0.43 / 0.29 against 0.32 / 0.14 (400: 0.26 against 0.28);
+    Fashion-MNIST 70k (20-NN, d = 10, the graph's Z) with 1,500 / 2,000 / 2,500 /
+    3,000 0.117 / 0.106 / 0.098 / 0.093 against 0.114 / 0.099 / 0.092 / 0.093, for
+    0.03 s more ("random-pruned" 0.108 at 2,000, in 0.1 s more).  Not where L is a
+    large share of the points: Fashion-MNIST 10k with 2,000, 0.134 against 0.169
+    (with 500 and 1,000, 0.24 and 0.21 against 0.23 and 0.20).
     Y: dense or sparse, on the host or the device (copied to the host).
     """
     Y = check_data(Y, get_backend("cpu"), name="Y", min_samples=1, sparse=True)
@@ -112,7 +112,8 @@ def _choose_landmarks(Y, n_landmarks, method, random_state, graph=None):
             raise ValueError("landmarks='spread' spreads them along an affinity graph, and "
                              "none was given (graph): the linear methods and "
                              "landmark_basis take 'random', 'random-pruned' or 'kmeans'")
-        return _spread_landmarks(scipy.sparse.csr_matrix(graph), n, L, rng)
+        graph = scipy.sparse.csr_matrix(get_backend("cpu").to_host(graph))
+        return _spread_landmarks(graph, n, L, rng)
     if method == "random" or L == n:
         return np.sort(rng.choice(n, L, replace=False))
     if method == "random-pruned":
