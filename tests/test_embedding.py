@@ -1339,6 +1339,22 @@ def test_line_search_fails_below_a_visible_move():
         assert objective.evaluations == 1 + trials, is_layout
 
 
+class StiffAndSoft:
+    """A layout of 50 points with stiff and soft coordinates: E = sum c (x - x*)^2 / 2,
+    c = 2^20 for the first 10 points and 1 for the others; it starts at x* + 0.5."""
+    be = ge.get_backend("cpu")
+    is_layout = True
+
+    def __init__(self):
+        self.target = np.random.default_rng(0).standard_normal((50, 2))
+        self.c = np.where(np.arange(50) < 10, 2.0 ** 20, 1.0)[:, None]
+        self.start = self.target + 0.5
+
+    def value_and_grad(self, X):
+        D = X - self.target
+        return 0.5 * float((self.c * D * D).sum()), self.c * D
+
+
 def test_line_search_starts_at_step_one_below_its_floor():
     """A direction whose scale drops by orders of magnitude without saying so
     (Direction.restart): the step accepted along the old one, tried first, would
@@ -1348,18 +1364,6 @@ def test_line_search_starts_at_step_one_below_its_floor():
     from gpuembed.optim import minimize
     from gpuembed.optim.directions import Direction
 
-    rng = np.random.default_rng(0)
-    target = rng.standard_normal((50, 2))
-    c = np.where(np.arange(50) < 10, 2.0 ** 20, 1.0)[:, None]
-
-    class StiffAndSoft:
-        be = ge.get_backend("cpu")
-        is_layout = True
-
-        def value_and_grad(self, X):
-            D = X - target
-            return 0.5 * float((c * D * D).sum()), c * D
-
     class Rescaled(Direction):
         """-G, then -G in the stiff coordinates' units, 2^-20 times as long."""
         calls = 0
@@ -1368,8 +1372,8 @@ def test_line_search_starts_at_step_one_below_its_floor():
             self.calls += 1
             return -G if self.calls == 1 else -G / 2.0 ** 20
 
-    X0 = target + 0.5
     objective = StiffAndSoft()
+    X0 = objective.start
     result = minimize(objective, X0, Rescaled(objective, X0), max_iter=10, tol=0)
     first, second = (h["step"] for h in result.history[1:3])
     # The first step (about 2^-20, along -G) moves the soft points by 2^-21 along the
@@ -1655,24 +1659,12 @@ def test_lbfgs_first_quasi_newton_direction_starts_at_step_one():
     starts at step 1, and the fit goes on to the minimum."""
     from gpuembed.optim import minimize
 
-    rng = np.random.default_rng(0)
-    target = rng.standard_normal((50, 2))
-    c = np.where(np.arange(50) < 10, 2.0 ** 20, 1.0)[:, None]
-
-    class StiffAndSoft:
-        be = ge.get_backend("cpu")
-        is_layout = True
-
-        def value_and_grad(self, X):
-            D = X - target
-            return 0.5 * float((c * D * D).sum()), c * D
-
-    X0 = target + 0.5
-    result = minimize(StiffAndSoft(), X0, "lbfgs", max_iter=50, tol=0)
+    objective = StiffAndSoft()
+    result = minimize(objective, objective.start, "lbfgs", max_iter=50, tol=0)
     first, second = (h["step"] for h in result.history[1:3])
     assert first < 2.0 / 2.0 ** 20 and second == 1.0
     assert result.n_iter > 2
-    assert result.objective < 1e-12 * StiffAndSoft().value_and_grad(X0)[0]
+    assert result.objective < 1e-12 * objective.value_and_grad(objective.start)[0]
 
 
 @pytest.mark.parametrize("bad", [-np.inf, np.nan])
