@@ -54,7 +54,8 @@ kz : int or None
     LLL: landmarks each point is reconstructed from (None: min(d + 1, 6)).
 landmarks : {"random", "random-pruned", "kmeans", "spread"}, default "random"
     LLL: how the landmarks are chosen (:func:`gpuembed.spectral.choose_landmarks`;
-    "spread": at random, no two of them neighbours on the affinity graph).
+    "spread": at random, none among another's nearest neighbours on the affinity
+    graph, which lowers the error of few landmarks).
 z_neighbors : {"input", "graph"}, default "input"
     LLL: each point's kz landmarks are its nearest in the input space
     ("input", the dissertation's), or the nearest of those within 2 hops of it
