@@ -710,7 +710,8 @@ def test_gpu_equals_cpu():
     from sklearn.metrics import adjusted_rand_score
 
     X, _ = ge.datasets.swiss_roll(1500, random_state=0)
-    for params in ({}, {"n_landmarks": 300}, {"n_landmarks": 300, "z_neighbors": "graph"}):
+    for params in ({}, {"n_landmarks": 300}, {"n_landmarks": 300, "z_neighbors": "graph"},
+                   {"n_landmarks": 300, "landmarks": "spread"}):
         Y = [ge.LaplacianEigenmaps(2, n_neighbors=15, random_state=0, backend=b,
                                    **params).fit_transform(X) for b in ("cpu", "gpu")]
         assert procrustes_error(Y[0], Y[1]) < 1e-5
