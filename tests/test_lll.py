@@ -78,32 +78,84 @@ def test_laplacian_reduced_matrices_against_dense_products(rng, loops):
     np.testing.assert_allclose(B.toarray(), Zd.T @ D @ Zd, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("maxiter", [None, 1])
-def test_sparse_reduced_eigensolver_equals_dense(roll, monkeypatch, maxiter):
-    """Above DENSE_MAX_L landmarks the reduced problem goes to LOBPCG: the same
-    eigenvalues and B-orthonormal vectors (up to sign) as dense eigh; an LOBPCG
-    run that cannot converge (one iteration) falls back to eigh."""
+@pytest.fixture(scope="module")
+def reduced_problems(roll):
+    """Reduced matrices (A, B) of 2,000 landmarks of the swiss roll (a smooth
+    manifold: slow for Jacobi-preconditioned LOBPCG) and of 1,600 landmarks of
+    5,000 points of a 10-D Gaussian (fast)."""
     from gpuembed.spectral import affinity_graph
     from gpuembed.spectral import lll
-    import scipy.sparse
 
-    if maxiter is not None:
-        monkeypatch.setattr(lll, "LOBPCG_MAXITER", maxiter)
-    X = roll[0]
-    W = affinity_graph(X, 20, sigma=1.5)
-    Z = reconstruction_weights(X, X[lll.choose_landmarks(X, 2000, random_state=0)], 3)
-    A, B = lll.laplacian_reduced(Z, W)
+    blob = np.random.default_rng(0).standard_normal((5000, 10))
+    problems = {}
+    for name, X, sigma, L in (("roll", roll[0], 1.5, 2000), ("blob", blob, 2.0, 1600)):
+        Z = reconstruction_weights(X, X[lll.choose_landmarks(X, L, random_state=0)], 3)
+        problems[name] = lll.laplacian_reduced(Z, affinity_graph(X, 20, sigma=sigma))
+    return problems
+
+
+def record_stages(monkeypatch):
+    """A list to which each LOBPCG run of the reduced problem appends its
+    preconditioner: "jacobi" or "factor"."""
+    from gpuembed.spectral import lll
+
+    ran = []
+    lobpcg = lll._lobpcg
+    monkeypatch.setattr(lll, "_lobpcg", lambda A, B, X, M, *stop: ran.append(
+        "jacobi" if scipy.sparse.issparse(M) else "factor") or lobpcg(A, B, X, M, *stop))
+    return ran
+
+
+@pytest.mark.parametrize("data, sparse_factor, maxiter, stages", [
+    ("blob", False, None, ["jacobi"]),
+    ("roll", False, None, ["jacobi", "factor"]),    # Jacobi's run stops unconverged
+    ("roll", True, None, ["factor"]),
+    ("roll", False, 1, ["jacobi", "factor", "dense"]),
+    ("roll", True, 1, ["factor", "dense"]),
+])
+def test_sparse_reduced_eigensolver_equals_dense(reduced_problems, monkeypatch, data,
+                                                 sparse_factor, maxiter, stages):
+    """Above DENSE_MAX_L landmarks (FACTOR_DENSE_MAX_L with ``sparse_factor``) the
+    reduced problem goes to LOBPCG, Jacobi-preconditioned and then (or at once)
+    preconditioned by a Cholesky factor, and to dense eigh where neither run
+    converges (one iteration each): the same eigenvalues and B-orthonormal vectors
+    (up to sign) as dense eigh after any of them."""
+    from gpuembed.spectral import lll
+
+    A, B = reduced_problems[data]
     assert scipy.sparse.issparse(A) and A.shape[0] > lll.DENSE_MAX_L
-    dense_calls = []
+    if maxiter is not None:
+        monkeypatch.setattr(lll, "JACOBI_MAXITER", maxiter)
+        monkeypatch.setattr(lll, "FACTOR_MAXITER", maxiter)
+    ran = record_stages(monkeypatch)
     dense = lll._trailing_dense
-    monkeypatch.setattr(lll, "_trailing_dense", lambda *a: dense_calls.append(1) or dense(*a))
-    vals, U = lll.trailing_generalized(A, B, 4, skip=1)
-    assert len(dense_calls) == (maxiter is not None)
+    monkeypatch.setattr(lll, "_trailing_dense", lambda *a: ran.append("dense") or dense(*a))
+    vals, U = lll.trailing_generalized(A, B, 4, skip=1, sparse_factor=sparse_factor)
+    assert ran == stages
     ridge = 1e-12 * B.diagonal().sum() / A.shape[0]
     vals_ref, U_ref = dense(A, B, ridge, 4, 1)
     np.testing.assert_allclose(vals, vals_ref, rtol=1e-7)
     np.testing.assert_allclose(U.T @ (B @ U), np.eye(4), atol=1e-8)
     np.testing.assert_allclose(np.abs(U), np.abs(U_ref), atol=1e-6 * np.abs(U_ref).max())
+
+
+def test_lll_of_few_coordinates_preconditions_by_the_factor(roll, monkeypatch):
+    """LLL of points with at most SHIFT_INVERT_MAX_DIM coordinates (the 3-D swiss
+    roll) solves its reduced problem with the factor from the start; the same
+    points with a fourth, constant coordinate go through Jacobi first.  Both give
+    the same embedding."""
+    from gpuembed.spectral import lll
+
+    X = roll[0]
+    ran = record_stages(monkeypatch)
+    fit = lambda X: ge.LaplacianEigenmaps(2, n_neighbors=20, n_landmarks=2000, random_state=0,
+                                          backend="cpu").fit_transform(X)
+    Y3 = fit(X)
+    assert ran == ["factor"]
+    ran.clear()
+    Y4 = fit(np.column_stack([X, np.ones(len(X))]))
+    assert ran[0] == "jacobi"
+    assert procrustes_error(Y3, Y4) < 1e-6
 
 
 def test_lll_does_not_depend_on_the_number_of_blas_threads():

@@ -141,7 +141,8 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     idx, Z, kz = basis or _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state,
                                           backend, W, z_neighbors)
     A_r, B_r = laplacian_reduced(Z, W)
-    _, U = trailing_generalized(A_r, B_r, d, skip=int(drop_first))   # the constant solution
+    _, U = trailing_generalized(A_r, B_r, d, skip=int(drop_first),   # the constant solution
+                                sparse_factor=points_suit_shift_invert(X))
     return Z @ U, idx, Z, U, kz
 
 

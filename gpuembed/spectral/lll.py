@@ -19,6 +19,7 @@ from .._checks import check_choice, check_data, check_int, make_rng
 from ..backend import get_backend
 from ..neighbors import knn_query
 from ..nbody.exact import squared_distances
+from ..optim.directions import factorize_cpu
 from ..optim.sparse_cpu import csr_times
 from .kmeans import distance_blocks, kmeans, plusplus_seeds
 from .lll_cpu import (by_affinity, graph_landmarks, landmark_pair_sqdist, local_weights,
@@ -29,8 +30,14 @@ REGULARIZATION = 1e-3   # ridge on the local Gram matrix, relative to its trace 
 KZ_MAX = 6
 DENSE_MAX_L = 1500      # reduced problems above this size, with at least
 LANDMARKS_PER_VECTOR = 100  # this many landmarks per wanted vector, go to LOBPCG
-LOBPCG_TOL, LOBPCG_MAXITER = 1e-8, 2000
-LOBPCG_CHECK = 1e-6     # largest residual norm accepted from LOBPCG, else dense eigh
+FACTOR_DENSE_MAX_L = 300    # (DENSE_MAX_L where the factor preconditions LOBPCG)
+# LOBPCG's tolerance and iterations with Jacobi's preconditioner, then with a
+# Cholesky factor of A + FACTOR_SHIFT B (B's diagonal scaled to mean 1), whose
+# iterations cost little (the vectors as close to eigh's as the dense path's),
+# then dense eigh.
+JACOBI_TOL, JACOBI_MAXITER = 1e-8, 500
+FACTOR_TOL, FACTOR_MAXITER, FACTOR_SHIFT = 1e-10, 200, 1e-6
+LOBPCG_CHECK = 1e-6     # largest residual norm accepted from LOBPCG
 # Where each point's kz landmarks come from: "input", the nearest in the input space
 # (eqs 4.6-4.8); "graph", the nearest of those within 2 hops on the affinity graph
 # (3 where fewer lie that close; for a new point, from its nearest training point),
@@ -293,7 +300,7 @@ def laplacian_reduced(Z, W):
     return (A - (S + S.T)).tocsr(), B
 
 
-def trailing_generalized(A, B, d, skip=0):
+def trailing_generalized(A, B, d, skip=0, sparse_factor=False):
     """d trailing eigenvectors of A u = lambda B u (L x L, symmetric, B > 0), after
     ``skip``, B-orthonormal.
 
@@ -308,14 +315,27 @@ def trailing_generalized(A, B, d, skip=0):
     fills).  LOBPCG's cost grows with the vectors wanted:
     at L = 4,000, 11 / 21 / 31 / 51 vectors took 0.54 / 1.5 / 3.8 / 7.6 s, at 2,000
     0.21 / 0.62 / 1.7 / 2.3 s against eigh's 0.4-0.7 s.  A block of exactly
-    skip + d vectors was fastest (Fashion-MNIST needs 85-120 iterations; larger
+    skip + d vectors was fastest (Fashion-MNIST needs 75-105 iterations; larger
     blocks cost 2-8x more).  Its vectors agree with eigh's to a Procrustes error of
-    1e-8.  Smooth manifolds converge slowly: a swiss roll's 2,000 landmarks took
-    about 1,000 iterations (0.55 s), hence the high LOBPCG_MAXITER.  A run that
-    leaves a residual above LOBPCG_CHECK falls back to eigh."""
+    1e-8.
+
+    Smooth manifolds converge slowly that way: the landmarks of a swiss roll
+    (3-D points, 20-NN graph) took 1,580 iterations at L = 2,000 (20,000 points) and
+    1,974 at L = 4,000 (70,000; 7.5 s of an 8.1-s LLL).  Their reduced graph is
+    as low-dimensional as the points, so its Cholesky factor stays sparse: with
+    ``sparse_factor`` (the points have few coordinates,
+    :func:`~gpuembed.spectral.embedding.points_suit_shift_invert`) LOBPCG is
+    preconditioned by a factor of A + FACTOR_SHIFT B, close to the inverse of A on
+    the trailing vectors, and from FACTOR_DENSE_MAX_L landmarks up: 13 iterations
+    and 0.04 s in all at L = 4,000 (to FACTOR_TOL).  On Fashion-MNIST's landmarks that factor
+    took 0.33 s at L = 3,000 (24 iterations), the Jacobi run 0.15-0.18 s.  A
+    Jacobi run that has not converged after JACOBI_MAXITER iterations goes on from
+    its vectors with the factor; one that still leaves a residual above
+    LOBPCG_CHECK falls back to eigh."""
     L, k = A.shape[0], skip + d
     ridge = 1e-12 * B.diagonal().sum() / L                  # landmarks far from all data
-    if (L <= DENSE_MAX_L or k * LANDMARKS_PER_VECTOR > L
+    if (L <= (FACTOR_DENSE_MAX_L if sparse_factor else DENSE_MAX_L)
+            or k * LANDMARKS_PER_VECTOR > L
             or not (scipy.sparse.issparse(A) and scipy.sparse.issparse(B))):
         return _trailing_dense(A, B, ridge, d, skip)
     # One scale for both, so that tol is relative; the eigenvalues do not change, the
@@ -323,20 +343,31 @@ def trailing_generalized(A, B, d, skip=0):
     scale = B.diagonal().mean()
     A = ((A + A.T) / (2 * scale)).tocsr()
     B = ((B + B.T) / (2 * scale) + ridge / scale * scipy.sparse.identity(L)).tocsr()
-    X0 = np.random.default_rng(0).standard_normal((L, k))
+    stages = [] if sparse_factor else [
+        (lambda: scipy.sparse.diags(1.0 / B.diagonal()), JACOBI_TOL, JACOBI_MAXITER)]
+    stages.append((lambda: factorize_cpu((A + FACTOR_SHIFT * B).tocsr()), FACTOR_TOL,
+                   FACTOR_MAXITER))
+    vecs = np.random.default_rng(0).standard_normal((L, k))
+    for preconditioner, tol, maxiter in stages:
+        vals, vecs = _lobpcg(A, B, vecs, preconditioner(), tol, maxiter)
+        if np.linalg.norm(A @ vecs - (B @ vecs) * vals, axis=0).max() <= LOBPCG_CHECK:
+            break
+    else:
+        vals, vecs = _trailing_dense(A, B, 0.0, k, 0)
+    return vals[skip:], vecs[:, skip:] / np.sqrt(scale)
+
+
+def _lobpcg(A, B, X, M, tol, maxiter):
+    """LOBPCG's smallest eigenpairs of A u = lambda B u from the block X,
+    preconditioned by M, ascending."""
     # BLAS on one thread: its workers' busy wait after LOBPCG's small dense products
     # took the cores from the parallel sparse ones (2.7 ms per product against 0.5).
     with warnings.catch_warnings(), get_backend("cpu").serial_blas():
-        warnings.simplefilter("ignore", UserWarning)    # non-convergence: checked below
-        vals, vecs = scipy.sparse.linalg.lobpcg(
-            _on_all_cores(A), X0, B=_on_all_cores(B), M=scipy.sparse.diags(1.0 / B.diagonal()),
-            largest=False, tol=LOBPCG_TOL, maxiter=LOBPCG_MAXITER)
+        warnings.simplefilter("ignore", UserWarning)    # non-convergence: checked after
+        vals, vecs = scipy.sparse.linalg.lobpcg(_on_all_cores(A), X, B=_on_all_cores(B), M=M,
+                                                largest=False, tol=tol, maxiter=maxiter)
     order = np.argsort(vals)
-    vals, vecs = vals[order], vecs[:, order]
-    residual = np.linalg.norm(A @ vecs - (B @ vecs) * vals, axis=0).max()
-    if not residual <= LOBPCG_CHECK:
-        vals, vecs = _trailing_dense(A, B, 0.0, k, 0)
-    return vals[skip:], vecs[:, skip:] / np.sqrt(scale)
+    return vals[order], vecs[:, order]
 
 
 def _on_all_cores(M):
