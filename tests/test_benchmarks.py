@@ -26,6 +26,8 @@ RUNS = [
      ["fashion_mnist"]),
     (["bench_lll.py", "--n", "2000", "--d", "4", "--landmarks", "100", "200"], "lll_n2000",
      ["d4", "kmeans"], ["fashion_mnist"]),
+    (["bench_lll.py", "--swiss-roll", "--n", "3000"], "lll_swiss_roll", ["exact_seconds", "runs"],
+     []),
     (["bench_msne.py", "--scaling", "--max-n", "2000", "--exact-max-n", "2000"],
      "msne_scaling", ["rows"], ["fashion_mnist"]),
     (["bench_spectral_anchors.py", "--n", "1500", "--d", "4", "--landmarks", "100", "--step",
