@@ -81,8 +81,7 @@ def test_laplacian_reduced_matrices_against_dense_products(rng, loops):
 @pytest.fixture(scope="module")
 def reduced_problems(roll):
     """Reduced matrices (A, B) of 2,000 landmarks of the swiss roll (a smooth
-    manifold: slow for Jacobi-preconditioned LOBPCG) and of 1,600 landmarks of
-    5,000 points of a 10-D Gaussian (fast)."""
+    manifold) and of 1,600 landmarks of 5,000 points of a 10-D Gaussian."""
     from gpuembed.spectral import affinity_graph
     from gpuembed.spectral import lll
 
@@ -96,37 +95,41 @@ def reduced_problems(roll):
 
 def record_stages(monkeypatch):
     """A list to which each LOBPCG run of the reduced problem appends its
-    preconditioner: "jacobi" or "factor"."""
+    preconditioner, told by its tolerance: "sparsified" or "factor"."""
     from gpuembed.spectral import lll
 
     ran = []
     lobpcg = lll._lobpcg
-    monkeypatch.setattr(lll, "_lobpcg", lambda A, B, X, M, *stop: ran.append(
-        "jacobi" if scipy.sparse.issparse(M) else "factor") or lobpcg(A, B, X, M, *stop))
+    monkeypatch.setattr(lll, "_lobpcg", lambda A, B, X, M, tol, maxiter: ran.append(
+        "sparsified" if tol == lll.SPARSIFIED_TOL else "factor")
+        or lobpcg(A, B, X, M, tol, maxiter))
     return ran
 
 
-@pytest.mark.parametrize("data, sparse_factor, maxiter, stages", [
-    ("blob", False, None, ["jacobi"]),
-    ("roll", False, None, ["jacobi", "factor"]),    # Jacobi's run stops unconverged
-    ("roll", True, None, ["factor"]),
-    ("roll", False, 1, ["jacobi", "factor", "dense"]),
-    ("roll", True, 1, ["factor", "dense"]),
+@pytest.mark.parametrize("data, sparse_factor, sparsified_maxiter, factor_maxiter, stages", [
+    ("blob", False, None, None, ["sparsified"]),
+    ("roll", False, None, None, ["sparsified"]),
+    ("roll", True, None, None, ["factor"]),
+    ("roll", False, 1, None, ["sparsified", "factor"]),
+    ("roll", False, 1, 1, ["sparsified", "factor", "dense"]),
+    ("roll", True, None, 1, ["factor", "dense"]),
 ])
 def test_sparse_reduced_eigensolver_equals_dense(reduced_problems, monkeypatch, data,
-                                                 sparse_factor, maxiter, stages):
-    """Above DENSE_MAX_L landmarks (FACTOR_DENSE_MAX_L with ``sparse_factor``) the
-    reduced problem goes to LOBPCG, Jacobi-preconditioned and then (or at once)
-    preconditioned by a Cholesky factor, and to dense eigh where neither run
-    converges (one iteration each): the same eigenvalues and B-orthonormal vectors
-    (up to sign) as dense eigh after any of them."""
+                                                 sparse_factor, sparsified_maxiter,
+                                                 factor_maxiter, stages):
+    """Above DENSE_MAX_L landmarks the reduced problem goes to LOBPCG, preconditioned
+    by the factor of the sparsified landmark graph and then (or, with
+    ``sparse_factor``, at once) by that of A, and to dense eigh where neither run
+    converges (one iteration): the same eigenvalues and B-orthonormal vectors (up
+    to sign) as dense eigh after any of them."""
     from gpuembed.spectral import lll
 
     A, B = reduced_problems[data]
     assert scipy.sparse.issparse(A) and A.shape[0] > lll.DENSE_MAX_L
-    if maxiter is not None:
-        monkeypatch.setattr(lll, "JACOBI_MAXITER", maxiter)
-        monkeypatch.setattr(lll, "FACTOR_MAXITER", maxiter)
+    for name, maxiter in (("SPARSIFIED_MAXITER", sparsified_maxiter),
+                          ("FACTOR_MAXITER", factor_maxiter)):
+        if maxiter is not None:
+            monkeypatch.setattr(lll, name, maxiter)
     ran = record_stages(monkeypatch)
     dense = lll._trailing_dense
     monkeypatch.setattr(lll, "_trailing_dense", lambda *a: ran.append("dense") or dense(*a))
@@ -139,23 +142,37 @@ def test_sparse_reduced_eigensolver_equals_dense(reduced_problems, monkeypatch, 
     np.testing.assert_allclose(np.abs(U), np.abs(U_ref), atol=1e-6 * np.abs(U_ref).max())
 
 
-def test_lll_of_few_coordinates_preconditions_by_the_factor(roll, monkeypatch):
-    """LLL of points with at most SHIFT_INVERT_MAX_DIM coordinates (the 3-D swiss
-    roll) solves its reduced problem with the factor from the start; the same
-    points with a fourth, constant coordinate go through Jacobi first.  Both give
-    the same embedding."""
+def test_sparsified_landmark_laplacian(reduced_problems, monkeypatch):
+    """The sparsified Laplacian of the landmarks' graph: rows summing to 0, its
+    links those of A's negative off-diagonal entries (none for a positive one),
+    each landmark keeping (at least) its SPARSIFIED_KAPPA strongest, and
+    connected where A's graph is, also at a kappa of 1, which alone splits it."""
+    from scipy.sparse.csgraph import connected_components
+
+    from gpuembed.optim.directions import sparsify
     from gpuembed.spectral import lll
 
-    X = roll[0]
-    ran = record_stages(monkeypatch)
-    fit = lambda X: ge.LaplacianEigenmaps(2, n_neighbors=20, n_landmarks=2000, random_state=0,
-                                          backend="cpu").fit_transform(X)
-    Y3 = fit(X)
-    assert ran == ["factor"]
-    ran.clear()
-    Y4 = fit(np.column_stack([X, np.ones(len(X))]))
-    assert ran[0] == "jacobi"
-    assert procrustes_error(Y3, Y4) < 1e-6
+    path = np.array([[1.0, -1.0, 0.2], [-1.0, 2.0, -1.0], [0.2, -1.0, 1.0]])   # 0.2: no link
+    np.testing.assert_array_equal(
+        lll._sparsified_laplacian(scipy.sparse.csr_matrix(path)).toarray(),
+        [[1.0, -1.0, 0.0], [-1.0, 2.0, -1.0], [0.0, -1.0, 1.0]])
+    A = reduced_problems["blob"][0].toarray()
+    A = (A + A.T) / 2                       # as trailing_generalized symmetrizes it
+    links = np.where(A < 0, -A, 0.0)
+    np.fill_diagonal(links, 0.0)
+    for kappa in (lll.SPARSIFIED_KAPPA, 1):
+        monkeypatch.setattr(lll, "SPARSIFIED_KAPPA", kappa)
+        S = lll._sparsified_laplacian(scipy.sparse.csr_matrix(A)).toarray()
+        np.testing.assert_allclose(S.sum(axis=1), 0.0, atol=1e-12 * np.abs(A).max())
+        kept = -S
+        np.fill_diagonal(kept, 0.0)
+        assert np.all((kept == 0) | (kept == links))
+        strongest = np.argsort(-links, axis=1, kind="stable")[:, :kappa]
+        assert np.all((np.take_along_axis(links, strongest, axis=1) == 0)
+                      | (np.take_along_axis(kept, strongest, axis=1) > 0))
+        assert connected_components(kept, directed=False)[0] == 1
+    alone = sparsify(ge.get_backend("cpu"), scipy.sparse.csr_matrix(links), 1)
+    assert connected_components(alone, directed=False)[0] > 1
 
 
 def test_lll_does_not_depend_on_the_number_of_blas_threads():

@@ -19,7 +19,7 @@ from .._checks import check_choice, check_data, check_int, make_rng
 from ..backend import get_backend
 from ..neighbors import knn_query
 from ..nbody.exact import squared_distances
-from ..optim.directions import factorize_cpu
+from ..optim.directions import connected_sparsify, factorize_cpu
 from ..optim.sparse_cpu import csr_times
 from .kmeans import distance_blocks, kmeans, plusplus_seeds
 from .lll_cpu import (by_affinity, graph_landmarks, landmark_pair_sqdist, local_weights,
@@ -28,14 +28,15 @@ from .lll_cpu import (by_affinity, graph_landmarks, landmark_pair_sqdist, local_
 LANDMARK_METHODS = ("random", "random-pruned", "kmeans", "spread")
 REGULARIZATION = 1e-3   # ridge on the local Gram matrix, relative to its trace (as in LLE)
 KZ_MAX = 6
-DENSE_MAX_L = 1500      # reduced problems above this size, with at least
+DENSE_MAX_L = 500       # reduced problems above this size, with at least
 LANDMARKS_PER_VECTOR = 100  # this many landmarks per wanted vector, go to LOBPCG
-FACTOR_DENSE_MAX_L = 300    # (DENSE_MAX_L where the factor preconditions LOBPCG)
-# LOBPCG's tolerance and iterations with Jacobi's preconditioner, then with a
-# Cholesky factor of A + FACTOR_SHIFT B (B's diagonal scaled to mean 1), whose
-# iterations cost little (the vectors as close to eigh's as the dense path's),
-# then dense eigh.
-JACOBI_TOL, JACOBI_MAXITER = 1e-8, 500
+# LOBPCG's tolerance, iterations and preconditioner's shift (times diag(B),
+# scaled to mean 1) with a Cholesky factor of the reduced graph's Laplacian
+# sparsified to each landmark's SPARSIFIED_KAPPA strongest links, then with one of
+# A itself, whose iterations cost little where it stays sparse (the vectors then
+# as close to eigh's as the dense path's); then dense eigh.
+SPARSIFIED_KAPPA = 8
+SPARSIFIED_TOL, SPARSIFIED_MAXITER, SPARSIFIED_SHIFT = 1e-8, 500, 1e-4
 FACTOR_TOL, FACTOR_MAXITER, FACTOR_SHIFT = 1e-10, 200, 1e-6
 LOBPCG_CHECK = 1e-6     # largest residual norm accepted from LOBPCG
 # Where each point's kz landmarks come from: "input", the nearest in the input space
@@ -305,37 +306,38 @@ def trailing_generalized(A, B, d, skip=0, sparse_factor=False):
     ``skip``, B-orthonormal.
 
     Dense eigh up to DENSE_MAX_L, for more than L / LANDMARKS_PER_VECTOR vectors,
-    or when A or B is dense.  Otherwise LOBPCG on the sparse matrices,
-    Jacobi-preconditioned: the dense solve is O(L^3) and the reduced matrices of a
-    k-NN graph stay sparse (6% nonzero at L = 4,000 on Fashion-MNIST 70k, 3% at
-    8,000).  There, for 11 vectors, LOBPCG took 0.55 s at L = 4,000 and 1.8 s at
-    8,000 (with SciPy's products; see :func:`_on_all_cores`) against 4.2-5.5 s
-    for eigh at 4,000; ARPACK needed 1.3 s and 3.5 s (334-388 solves with a
-    Cholesky factor of B), shift-invert 1.3 s and 6.5 s (the factor of A + eps B
-    fills).  LOBPCG's cost grows with the vectors wanted:
-    at L = 4,000, 11 / 21 / 31 / 51 vectors took 0.54 / 1.5 / 3.8 / 7.6 s, at 2,000
-    0.21 / 0.62 / 1.7 / 2.3 s against eigh's 0.4-0.7 s.  A block of exactly
-    skip + d vectors was fastest (Fashion-MNIST needs 75-105 iterations; larger
-    blocks cost 2-8x more).  Its vectors agree with eigh's to a Procrustes error of
-    1e-8.
+    or when A or B is dense.  Otherwise LOBPCG on the sparse matrices: the dense
+    solve is O(L^3) and the reduced matrices of a k-NN graph stay sparse (6%
+    nonzero at L = 4,000 on Fashion-MNIST 70k, 3% at 8,000); ARPACK needed 1.3 s
+    and 3.5 s there for 11 vectors (334-388 solves with a Cholesky factor of B),
+    against eigh's 4.2-5.5 s at 4,000.  LOBPCG's cost grows with the vectors
+    wanted, faster than eigh's: at L = 1,000 (Fashion-MNIST 70k's graph Z) 21
+    vectors took 0.08 s against eigh's 0.08 s, 51 took 1.1 s against 0.09 s.
 
-    Smooth manifolds converge slowly that way: the landmarks of a swiss roll
-    (3-D points, 20-NN graph) took 1,580 iterations at L = 2,000 (20,000 points) and
-    1,974 at L = 4,000 (70,000; 7.5 s of an 8.1-s LLL).  Their reduced graph is
-    as low-dimensional as the points, so its Cholesky factor stays sparse: with
-    ``sparse_factor`` (the points have few coordinates,
-    :func:`~gpuembed.spectral.embedding.points_suit_shift_invert`) LOBPCG is
-    preconditioned by a factor of A + FACTOR_SHIFT B, close to the inverse of A on
-    the trailing vectors, and from FACTOR_DENSE_MAX_L landmarks up: 13 iterations
-    and 0.04 s in all at L = 4,000 (to FACTOR_TOL).  On Fashion-MNIST's landmarks that factor
-    took 0.33 s at L = 3,000 (24 iterations), the Jacobi run 0.15-0.18 s.  A
-    Jacobi run that has not converged after JACOBI_MAXITER iterations goes on from
-    its vectors with the factor; one that still leaves a residual above
-    LOBPCG_CHECK falls back to eigh."""
+    LOBPCG is preconditioned by a Cholesky factor of the Laplacian of the
+    landmarks' graph (A's negative off-diagonal entries) sparsified to each
+    landmark's SPARSIFIED_KAPPA strongest links, more where that splits it
+    (optim.directions.connected_sparsify), plus SPARSIFIED_SHIFT diag(B).  For 11
+    vectors at L = 1,500 / 2,000 / 3,000 of Fashion-MNIST 70k (the graph's Z) it
+    took 0.062 / 0.083 / 0.13 s (36 / 35 / 31 iterations), against 0.093 / 0.13 /
+    0.17 s with Jacobi's preconditioner (104 iterations at 2,000, 78 at 3,000) and
+    0.24 / 0.53 / 2.3 s for eigh; 21 vectors at 3,000 0.20 s against 0.26 s.  It
+    also reaches the smooth manifolds where Jacobi's crawls, their trailing
+    eigenvalues crowded near 0: the landmarks of a swiss roll of 70,000 points took
+    66 / 75 iterations at L = 2,000 / 4,000 (0.04 / 0.09 s), where Jacobi's had not
+    converged after 500 (1,974 to converge on another roll).  A shift of 1e-6 left
+    LOBPCG unstable with 31 and 51 vectors (5-18 s).  A factor of A itself took
+    0.33 s at L = 3,000 on Fashion-MNIST; on the landmarks of points with few
+    coordinates (``sparse_factor``:
+    :func:`~gpuembed.spectral.embedding.points_suit_shift_invert`) it stays sparse
+    and, shifted by FACTOR_SHIFT diag(B), preconditions better: those swiss-roll
+    landmarks took 12 / 13 iterations to FACTOR_TOL and 0.017 / 0.038 s.  A run
+    that does not converge goes on from its vectors with the next preconditioner
+    (the sparsified factor, then A's), the last to dense eigh where it leaves a
+    residual above LOBPCG_CHECK."""
     L, k = A.shape[0], skip + d
     ridge = 1e-12 * B.diagonal().sum() / L                  # landmarks far from all data
-    if (L <= (FACTOR_DENSE_MAX_L if sparse_factor else DENSE_MAX_L)
-            or k * LANDMARKS_PER_VECTOR > L
+    if (L <= DENSE_MAX_L or k * LANDMARKS_PER_VECTOR > L
             or not (scipy.sparse.issparse(A) and scipy.sparse.issparse(B))):
         return _trailing_dense(A, B, ridge, d, skip)
     # One scale for both, so that tol is relative; the eigenvalues do not change, the
@@ -343,10 +345,12 @@ def trailing_generalized(A, B, d, skip=0, sparse_factor=False):
     scale = B.diagonal().mean()
     A = ((A + A.T) / (2 * scale)).tocsr()
     B = ((B + B.T) / (2 * scale) + ridge / scale * scipy.sparse.identity(L)).tocsr()
+    shifted_factor = lambda M, shift: factorize_cpu(
+        (M + scipy.sparse.diags(shift * B.diagonal())).tocsr())
     stages = [] if sparse_factor else [
-        (lambda: scipy.sparse.diags(1.0 / B.diagonal()), JACOBI_TOL, JACOBI_MAXITER)]
-    stages.append((lambda: factorize_cpu((A + FACTOR_SHIFT * B).tocsr()), FACTOR_TOL,
-                   FACTOR_MAXITER))
+        (lambda: shifted_factor(_sparsified_laplacian(A), SPARSIFIED_SHIFT), SPARSIFIED_TOL,
+         SPARSIFIED_MAXITER)]
+    stages.append((lambda: shifted_factor(A, FACTOR_SHIFT), FACTOR_TOL, FACTOR_MAXITER))
     vecs = np.random.default_rng(0).standard_normal((L, k))
     for preconditioner, tol, maxiter in stages:
         vals, vecs = _lobpcg(A, B, vecs, preconditioner(), tol, maxiter)
@@ -355,6 +359,18 @@ def trailing_generalized(A, B, d, skip=0, sparse_factor=False):
     else:
         vals, vecs = _trailing_dense(A, B, 0.0, k, 0)
     return vals[skip:], vecs[:, skip:] / np.sqrt(scale)
+
+
+def _sparsified_laplacian(A):
+    """Laplacian of the landmarks' graph, whose link weights are A's negative
+    off-diagonal entries (A's few positive ones, which weights of Z below zero
+    give, left out), each landmark's SPARSIFIED_KAPPA strongest links kept."""
+    links = (-A).tocsr()
+    links.setdiag(0)
+    links.data = np.maximum(links.data, 0.0)
+    links.eliminate_zeros()
+    kept = connected_sparsify(get_backend("cpu"), links, SPARSIFIED_KAPPA, True)[0]
+    return scipy.sparse.diags(np.asarray(kept.sum(axis=1)).ravel()) - kept
 
 
 def _lobpcg(A, B, X, M, tol, maxiter):
