@@ -48,7 +48,7 @@ N_NEIGHBORS = 20
 SPREAD = "LLL (graph Z, spread landmarks)"
 
 
-def run(n=None, dims=(10,), landmarks=(250, 500, 1000, 2000, 3000, 4000), clusters=10,
+def run(n=None, dims=(10,), landmarks=(250, 500, 1000, 2000, 2500, 3000, 4000), clusters=10,
         backend="cpu", name="lll"):
     be = ge.get_backend(backend)
     X, y = ge.datasets.fashion_mnist()
@@ -228,7 +228,7 @@ def main(argv=None):
     parser.add_argument("--d", type=int, nargs="+", default=[10, 50],
                         help="embedding dimensions, each swept over the landmarks")
     parser.add_argument("--landmarks", type=int, nargs="+",
-                        default=[250, 500, 1000, 2000, 3000, 4000])
+                        default=[250, 500, 1000, 2000, 2500, 3000, 4000])
     parser.add_argument("--backend", default="cpu")
     parser.add_argument("--suffix", default="")
     parser.add_argument("--model-selection", action="store_true",

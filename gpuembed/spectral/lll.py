@@ -29,7 +29,7 @@ LANDMARK_METHODS = ("random", "random-pruned", "kmeans", "spread")
 REGULARIZATION = 1e-3   # ridge on the local Gram matrix, relative to its trace (as in LLE)
 KZ_MAX = 6
 DENSE_MAX_L = 500       # reduced problems above this size, with at least
-LANDMARKS_PER_VECTOR = 100  # this many landmarks per wanted vector, go to LOBPCG
+LANDMARKS_PER_VECTOR = 40   # this many landmarks per wanted vector, go to LOBPCG
 # LOBPCG's tolerance, iterations and preconditioner's shift (times diag(B),
 # scaled to mean 1) with a Cholesky factor of the reduced graph's Laplacian
 # sparsified to each landmark's SPARSIFIED_KAPPA strongest links, then with one of
@@ -311,8 +311,10 @@ def trailing_generalized(A, B, d, skip=0, sparse_factor=False):
     nonzero at L = 4,000 on Fashion-MNIST 70k, 3% at 8,000); ARPACK needed 1.3 s
     and 3.5 s there for 11 vectors (334-388 solves with a Cholesky factor of B),
     against eigh's 4.2-5.5 s at 4,000.  LOBPCG's cost grows with the vectors
-    wanted, faster than eigh's: at L = 1,000 (Fashion-MNIST 70k's graph Z) 21
-    vectors took 0.08 s against eigh's 0.08 s, 51 took 1.1 s against 0.09 s.
+    wanted, faster than eigh's (Fashion-MNIST 70k's graph Z, the preconditioner
+    below): at L = 1,000 21 vectors took 0.064 s against eigh's 0.081 s, 51 took
+    1.1 s against 0.09 s; 51 at 2,000 / 3,000 / 4,000 0.40 / 1.05 / 0.81 s against
+    0.57 / 2.2 / 5.7 s, 31 0.22 / 0.38 / 0.55 s against 0.54 / 2.1 / 5.8 s.
 
     LOBPCG is preconditioned by a Cholesky factor of the Laplacian of the
     landmarks' graph (A's negative off-diagonal entries) sparsified to each
