@@ -154,7 +154,7 @@ def plot(sweep, n, name):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("Procrustes error vs exact LE")
     ticks = sorted({x["landmarks"] for x in sweep["runs"]})
-    axes[0].set_xticks(ticks, [str(t) for t in ticks])
+    axes[0].set_xticks(ticks, [str(t) for t in ticks], rotation=45)
     axes[0].legend()
     axes[1].legend()
     fig.suptitle(f"Fashion-MNIST {n}, d = {sweep['d']}: Laplacian eigenmaps with landmarks")
