@@ -68,6 +68,25 @@ def test_compiled_sparse_gram_equals_scipy(dtype):
         assert not got[11].any() and not got[:, 11].any()          # the empty rows
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_rows_product_is_the_product_bit_for_bit(threads, monkeypatch):
+    """_sparse.rows_product: A @ B by spans of A's rows on threads, the same
+    entries and bits as SciPy's product on any number of threads (also with rows
+    of A that are empty and spans that end on them)."""
+    import numba
+
+    from gpuembed._sparse import rows_product
+
+    monkeypatch.setattr(numba, "get_num_threads", lambda: threads)
+    A = sparse_data(n=301, d=400, density=0.05)
+    B = sparse_data(n=400, d=250, density=0.05, seed=2)
+    product = rows_product(A, B)
+    expected = (A @ B).tocsr()
+    assert product.format == "csr" and product.shape == (301, 250)
+    assert (product != expected).nnz == 0
+    np.testing.assert_array_equal(product.toarray(), expected.toarray())
+
+
 def test_sparse_knn_in_small_blocks_and_queries(rng):
     X = sparse_data(n=200, d=500, density=0.05)
     full = ge.knn(X, 7, backend="cpu")
