@@ -100,9 +100,9 @@ def record_stages(monkeypatch):
 
     ran = []
     lobpcg = lll._lobpcg
-    monkeypatch.setattr(lll, "_lobpcg", lambda A, B, X, M, tol, maxiter: ran.append(
+    monkeypatch.setattr(lll, "_lobpcg", lambda A, B, X, M, tol, *rest: ran.append(
         "sparsified" if tol == lll.SPARSIFIED_TOL else "factor")
-        or lobpcg(A, B, X, M, tol, maxiter))
+        or lobpcg(A, B, X, M, tol, *rest))
     return ran
 
 
@@ -173,6 +173,72 @@ def test_sparsified_landmark_laplacian(reduced_problems, monkeypatch):
         assert connected_components(kept, directed=False)[0] == 1
     alone = sparsify(ge.get_backend("cpu"), scipy.sparse.csr_matrix(links), 1)
     assert connected_components(alone, directed=False)[0] > 1
+
+
+def separated_clusters(noise, sigma):
+    """5 Gaussian clusters of 400 points (10-D) with ``noise`` added, and their
+    15-NN Gaussian graph of width ``sigma``."""
+    from gpuembed.spectral import affinity_graph
+
+    X, _ = ge.datasets.gaussian_clusters(2000, 5, 10, random_state=3)
+    X = X + np.random.default_rng(0).normal(scale=noise, size=X.shape)
+    return X, affinity_graph(X, 15, sigma=sigma, backend="cpu")
+
+
+@pytest.mark.parametrize("d", [2, 4])
+@pytest.mark.parametrize("z_neighbors", ["input", "graph"])
+def test_lll_of_separated_clusters_takes_the_exact_component_vectors(d, z_neighbors):
+    """A graph of 5 components and at most as many vectors wanted: LLL's vectors
+    of eigenvalue 0 are the components' as exact LE takes them, in its order (the
+    data graph's components by first point), so the two agree to rounding (a
+    solver's basis of that multiple eigenvalue had been 0.95-1.0 off, and the
+    components taken by first landmark 0.70-0.83 at d = 2)."""
+    X, _ = separated_clusters(2.0, 0.5)
+    kw = dict(n_neighbors=15, sigma=0.5, backend="cpu")
+    exact = ge.LaplacianEigenmaps(d, **kw).fit_transform(X)
+    lll = ge.LaplacianEigenmaps(d, n_landmarks=600, z_neighbors=z_neighbors, random_state=0,
+                                **kw).fit_transform(X)
+    assert procrustes_error(exact, lll) < 1e-10
+
+
+@pytest.mark.parametrize("solver", ["eigh", "lobpcg"])
+def test_reduced_problem_of_a_split_graph(monkeypatch, solver):
+    """3 components of the landmarks' graph and 5 vectors wanted: the first 3 of
+    eigenvalue 0, constant on each component (the first the constant vector, as
+    exact LE takes them, not a solver's basis of them), the other 2 eigenvectors
+    B-orthogonal to them, by eigh or by LOBPCG (constrained to B's orthogonal
+    complement of the 3): the same vectors either way."""
+    from scipy.sparse.csgraph import connected_components
+
+    from gpuembed.spectral import lll
+
+    X, W = separated_clusters(3.0, 2.0)
+    Z = reconstruction_weights(X, X[choose_landmarks(X, 600, random_state=0)], 5)
+    A, B = lll.laplacian_reduced(Z, W)
+    n_comp, labels = connected_components(abs(A) + abs(B), directed=False)
+    assert n_comp == 3
+    if solver == "eigh":
+        monkeypatch.setattr(lll, "DENSE_MAX_L", 10 ** 9)
+    else:
+        monkeypatch.setattr(lll, "DENSE_MAX_L", 0)
+        monkeypatch.setattr(lll, "LANDMARKS_PER_VECTOR", 1)
+    ran = record_stages(monkeypatch)
+    vals, U = lll.trailing_generalized(A, B, 5)
+    assert ran == ([] if solver == "eigh" else ["sparsified"])
+    ridge = 1e-12 * B.diagonal().sum() / A.shape[0]
+    vals_ref, U_ref = lll._trailing_dense(A, B, ridge, 5, 0)   # any basis of eigenvalue 0
+    np.testing.assert_allclose(vals[3:], vals_ref[3:], rtol=1e-6)
+    np.testing.assert_allclose(np.abs(U[:, 3:]), np.abs(U_ref[:, 3:]),
+                               atol=1e-6 * np.abs(U_ref).max())
+    assert procrustes_error(U_ref[:, :3], U[:, :3]) < 1e-6
+    np.testing.assert_array_equal(vals[:3], 0.0)
+    assert (vals[3:] > 1e-8).all()
+    np.testing.assert_allclose(U[:, 0], U[0, 0], rtol=1e-12)     # exact LE's: 1 first
+    for c in range(3):
+        np.testing.assert_allclose(U[labels == c, :3], U[labels == c][:1, :3].repeat(
+            (labels == c).sum(), axis=0), rtol=0, atol=1e-12 * np.abs(U).max())
+    np.testing.assert_allclose(U.T @ (B @ U), np.eye(5), atol=1e-8)
+    np.testing.assert_allclose(A @ U, (B @ U) * vals, atol=1e-7 * abs(A).max())
 
 
 def test_lll_does_not_depend_on_the_number_of_blas_threads():

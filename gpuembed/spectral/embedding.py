@@ -129,18 +129,25 @@ def _component_basis(xp, degree, labels, m):
     ARPACK on M had returned two of the three and a vector beyond the wanted
     ones, clustering better by that accident.
 
-    Each vector is D^1/2 times a value per component: those values come from a
-    QR of the components' volumes (c x m), not of the N x m vectors, whose
-    rounding divided by a tiny degree's root (1e-31 in a test) scattered a
-    component's coordinates."""
-    n_comp = int(labels.max()) + 1
-    volume_root = xp.sqrt(xp.bincount(labels, weights=degree, minlength=n_comp))
+    Each vector is D^1/2 times a value per component (:func:`component_values`)."""
+    volume = xp.bincount(labels, weights=degree, minlength=int(labels.max()) + 1)
+    return xp.sqrt(degree)[:, None] * component_values(xp, volume, m)[labels]
+
+
+def component_values(xp, volume, m):
+    """(c, m) values, one row per component, of m vectors constant on each of c
+    components of these volumes (their sums of degrees) and orthonormal in the
+    degree's inner product: the trivial all-ones vector normalized first, then
+    Gram-Schmidt's from the first m - 1 components.  From a QR of the c x m
+    volumes, not of the N x m vectors, whose rounding divided by a tiny degree's
+    root (1e-31 in a test) scattered a component's coordinates."""
+    volume_root = xp.sqrt(volume)
     # Column 0: the trivial vector's values (all ones); column j: component j - 1's.
-    parts = xp.zeros((n_comp, m), dtype=degree.dtype)
+    parts = xp.zeros((len(volume), m), dtype=volume.dtype)
     parts[:, 0] = 1.0
     parts[xp.arange(m - 1), xp.arange(1, m)] = 1.0
     Q = xp.linalg.qr(volume_root[:, None] * parts)[0]
-    return xp.sqrt(degree)[:, None] * (Q / volume_root[:, None])[labels]
+    return Q / volume_root[:, None]
 
 
 def points_suit_shift_invert(X):

@@ -24,6 +24,7 @@ from ..affinities import entropic_affinities
 from ..backend import get_backend
 from ..neighbors import METRICS, metric_rows
 from ..neighbors_ivf import SEARCHES, QuerySearch
+from ..optim.directions import connected_components
 from .embedding import points_suit_shift_invert, spectral_embedding
 from .kmeans import kmeans, nearest_centers
 from .lll import (LANDMARK_METHODS, Z_NEIGHBORS, _landmark_basis, default_kz,
@@ -141,8 +142,11 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     idx, Z, kz = basis or _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state,
                                           backend, W, z_neighbors)
     A_r, B_r = laplacian_reduced(Z, W)
-    _, U = trailing_generalized(A_r, B_r, d, skip=int(drop_first),   # the constant solution
-                                sparse_factor=points_suit_shift_invert(X))
+    # skip: the constant solution; a split graph's components in exact LE's order
+    components = lambda: connected_components(get_backend("cpu"), W)[1][idx]
+    _, U = trailing_generalized(A_r, B_r, d, skip=int(drop_first),
+                                sparse_factor=points_suit_shift_invert(X),
+                                data_components=components)
     return Z @ U, idx, Z, U, kz
 
 
