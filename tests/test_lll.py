@@ -241,6 +241,29 @@ def test_reduced_problem_of_a_split_graph(monkeypatch, solver):
     np.testing.assert_allclose(A @ U, (B @ U) * vals, atol=1e-7 * abs(A).max())
 
 
+def test_lll_of_duplicated_points(roll):
+    """Every point twice: where both copies of a point are landmarks, the points
+    take one of them, and the other reconstructs none (a zero row and column of
+    the reduced matrices, an eigenvalue 0 whose vectors had taken the
+    embedding's place: Procrustes error 0.75-1.0 against exact LE).  Such
+    landmarks now stay out of the eigenproblem and take their copy's
+    coordinates."""
+    X = np.concatenate([roll[0][:2000]] * 2)
+    exact = ge.LaplacianEigenmaps(2, n_neighbors=20, backend="cpu").fit_transform(X)
+    errors = []
+    for L in (600, 1600):
+        est = ge.LaplacianEigenmaps(2, n_neighbors=20, n_landmarks=L, random_state=0,
+                                    backend="cpu")
+        Y = est.fit_transform(X)
+        unused = np.flatnonzero(abs(est.Z_).sum(axis=0).A.ravel() == 0)
+        assert len(unused) > 0
+        copies = est.landmarks_[unused] % 2000
+        np.testing.assert_array_equal(est.landmark_embedding_[unused], Y[copies])
+        np.testing.assert_allclose(est.transform(X[:100]), Y[:100], atol=1e-12)
+        errors.append(procrustes_error(exact, Y))
+    assert errors[0] < 0.1 and errors[1] < errors[0]
+
+
 def test_lll_does_not_depend_on_the_number_of_blas_threads():
     """The landmarks' distances (a GEMM) and the dense reduced eigenproblem (LAPACK)
     gave other last bits on 1 and 2 OpenBLAS threads; now on one thread."""

@@ -142,12 +142,22 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     idx, Z, kz = basis or _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state,
                                           backend, W, z_neighbors)
     A_r, B_r = laplacian_reduced(Z, W)
+    # A landmark that reconstructs no point (a copy of a duplicated point that took
+    # another copy) has a zero row and column: an eigenvalue 0 of no data, whose
+    # vectors took the place of the embedding's.  It takes its point's coordinates.
+    used = B_r.diagonal() > 0
+    if not used.all():
+        A_r, B_r = (M[used][:, used] for M in (A_r, B_r))
     # skip: the constant solution; a split graph's components in exact LE's order
-    components = lambda: connected_components(get_backend("cpu"), W)[1][idx]
-    _, U = trailing_generalized(A_r, B_r, d, skip=int(drop_first),
-                                sparse_factor=points_suit_shift_invert(X),
-                                data_components=components)
-    return Z @ U, idx, Z, U, kz
+    components = lambda: connected_components(get_backend("cpu"), W)[1][idx[used]]
+    _, U_used = trailing_generalized(A_r, B_r, d, skip=int(drop_first),
+                                     sparse_factor=points_suit_shift_invert(X),
+                                     data_components=components)
+    U = np.zeros((len(idx), d))
+    U[used] = U_used
+    Y = Z @ U
+    U[~used] = Y[idx[~used]]
+    return Y, idx, Z, U, kz
 
 
 class _SpectralBase(Params):

@@ -395,6 +395,7 @@ def _null_basis(A, B, k, data_components):
     volumes their indicators' B-norms (B's row sums: B too splits into their
     blocks), in the order that :func:`trailing_generalized` says."""
     pattern = abs(scipy.sparse.csr_matrix(A)) + abs(scipy.sparse.csr_matrix(B))
+    pattern.eliminate_zeros()
     n_comp, labels = scipy.sparse.csgraph.connected_components(pattern, directed=False)
     if n_comp == 1:
         return None
