@@ -861,6 +861,27 @@ def test_lll_beats_landmark_only_baselines(roll):
     assert errors[0] < 0.5 * min(errors[1:])
 
 
+def test_nystrom_le_against_its_formula(rng):
+    """nystrom_le against the one-shot Nystrom extension written out densely: the
+    full Gaussian cross-affinities C (N x L, no self affinity), degrees C 1 N / L,
+    the landmarks' normalized affinities' leading eigenvectors after the trivial
+    one, extended by D^-1/2 C D_L^-1/2 U / lambda and scaled by D^-1/2."""
+    from gpuembed.spectral import choose_landmarks, nystrom_le
+
+    X = rng.standard_normal((300, 4))
+    sigma, L = 1.2, 60
+    Y = nystrom_le(X, 3, n_landmarks=L, sigma=sigma, random_state=0, backend="cpu")
+    idx = choose_landmarks(X, L, random_state=0)
+    C = np.exp(-((X[:, None] - X[idx][None]) ** 2).sum(-1) / (2 * sigma ** 2))
+    C[idx, np.arange(L)] = 0.0
+    s = 1 / np.sqrt(C.sum(axis=1) * 300 / L)
+    vals, U = np.linalg.eigh(s[idx, None] * C[idx] * s[None, idx])
+    vals, U = vals[::-1][1:4], U[:, ::-1][:, 1:4]
+    expected = s[:, None] * ((s[:, None] * C * s[None, idx]) @ U / vals)
+    np.testing.assert_allclose(np.abs(Y), np.abs(expected), rtol=1e-9,
+                               atol=1e-12 * np.abs(expected).max())
+
+
 @pytest.mark.gpu
 def test_gpu_equals_cpu():
     """Laplacian eigenmaps (exact and LLL) and spectral clustering with the
