@@ -7,8 +7,6 @@ a block of distances is a sparse product written into a dense B x N block
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import scipy.sparse
 
@@ -107,6 +105,8 @@ class BlockProducts:
         self._serial = self.backend.serial_blas()         # a no-op on the GPU
         self._serial.__enter__()
         if self.threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
             self._pool = ThreadPoolExecutor(self.threads)
         return self
 
@@ -139,18 +139,17 @@ class BlockProducts:
 
 def rows_product(A, B):
     """A @ B for host CSR matrices, A's rows cut into one span per numba thread,
-    each span's product on its own Python thread (SciPy's sparse products release
-    the GIL): a row of the product depends on that row of A alone, so the result
-    has the same bits as A @ B.  LLL's reduced matrices at 2,500 landmarks of
-    Fashion-MNIST 70k: 0.064 s against 0.094 s on 2 cores."""
-    import numba
+    each span's product on its own Python thread (:class:`BlockProducts`; SciPy's
+    sparse products release the GIL): a row of the product depends on that row of
+    A alone, so the result has the same bits as A @ B.  LLL's reduced matrices at
+    2,500 landmarks of Fashion-MNIST 70k: 0.064 s against 0.094 s on 2 cores."""
+    from .backend import get_backend
 
-    spans = np.linspace(0, A.shape[0], numba.get_num_threads() + 1).astype(np.int64)
-    if len(spans) == 2:
-        return (A @ B).tocsr()
-    with ThreadPoolExecutor(len(spans) - 1) as pool:
-        blocks = list(pool.map(lambda a, b: A[a:b] @ B, spans[:-1], spans[1:]))
-    return scipy.sparse.vstack(blocks, format="csr")
+    with BlockProducts(get_backend("cpu")) as blocks:
+        spans = np.linspace(0, A.shape[0], blocks.threads + 1).astype(np.int64)
+        parts = list(blocks.map(lambda span: A[span[0]:span[1]] @ B,
+                                zip(spans[:-1], spans[1:])))
+    return scipy.sparse.vstack(parts, format="csr")
 
 
 def gram(A, B):
