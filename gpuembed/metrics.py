@@ -26,7 +26,7 @@ from ._sparse import BlockProducts, row_sqnorms, transposed
 from .backend import get_backend
 from .metrics_cpu import max_rank_counts, ties_by_index
 from .neighbors import knn, metric_rows
-from .nbody.exact import squared_distances
+from .nbody.exact import centred, squared_distances
 
 __all__ = ["knn_accuracy", "clustering_error", "rnx", "auc_rnx", "log_k_auc", "coranking",
            "procrustes_error"]
@@ -87,7 +87,7 @@ def _pair(X_high, X_low, be, metric):
     X_low = check_data(X_low, be, name="X_low", min_samples=3)
     if X_high.shape[0] != X_low.shape[0]:
         raise ValueError(f"X_high has {X_high.shape[0]} rows but X_low has {X_low.shape[0]}")
-    return X_high, X_low
+    return centred(be.xp, X_high), centred(be.xp, X_low)
 
 
 def _rank_blocks(X_high, X_low, k_max, be):

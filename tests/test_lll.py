@@ -882,6 +882,24 @@ def test_nystrom_le_against_its_formula(rng):
                                atol=1e-12 * np.abs(expected).max())
 
 
+def test_kernel_methods_of_float32_rows_far_from_the_origin(rng):
+    """Kernel PCA by LLL and Nystrom's extension take Gaussian kernels of GEMM
+    distances, which round to eps |y|^2: float32 rows moved 1e4 from the origin
+    came out 0.5 and 0.9 off in Procrustes error uncentred.  Centred, they equal
+    the float64 embedding of the unmoved rows; "random-pruned" drops the same
+    close pairs (9 of 100 landmarks differed uncentred)."""
+    from gpuembed.spectral import kernel_pca_lll, landmark_basis, nystrom_le
+
+    X = rng.standard_normal((500, 6))
+    far = (X + 1e4).astype(np.float32)
+    np.testing.assert_array_equal(choose_landmarks(far, 100, "random-pruned", random_state=0),
+                                  choose_landmarks(X, 100, "random-pruned", random_state=0))
+    basis = landmark_basis(X, 2, 100, kz=7, random_state=0)
+    for fn in (lambda Y: kernel_pca_lll(Y, 2, sigma=2.0, basis=basis),
+               lambda Y: nystrom_le(Y, 2, n_landmarks=100, sigma=2.0, random_state=0)):
+        assert procrustes_error(fn(X), fn(far)) < 1e-3
+
+
 @pytest.mark.gpu
 def test_gpu_equals_cpu():
     """Laplacian eigenmaps (exact and LLL) and spectral clustering with the

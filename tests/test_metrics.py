@@ -211,3 +211,18 @@ def test_rnx_does_not_depend_on_the_number_of_threads():
         numba.set_num_threads(threads)
     for curve in curves[1:]:
         np.testing.assert_array_equal(curve, curves[0])
+
+
+@pytest.mark.parametrize("space", ["high", "low"])
+def test_rnx_of_float32_rows_far_from_the_origin(rng, backend, space):
+    """Distances by GEMM round to eps |x|^2: float32 rows 1e4 from the origin
+    (float64 ones 1e7) lose the differences of neighbours 1 apart.  The rows are
+    centred first, so moving either space changes nothing beyond the rounding
+    of the rows themselves."""
+    Xh = rng.standard_normal((400, 8))
+    Xl = Xh[:, :2] + 0.5 * rng.standard_normal((400, 2))
+    exact = rnx(Xh, Xl)
+    for offset, dtype, atol in ((1e4, np.float32, 0.01), (1e7, np.float64, 1e-3)):
+        moved = (Xh + offset, Xl) if space == "high" else (Xh, Xl + offset)
+        far = rnx(*(X.astype(dtype) for X in moved), backend=backend)
+        np.testing.assert_allclose(far, exact, atol=atol)

@@ -17,12 +17,13 @@ Gaussian with multi-scale SNE's shifts too), on the CPU in its numba twin
 """
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .._sparse import gram, product, row_sqnorms
+from .._sparse import gram, is_sparse, product, row_sqnorms
 from .exact_cpu import exact_sums_cpu
 
 KERNELS = ("gaussian", "student", "student2")
@@ -31,6 +32,8 @@ KERNELS = ("gaussian", "student", "student2")
 # block bounds the Python overhead per block for large N.
 DEFAULT_BLOCK_BYTES = {"cpu": 2**20, "gpu": 512 * 2**20}
 MIN_ROWS = 64
+# Rows that centred() estimates the spread from (its order of magnitude is enough).
+SPREAD_SAMPLE = 1000
 N_THREADS = os.cpu_count() or 1
 # Kernel sets the compiled kernels compute (NBODY_KERNEL codes in
 # kernels/nbody_exact.cu, the same in exact_cpu.py); "student2" alone comes from
@@ -59,7 +62,8 @@ def squared_distances(xp, Y, X, sq_y=None, sq_x=None, Xt=None, products=None):
     """(len(Y), len(X)) squared Euclidean distances by GEMM.
 
     Their absolute rounding error, ~eps (|y|^2 + |x|^2), is negligible against
-    the unit width of the embedding kernels, so no coordinate-wise pass is needed.
+    the unit width of the embedding kernels, so no coordinate-wise pass is needed;
+    data far from the origin goes in :func:`centred`.
     Y and X may both be sparse (high-dimensional data in the metrics); ``Xt``:
     _sparse.transposed(X), for callers that pass the same X block after block;
     ``products``: a _sparse.BlockProducts that makes the product with Xt (the same
@@ -72,6 +76,26 @@ def squared_distances(xp, Y, X, sq_y=None, sq_x=None, Xt=None, products=None):
     D += sq_y[:, None]
     D += sq_x[None, :]
     return xp.maximum(D, 0.0, out=D)
+
+
+def centred(xp, X):
+    """X less its column means, in X's dtype (a copy; sparse X as it is): the same
+    distances, but :func:`squared_distances` then rounds to the rows' spread, not
+    to their distance from the origin.  Float32 digits moved 1e4 from the origin
+    had an R_NX AUC of 0.06 uncentred (0.54 centred), and kernel PCA and Nystrom
+    embeddings came out 0.5-0.9 off in Procrustes error.  The means are rounded to
+    multiples of the power of two at or below the spread, so that data on a grid
+    that fine stays on it, exactly: integer pixels stay integers, and their equal
+    distances equal (the rank metrics break such ties by index)."""
+    if is_sparse(X):
+        return X
+    mean = X.mean(axis=0, dtype=xp.float64)
+    sample = X[::max(1, X.shape[0] // SPREAD_SAMPLE)]
+    spread = float(xp.sqrt(((sample - mean) ** 2).mean()))
+    if spread > 0:
+        step = 2.0 ** math.floor(math.log2(spread))
+        mean = xp.round(mean / step) * step
+    return X - mean.astype(X.dtype)
 
 
 def coordinate_squared_distances(xp, Y, X):

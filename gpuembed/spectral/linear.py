@@ -10,7 +10,7 @@ import numpy as np
 from .._checks import check_data, check_float, check_int
 from .._params import fill_doc
 from ..backend import get_backend
-from ..nbody.exact import squared_distances
+from ..nbody.exact import centred, squared_distances
 from .embedding import points_suit_shift_invert, spectral_embedding
 from .laplacian import affinity_graph
 from .lll import _choose_landmarks, default_kz, dense_generalized_eigh, reconstruction_weights
@@ -152,7 +152,7 @@ def kernel_pca_lll(Y, n_components, *, sigma, n_landmarks=None, kz=None, landmar
     be = get_backend(backend)
     xp = be.xp
     n = Y.shape[0]
-    Y_dev = be.asarray(Y)
+    Y_dev = be.asarray(centred(np, Y))
     ZT = Z.T.tocsr()                                    # float64, as K Z is summed
     ZT = be.sparse.csr_matrix(ZT) if be.is_gpu else ZT
     KZ = xp.empty((n, Z.shape[1]))
@@ -216,7 +216,8 @@ def nystrom_le(Y, n_components, *, n_landmarks, sigma, landmarks="random",
     idx_dev = be.asarray(idx)
     # (N, L) in place: at Fashion-MNIST 70k and 2,000 landmarks each N x L temporary
     # cost about a second, and the three here and two below took 9.1 s in all.
-    C = squared_distances(xp, Y, Y[idx_dev])
+    Yc = centred(xp, Y)
+    C = squared_distances(xp, Yc, Yc[idx_dev])
     C *= -1.0 / (2 * sigma ** 2)
     xp.exp(C, out=C)
     C[idx_dev, xp.arange(L)] = 0.0                                           # no self affinity

@@ -20,7 +20,7 @@ from .._checks import check_choice, check_data, check_int, make_rng
 from .._sparse import rows_product
 from ..backend import get_backend
 from ..neighbors import knn_query
-from ..nbody.exact import squared_distances
+from ..nbody.exact import centred, squared_distances
 from ..optim.directions import connected_sparsify, factorize_cpu
 from ..optim.sparse_cpu import csr_times
 from .embedding import component_values
@@ -133,7 +133,8 @@ def _choose_landmarks(Y, n_landmarks, method, random_state, graph=None):
     if method == "random-pruned":
         M = min(max(1, L // 10), n - L)
         cand = rng.choice(n, L + M, replace=False)
-        D = squared_distances(np, Y[cand], Y[cand])
+        Yc = centred(np, Y[cand])
+        D = squared_distances(np, Yc, Yc)
         D[np.tril_indices(len(cand))] = np.inf
         keep = np.ones(len(cand), dtype=bool)
         dropped = 0
