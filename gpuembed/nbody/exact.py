@@ -83,19 +83,24 @@ def centred(xp, X):
     distances, but :func:`squared_distances` then rounds to the rows' spread, not
     to their distance from the origin.  Float32 digits moved 1e4 from the origin
     had an R_NX AUC of 0.06 uncentred (0.54 centred), and kernel PCA and Nystrom
-    embeddings came out 0.5-0.9 off in Procrustes error.  The means are rounded to
-    multiples of the power of two at or below the spread, so that data on a grid
-    that fine stays on it, exactly: integer pixels stay integers, and their equal
-    distances equal (the rank metrics break such ties by index)."""
+    embeddings came out 0.5-0.9 off in Procrustes error."""
     if is_sparse(X):
         return X
+    return X - centring_shift(xp, X).astype(X.dtype)
+
+
+def centring_shift(xp, X):
+    """X's column means (float64, dense X), rounded to multiples of the power of
+    two at or below the rows' spread, so that data on a grid that fine stays on
+    it, exactly: integer pixels stay integers, and their equal distances equal
+    (the rank metrics break such ties by index)."""
     mean = X.mean(axis=0, dtype=xp.float64)
     sample = X[::max(1, X.shape[0] // SPREAD_SAMPLE)]
     spread = float(xp.sqrt(((sample - mean) ** 2).mean()))
     if spread > 0:
         step = 2.0 ** math.floor(math.log2(spread))
         mean = xp.round(mean / step) * step
-    return X - mean.astype(X.dtype)
+    return mean
 
 
 def coordinate_squared_distances(xp, Y, X):

@@ -21,7 +21,7 @@ import numpy as np
 
 from .._checks import check_float, check_int, make_rng
 from ..backend import GraphReplays, get_backend
-from ..nbody.exact import squared_distances
+from ..nbody.exact import centred, centring_shift, squared_distances
 from .mlp_cpu import adam_update
 
 
@@ -114,6 +114,7 @@ def _centre_spread(sample, centers, inertia):
     scatter = float(((sample - sample.mean(axis=0)) ** 2).sum())
     if inertia > 1e-12 * scatter or len(centers) < 2:
         return max(float(np.sqrt(inertia / len(sample))), 1e-12)
+    centers = centred(np, centers)
     D = squared_distances(np, centers, centers)
     np.fill_diagonal(D, np.inf)
     return max(0.5 * float(np.sqrt(D.min(axis=1).mean())), 1e-12)
@@ -148,8 +149,11 @@ class RBFMapping(_LinearInParameters):
     def design(self, Y):
         # In float64 for every input: the Gram of wide Gaussians is ill-conditioned
         # (condition number about 1e9 on digits and on Fashion-MNIST, beyond float32).
+        # Relative to the centres' mean: the distances then round to the data's
+        # spread (digits moved 1e6 from the origin: F 2e-4 off, 1e-2 after MAC).
         xp = array_module(Y)
-        D = squared_distances(xp, Y.astype(xp.float64, copy=False), self.centers_)
+        D = squared_distances(xp, Y.astype(xp.float64, copy=False) - self.origin_,
+                              self.centers_ - self.origin_)
         return _with_bias(xp, xp.exp(D * (-0.5 / self.sigma_**2)))
 
     def _build(self, Y):
@@ -163,6 +167,7 @@ class RBFMapping(_LinearInParameters):
         sample = host[rng.choice(n, min(n, self.max_kmeans_points), replace=False)]
         _, centers, inertia = kmeans(sample, k, n_init=1, random_state=self.random_state)
         self.centers_ = xp.asarray(centers, dtype=xp.float64)
+        self.origin_ = centring_shift(xp, self.centers_)
         self.sigma_ = (float(self.sigma) if self.sigma is not None
                        else self.width * _centre_spread(sample, centers, inertia))
         Phi = self.design(Y)
