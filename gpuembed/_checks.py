@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import reprlib
 import sys
 import warnings
 from pathlib import Path
@@ -138,8 +139,12 @@ def check_float(value, name, low=None, high=None, *, low_open=False, high_open=F
 
 
 def check_choice(value, name, choices):
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    try:
+        known = value in choices
+    except (TypeError, ValueError):         # an array compares elementwise
+        known = False
+    if not known:                           # reprlib: an array's repr cut short
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {reprlib.repr(value)}")
     return value
 
 

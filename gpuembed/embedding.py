@@ -345,7 +345,7 @@ class _Embedding(Params):
         affinities are computed (the directions check theirs only when built)."""
         checks = {
             "step_size": lambda v: check_float(v, "step_size", 0.0, low_open=True),
-            "neighbors": lambda v: check_choice(v, "neighbors", tuple(SEARCHES)),
+            "neighbors": _check_search,
             "kappa": lambda v: check_int(v, "kappa", 1),
             "sd_solver": lambda v: check_choice(v, "sd_solver", Spectral.SOLVERS),
             "sd_refresh": check_refresh,
@@ -849,6 +849,17 @@ def initial_layout(init, X, d, be, dtype, std, random_state, extra=None, n=None)
     else:
         Y = init
     return be.asarray(Y, dtype=dtype)
+
+
+def _check_search(neighbors):
+    """The ``neighbors`` method parameter: a search's name.  Neighbours of one's own
+    (entropic_affinities' ``neighbors``) go in through ``affinities``."""
+    if isinstance(neighbors, tuple):
+        raise ValueError("neighbors names the k-NN search, one of "
+                         f"{tuple(SEARCHES)}; for (sqdist, indices) of your own pass "
+                         "affinities=ge.entropic_affinities(neighbors=(sqdist, indices), "
+                         "perplexity=...)")
+    return check_choice(neighbors, "neighbors", tuple(SEARCHES))
 
 
 def check_tol(tol, n):

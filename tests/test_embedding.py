@@ -2088,7 +2088,13 @@ def test_callbacks_and_verbose(small, capsys):
     (lambda: ge.TSNE(affinities=np.ones((4, 5))), "square"),
     (lambda: ge.TSNE(affinities=np.ones((7, 7))), "rows"),
     (lambda: ge.TSNE(affinities=-np.ones((40, 40))), "non-negative"),
-    (lambda: ge.TSNE(nbody="fmm"), "nbody"),
+    (lambda: ge.TSNE(nbody="fmm"), r"^nbody must be one of \('auto', 'exact', 'fgt', 'bh'\)"),
+    (lambda: ge.TSNE(nbody=np.array(["exact", "bh"])), "^nbody must be one of"),
+    # An array's comparison with the names is elementwise; its repr is cut short.
+    (lambda: ge.TSNE(optimizer=np.array(["sd", "gd"])), r"^optimizer must be one of .*\.\.\."),
+    (lambda: ge.TSNE(neighbors=np.arange(1000)), r"^neighbors must be one of .{,120}$"),
+    (lambda: ge.TSNE(neighbors=(np.ones((120, 5)), np.zeros((120, 5), int))),
+     r"entropic_affinities\(neighbors=\(sqdist, indices\)"),
     (lambda: ge.TSNE(perplexity=0), "perplexity"),     # not n_neighbors = 3 x 0
 ])
 def test_bad_arguments(small, make, match):

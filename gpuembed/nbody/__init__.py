@@ -49,13 +49,13 @@ AUTO_EXACT_BELOW = {"cpu": {"gaussian": 5_000, "student": 5_000},
 def resolve_method(method, n, dim, kernel, backend, exact_below=None):
     """The engine for ``nbody=method`` ("auto" picks by N, kernel, dimension, device;
     ``exact_below`` overrides the N below which it takes the exact engine)."""
+    check_choice(method, "nbody", ("auto",) + METHODS)
     if method == "auto":
         below = exact_below or AUTO_EXACT_BELOW[backend.name][
             "gaussian" if kernel == "gaussian" else "student"]
         if dim > MAX_DIM or n < below:
             return "exact"
         return "fgt" if kernel == "gaussian" else "bh"
-    check_choice(method, "nbody", METHODS)
     if method != "exact" and dim > MAX_DIM:
         raise ValueError(f"nbody={method!r} works in at most {MAX_DIM} dimensions "
                          f"(n_components <= 3), got {dim}")
