@@ -214,8 +214,9 @@ def cmd_info(args):
     print(f"numpy    {np.__version__}")
     print(f"scipy    {scipy.__version__}")
     numba_cache = numba.config.CACHE_DIR or "the package's __pycache__"
-    print(f"numba    {numba.__version__} ({numba.get_num_threads()} threads; compiled code "
-          f"cached in {numba_cache} and {cache_folder()})")
+    print(f"numba    {numba.__version__} ({numba.get_num_threads()} threads, "
+          f"{_threading_layer()} layer; compiled code cached in {numba_cache} and "
+          f"{cache_folder()})")
     try:
         import cupy
 
@@ -230,6 +231,19 @@ def cmd_info(args):
     print(f"backend  auto -> {get_backend('auto').name}")
     print(f"kernels  {', '.join(str(d) for d in kernel_dirs() if d.is_dir())}")
     return 0
+
+
+def _threading_layer():
+    """numba's threading layer, which its first parallel call chooses (one of the
+    package's, cached on disk, on a 1 x 1 array): "workqueue" aborts the
+    process where two Python threads run parallel code at once (README,
+    "Install")."""
+    import numba
+
+    from .neighbors_cpu import select_rows
+
+    select_rows(np.zeros((1, 1)), np.zeros(1), np.full(1, -1), 1)
+    return numba.threading_layer()
 
 
 def cmd_demo(args):
