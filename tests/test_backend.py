@@ -165,6 +165,56 @@ def test_minimize_runs_blas_on_one_thread(rng):
     assert blas_threads() == before
 
 
+def test_serial_blas_sections_of_several_threads_share_one_limit(rng):
+    """BLAS's thread count is the process's.  A section that ends while another
+    thread's runs leaves BLAS on one thread (a limit per section, restored as it
+    ended, had put the other back on OpenBLAS's threads), the last to end gives
+    the threads back, and a worker thread's section holds too after the main
+    thread's (threadpoolctl from 3.8 ignores a thread other than the first to
+    set a pthreads OpenBLAS's limit, until that one lets go).  So fits in
+    threads, beside each other and beside other BLAS work, give the bits of
+    the same fits alone."""
+    import threading
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads():
+        return [p["num_threads"] for p in threadpoolctl.threadpool_info()
+                if p["user_api"] == "blas"]
+
+    be = ge.get_backend("cpu")
+    before = blas_threads()
+    inside, outer_done, seen = threading.Event(), threading.Event(), {}
+
+    def inner():
+        with be.serial_blas():
+            inside.set()
+            outer_done.wait(10)
+            seen["after the other ended"] = blas_threads()
+
+    with be.serial_blas():                  # the main thread's, first
+        worker = threading.Thread(target=inner)
+        worker.start()
+        inside.wait(10)
+    outer_done.set()
+    worker.join()
+    assert seen["after the other ended"] == [1] * len(before)
+    assert blas_threads() == before
+
+    X = rng.standard_normal((150, 8))
+    fit = lambda: ge.TSNE(perplexity=10, max_iter=60, random_state=0, backend="cpu"
+                          ).fit_transform(X)
+    alone, beside = fit(), {}
+    work = [threading.Thread(target=lambda i=i: beside.update({i: fit()})) for i in range(3)]
+    spin = threading.Thread(target=lambda: [X.T @ X for _ in range(2000)])
+    for t in work + [spin]:
+        t.start()
+    for t in work + [spin]:
+        t.join()
+    for Y in beside.values():
+        np.testing.assert_array_equal(Y, alone)
+    assert blas_threads() == before
+
+
 def test_block_products_cut_tiles_on_single_threaded_blas(rng, monkeypatch):
     """The k-NN's block products (_sparse.BlockProducts): on the CPU, A @ B.T in
     fixed tiles on numba's threads with BLAS held at one thread inside the context
