@@ -185,6 +185,23 @@ def test_transform_of_a_point_does_not_depend_on_the_batch():
                                        rtol=rtol, atol=rtol * spread)
 
 
+def test_memory_order_of_the_rows_does_not_change_a_fit():
+    """A Fortran-ordered X (a pandas DataFrame's values, often) or a strided view
+    gives the bits of its C-ordered copy: checked data comes in C order, where BLAS
+    had taken Fortran order the other way round, with other last bits that
+    t-SNE's path grew (float32 digits: layouts 0.35 apart)."""
+    X = ge.datasets.digits()[0][:400].astype(np.float32)
+    wide = np.zeros((X.shape[0], 2 * X.shape[1]), dtype=X.dtype)
+    wide[:, ::2] = X
+    fits = (lambda Z: ge.TSNE(max_iter=100, random_state=0, backend="cpu").fit_transform(Z),
+            lambda Z: ge.ParametricEmbedding(ge.EE(max_iter=30, random_state=0, backend="cpu"),
+                                             "mlp", random_state=0).fit(Z).transform(Z))
+    for fit in fits:
+        expected = fit(np.ascontiguousarray(X))
+        for Z in (np.asfortranarray(X), wide[:, ::2]):
+            np.testing.assert_array_equal(fit(Z), expected)
+
+
 def test_table_like_input_and_unfitted_errors():
     """Objects with a shape but no dtype (pandas DataFrames) and object arrays of
     numbers are read as numbers; complex data and non-numbers are refused; a
