@@ -882,6 +882,20 @@ def test_nystrom_le_against_its_formula(rng):
                                atol=1e-12 * np.abs(expected).max())
 
 
+def test_isolated_points_are_refused_with_landmarks_as_exactly(digits):
+    """A Gaussian width under which some points' neighbour weights all underflow
+    leaves them without any affinity.  Exact LE refused such a graph; LLL turned
+    it into an embedding 1e50 across.  Both now raise, saying how many rows and
+    what gives them weights."""
+    X, _ = digits
+    for kw in ({}, {"n_landmarks": 100, "random_state": 0}):
+        for est in (ge.LaplacianEigenmaps(2, n_neighbors=10, sigma=0.5, **kw),
+                    ge.SpectralClustering(5, n_neighbors=10, sigma=0.5, **kw)):
+            with pytest.raises(ValueError, match=r"W has \d+ row\(s\) without any affinity "
+                                                 r"\(isolated points.*a larger sigma"):
+                est.fit(X)
+
+
 def test_kernel_methods_of_float32_rows_far_from_the_origin(rng):
     """Kernel PCA by LLL and Nystrom's extension take Gaussian kernels of GEMM
     distances, which round to eps |y|^2: float32 rows moved 1e4 from the origin

@@ -29,6 +29,20 @@ SHIFT = 1e-6
 LANCZOS_MAXITER = 1000
 
 
+def positive_degrees(xp, W):
+    """W's row sums, each checked positive: a point without any affinity has no
+    place in the normalized problem, exactly or by landmarks (LLL's reduced
+    matrices had turned such rows into an embedding 1e50 across)."""
+    degree = xp.asarray(W.sum(axis=1)).ravel()
+    isolated = xp.flatnonzero(degree <= 0)
+    if isolated.size:
+        raise ValueError(f"W has {int(isolated.size)} row(s) without any affinity (isolated "
+                         f"points; the first is row {int(isolated[0])}): with a Gaussian "
+                         "sigma their neighbours' weights exp(-d^2 / (2 sigma^2)) underflow, "
+                         "and a larger sigma, or perplexity=, gives every point some")
+    return degree
+
+
 def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_first=True,
                        shift_invert=False):
     """Coordinates from the normalized Laplacian of a symmetric affinity matrix.
@@ -58,9 +72,7 @@ def spectral_embedding(W, n_components, *, backend="auto", random_state=0, drop_
     n_components = check_int(n_components, "n_components", 1, n - 2)
     check_bool(drop_first, "drop_first")
     check_bool(shift_invert, "shift_invert")
-    degree = xp.asarray(W.sum(axis=1)).ravel()
-    if bool((degree <= 0).any()):
-        raise ValueError("W has a row without any affinity (isolated point)")
+    degree = positive_degrees(xp, W)
     d_isqrt = 1.0 / xp.sqrt(degree)
     skip = 1 if drop_first else 0
     k = n_components + skip

@@ -25,7 +25,7 @@ from ..backend import get_backend
 from ..neighbors import METRICS, metric_rows
 from ..neighbors_ivf import SEARCHES, QuerySearch
 from ..optim.directions import connected_components
-from .embedding import points_suit_shift_invert, spectral_embedding
+from .embedding import points_suit_shift_invert, positive_degrees, spectral_embedding
 from .kmeans import kmeans, nearest_centers
 from .lll import (LANDMARK_METHODS, Z_NEIGHBORS, _landmark_basis, default_kz,
                   graph_landmark_neighbours, laplacian_reduced, reconstruction_weights,
@@ -139,6 +139,7 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     :func:`landmark_basis` of X computed before (its parameters then unused);
     ``z_neighbors``: see the estimators' parameter."""
     check_choice(z_neighbors, "z_neighbors", Z_NEIGHBORS)
+    positive_degrees(np, W)
     idx, Z, kz = basis or _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state,
                                           backend, W, z_neighbors)
     A_r, B_r = laplacian_reduced(Z, W)
