@@ -406,6 +406,16 @@ def test_bad_data_and_neighbors():
     with pytest.raises(ValueError, match="own neighbour"):
         ge.entropic_affinities(None, 5.0, neighbors=(sq, np.tile(np.arange(50)[:, None], 20)),
                                backend="cpu")
+    # scikit-learn's kneighbors(X) lists each point first, at distance 0.
+    with pytest.raises(ValueError, match=r"own neighbour \(row 0\).*first column dropped"):
+        ge.entropic_affinities(None, 5.0, backend="cpu", neighbors=(
+            np.hstack([np.zeros((50, 1)), sq[:, :-1]]),
+            np.hstack([np.arange(50)[:, None], idx[:, :-1]])))
+    # A pair listed twice would be two affinities.
+    twice = idx.copy()
+    twice[7, 3] = twice[7, 2]
+    with pytest.raises(ValueError, match="row 7 lists a point twice"):
+        ge.entropic_affinities(None, 5.0, neighbors=(sq, twice), backend="cpu")
     with pytest.raises(ValueError, match="pair"):
         ge.entropic_affinities(None, 5.0, neighbors=sq, backend="cpu")
     X = np.random.default_rng(0).random((50, 3))

@@ -256,8 +256,18 @@ def _neighbors(X, neighbors, perplexity, n_neighbors, be, metric):
             raise ValueError("neighbors: squared distances must be >= 0")
         if bool(((indices < 0) | (indices >= n)).any()):
             raise ValueError(f"neighbors: indices must be in [0, {n - 1}]")
-        if bool((indices == xp.arange(n)[:, None]).any()):
-            raise ValueError("neighbors: a point must not be its own neighbour")
+        own = indices == xp.arange(n)[:, None]
+        if bool(own.any()):
+            first = int(xp.flatnonzero(own.any(axis=1))[0])
+            raise ValueError(f"neighbors: a point must not be its own neighbour (row {first}); "
+                             "a search of X among X that returns each point first (as "
+                             "scikit-learn's kneighbors(X) does) needs its first column dropped")
+        ordered = xp.sort(indices, axis=1)
+        repeated = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
+        if bool(repeated.any()):
+            # Each listed pair becomes an affinity, so a repeated one would count twice.
+            raise ValueError(f"neighbors: row {int(xp.flatnonzero(repeated)[0])} lists a point "
+                             "twice; each neighbour must appear once per row")
         if k < 2:
             raise ValueError("neighbors: need at least 2 neighbours per point")
         return sqdist, indices.astype(xp.int64)
