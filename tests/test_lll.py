@@ -784,6 +784,16 @@ def test_affinity_graph_takes_a_wider_search():
             affinity_graph(X, 12, backend="cpu", **kw).toarray())
     with pytest.raises(ValueError, match="neighbors must hold at least n_neighbors = 31"):
         affinity_graph(X, 31, sigma=1.0, neighbors=wide, backend="cpu")
+    # Given lists are checked as entropic_affinities checks them, Gaussian or not: a
+    # pair listed twice had doubled its weight, a point its own neighbour made a loop.
+    twice, own = wide[1].copy(), wide[1].copy()
+    twice[3, 5] = twice[3, 4]
+    own[8, 0] = 8
+    for kw in ({"sigma": 1.5}, {"perplexity": 4.0}):
+        with pytest.raises(ValueError, match="row 3 lists a point twice"):
+            affinity_graph(X, 12, neighbors=(wide[0], twice), backend="cpu", **kw)
+        with pytest.raises(ValueError, match=r"own neighbour \(row 8\)"):
+            affinity_graph(X, 12, neighbors=(wide[0], own), backend="cpu", **kw)
 
 
 def unit_columns(A):

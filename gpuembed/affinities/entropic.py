@@ -229,8 +229,45 @@ def _row_weights(xp, shifted, beta):
     return w
 
 
-def _neighbors(X, neighbors, perplexity, n_neighbors, be, metric):
+def checked_neighbors(neighbors, be):
+    """A given k-NN ``(sqdist, indices)`` of N points on ``be``, checked: shapes,
+    non-negative distances, indices in range, no point its own neighbour and none
+    listed twice in a row (each listed pair becomes an affinity, so a repeated one
+    would count twice); returns (sqdist as float64, indices as int64)."""
     xp = be.xp
+    try:
+        sqdist, indices = neighbors
+    except (TypeError, ValueError):
+        raise ValueError("neighbors must be a pair (sqdist, indices)") from None
+    sqdist = check_data(sqdist, be, name="neighbors[0] (sqdist)", dtype=np.float64,
+                        min_samples=3)
+    indices = be.asarray(indices)
+    n, k = sqdist.shape
+    if indices.shape != (n, k):
+        raise ValueError(f"neighbors: indices shape {indices.shape} != sqdist shape {(n, k)}")
+    if indices.dtype.kind not in "iu":
+        raise TypeError("neighbors: indices must be integers")
+    if bool((sqdist < 0).any()):
+        raise ValueError("neighbors: squared distances must be >= 0")
+    if bool(((indices < 0) | (indices >= n)).any()):
+        raise ValueError(f"neighbors: indices must be in [0, {n - 1}]")
+    own = indices == xp.arange(n)[:, None]
+    if bool(own.any()):
+        first = int(xp.flatnonzero(own.any(axis=1))[0])
+        raise ValueError(f"neighbors: a point must not be its own neighbour (row {first}); "
+                         "a search of X among X that returns each point first (as "
+                         "scikit-learn's kneighbors(X) does) needs its first column dropped")
+    ordered = xp.sort(indices, axis=1)
+    repeated = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
+    if bool(repeated.any()):
+        raise ValueError(f"neighbors: row {int(xp.flatnonzero(repeated)[0])} lists a point "
+                         "twice; each neighbour must appear once per row")
+    if k < 2:
+        raise ValueError("neighbors: need at least 2 neighbours per point")
+    return sqdist, indices.astype(xp.int64)
+
+
+def _neighbors(X, neighbors, perplexity, n_neighbors, be, metric):
     check_choice(metric, "metric", METRICS)
     if neighbors is not None and not isinstance(neighbors, str):
         if X is not None and n_neighbors is not None:
@@ -238,39 +275,10 @@ def _neighbors(X, neighbors, perplexity, n_neighbors, be, metric):
         if metric != "euclidean":
             raise ValueError(f"metric={metric!r} applies to the search in X; the given "
                              f"neighbors=(sqdist, indices) are distances already")
-        try:
-            sqdist, indices = neighbors
-        except (TypeError, ValueError):
-            raise ValueError("neighbors must be a pair (sqdist, indices)") from None
-        sqdist = check_data(sqdist, be, name="neighbors[0] (sqdist)", dtype=np.float64,
-                            min_samples=3)
-        indices = be.asarray(indices)
-        n, k = sqdist.shape
-        if X is not None and getattr(X, "shape", (n,))[0] != n:
-            raise ValueError(f"neighbors has {n} rows but X has {X.shape[0]}")
-        if indices.shape != (n, k):
-            raise ValueError(f"neighbors: indices shape {indices.shape} != sqdist shape {(n, k)}")
-        if indices.dtype.kind not in "iu":
-            raise TypeError("neighbors: indices must be integers")
-        if bool((sqdist < 0).any()):
-            raise ValueError("neighbors: squared distances must be >= 0")
-        if bool(((indices < 0) | (indices >= n)).any()):
-            raise ValueError(f"neighbors: indices must be in [0, {n - 1}]")
-        own = indices == xp.arange(n)[:, None]
-        if bool(own.any()):
-            first = int(xp.flatnonzero(own.any(axis=1))[0])
-            raise ValueError(f"neighbors: a point must not be its own neighbour (row {first}); "
-                             "a search of X among X that returns each point first (as "
-                             "scikit-learn's kneighbors(X) does) needs its first column dropped")
-        ordered = xp.sort(indices, axis=1)
-        repeated = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
-        if bool(repeated.any()):
-            # Each listed pair becomes an affinity, so a repeated one would count twice.
-            raise ValueError(f"neighbors: row {int(xp.flatnonzero(repeated)[0])} lists a point "
-                             "twice; each neighbour must appear once per row")
-        if k < 2:
-            raise ValueError("neighbors: need at least 2 neighbours per point")
-        return sqdist, indices.astype(xp.int64)
+        sqdist, indices = checked_neighbors(neighbors, be)
+        if X is not None and getattr(X, "shape", (sqdist.shape[0],))[0] != sqdist.shape[0]:
+            raise ValueError(f"neighbors has {sqdist.shape[0]} rows but X has {X.shape[0]}")
+        return sqdist, indices
     X = check_data(X, be, min_samples=3, sparse=True)
     n = X.shape[0]
     if n_neighbors is None:

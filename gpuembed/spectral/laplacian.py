@@ -21,6 +21,7 @@ from .._checks import (check_choice, check_data, check_features, check_fitted, c
                        check_int, check_random_state)
 from .._params import Params, fill_doc
 from ..affinities import entropic_affinities
+from ..affinities.entropic import checked_neighbors
 from ..backend import get_backend
 from ..neighbors import METRICS, metric_rows
 from ..neighbors_ivf import SEARCHES, QuerySearch
@@ -98,13 +99,13 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=Non
     n = X.shape[0]
     k, sigma, K = _graph_parameters(n, n_neighbors, sigma, perplexity)
     if neighbors is None or isinstance(neighbors, str):
-        neighbors = SEARCHES[check_choice(neighbors or "auto", "neighbors", tuple(SEARCHES))](
+        sqdist, idx = SEARCHES[check_choice(neighbors or "auto", "neighbors", tuple(SEARCHES))](
             X, k, backend=be)
     elif neighbors[0].shape[0] != n or neighbors[0].shape[1] < k:
         raise ValueError(f"neighbors must hold at least n_neighbors = {k} columns for each "
                          f"of the {n} points, got shape {neighbors[0].shape}")
-    # Contiguous, as a search for k alone would give them (kernels take raw pointers).
-    sqdist, idx = (be.xp.ascontiguousarray(a[:, :k]) for a in neighbors)
+    else:                                   # contiguous copies of their first k columns
+        sqdist, idx = checked_neighbors(tuple(a[:, :k] for a in neighbors), be)
     if sigma is None:
         W = be.to_host(entropic_affinities(None, max(K, 1.01), neighbors=(sqdist, idx),
                                            symmetrize=False, backend=be).P
