@@ -98,19 +98,22 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=Non
     X = check_data(X, be, sparse=True)
     n = X.shape[0]
     k, sigma, K = _graph_parameters(n, n_neighbors, sigma, perplexity)
-    if neighbors is None or isinstance(neighbors, str):
+    given = not (neighbors is None or isinstance(neighbors, str))
+    if not given:
         sqdist, idx = SEARCHES[check_choice(neighbors or "auto", "neighbors", tuple(SEARCHES))](
             X, k, backend=be)
     elif neighbors[0].shape[0] != n or neighbors[0].shape[1] < k:
         raise ValueError(f"neighbors must hold at least n_neighbors = {k} columns for each "
                          f"of the {n} points, got shape {neighbors[0].shape}")
-    else:                                   # contiguous copies of their first k columns
-        sqdist, idx = checked_neighbors(tuple(a[:, :k] for a in neighbors), be)
-    if sigma is None:
+    else:
+        sqdist, idx = (a[:, :k] for a in neighbors)
+    if sigma is None:                       # entropic_affinities checks given lists
         W = be.to_host(entropic_affinities(None, max(K, 1.01), neighbors=(sqdist, idx),
                                            symmetrize=False, backend=be).P
                        ).astype(np.float64, copy=False)
     else:
+        if given:                           # as entropic_affinities checks them
+            sqdist, idx = checked_neighbors((sqdist, idx), be)
         sqdist, idx = be.to_host(sqdist), be.to_host(idx)
         values = np.exp(-sqdist.astype(np.float64, copy=False) / (2 * sigma ** 2))
         W = scipy.sparse.csr_matrix((values.ravel(), (np.repeat(np.arange(n), k), idx.ravel())),
