@@ -489,6 +489,30 @@ def test_kmeans_distances_do_not_depend_on_the_number_of_threads(rng):
     np.testing.assert_allclose(results[0][1][:500], D.min(axis=1), rtol=1e-9)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_kmeans_refills_an_empty_cluster_and_warns_when_it_cannot(rng, sparse):
+    """A centre that takes no points moves to the point farthest from its centre:
+    from three blob centres and one far from every point, four blobs end as four
+    clusters with the brute-force optimal inertia (the far centre had stayed
+    empty, the inertia 10 times that).  With fewer distinct rows than clusters
+    k-means says how many clusters stayed empty and why."""
+    blobs = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
+    X = np.repeat(blobs, 50, axis=0) + 0.1 * rng.standard_normal((200, 2))
+    start = np.vstack([blobs[:2], blobs[2:].mean(axis=0), [1e3, 1e3]])
+    rows = scipy.sparse.csr_matrix(X) if sparse else X
+    labels, centres, inertia = kmeans(rows, 4, init=start)
+    best = sum(((X[i * 50:(i + 1) * 50] - X[i * 50:(i + 1) * 50].mean(axis=0)) ** 2).sum()
+               for i in range(4))
+    assert np.unique(labels).size == 4
+    assert inertia == pytest.approx(best, rel=1e-9)
+    duplicates = np.repeat(np.eye(3), 20, axis=0)
+    with pytest.warns(RuntimeWarning, match="left 2 of n_clusters=5 clusters empty: X has "
+                                            "only 3 distinct rows"):
+        labels, _, inertia = kmeans(scipy.sparse.csr_matrix(duplicates) if sparse
+                                    else duplicates, 5, random_state=0)
+    assert np.unique(labels).size == 3 and inertia == 0.0
+
+
 def test_kmeans_warm_start_matches_restarts(rng):
     centres = rng.standard_normal((6, 4)) * 8
     X = np.concatenate([c + rng.standard_normal((300, 4)) for c in centres])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse
 
-from .._checks import check_data, check_float, check_int, make_rng
+from .._checks import check_data, check_float, check_int, make_rng, warn
 from .._sparse import TILE_ROWS, BlockProducts, is_sparse, row_sqnorms
 from ..backend import get_backend
 from ..nbody.exact import squared_distances
@@ -24,11 +24,25 @@ def kmeans(X, n_clusters, *, n_init=10, max_iter=300, tol=1e-9, init=None, rando
     """Best of ``n_init`` runs: (labels (N,), centers (K, D), inertia), K =
     ``n_clusters``.  Each run starts from k-means++ seeds drawn by ``random_state``
     and takes Lloyd iterations until the inertia falls by at most ``tol`` (relative)
-    or ``max_iter``.
+    or ``max_iter``.  A cluster left without points moves to the point farthest
+    from its centre; one that stays empty (X has fewer distinct rows than K) keeps
+    its centre, and k-means warns.
 
     ``init`` (K, D) starts one run from the given centers instead (warm start).
     X: dense or sparse, on the host or the device (copied to the host).
     """
+    labels, centers, inertia = _kmeans(X, n_clusters, n_init=n_init, max_iter=max_iter,
+                                       tol=tol, init=init, random_state=random_state)
+    found = np.unique(labels).size
+    if found < n_clusters:
+        why = (f"X has only {found} distinct rows" if inertia == 0
+               else "max_iter ended the iterations before they took points")
+        warn(f"k-means left {n_clusters - found} of n_clusters={n_clusters} clusters empty: {why}")
+    return labels, centers, inertia
+
+
+def _kmeans(X, n_clusters, *, n_init, max_iter, tol, init, random_state):
+    """:func:`kmeans` without its warning, for callers that handle empty clusters."""
     cpu = get_backend("cpu")
     X = check_data(X, cpu, min_samples=1, sparse=True)
     X = X.astype(np.float64) if is_sparse(X) else np.asarray(X, dtype=np.float64)
@@ -124,6 +138,9 @@ def distance_blocks(X, centers, reduce):
 
 
 def _lloyd(X, centers, max_iter, tol):
+    """Lloyd's iterations from ``centers``.  A centre left without points moves to
+    one of the points farthest from their centres (as scikit-learn's do), where it
+    had stayed empty to the end; where every point is a centre, it stays."""
     previous = np.inf
     for _ in range(max_iter):
         labels, nearest = nearest_centers(X, centers)
@@ -132,7 +149,13 @@ def _lloyd(X, centers, max_iter, tol):
         sums = _cluster_sums(X, labels, len(centers))
         empty = counts == 0
         centers = np.where(empty[:, None], centers, sums / np.maximum(counts, 1)[:, None])
-        if previous - inertia <= tol * max(inertia, 1e-300):
+        farthest = np.argsort(-nearest, kind="stable")[:np.count_nonzero(empty)]
+        farthest = farthest[nearest[farthest] > 0]
+        if farthest.size:
+            rows = X[farthest]
+            centers[np.flatnonzero(empty)[:farthest.size]] = (
+                rows.toarray() if is_sparse(rows) else rows)
+        elif previous - inertia <= tol * max(inertia, 1e-300):
             break
         previous = inertia
     labels, nearest = nearest_centers(X, centers)

@@ -24,7 +24,7 @@ from ..nbody.exact import centred, squared_distances
 from ..optim.directions import connected_sparsify, factorize_cpu
 from ..optim.sparse_cpu import csr_times
 from .embedding import component_values
-from .kmeans import distance_blocks, kmeans, plusplus_seeds
+from .kmeans import _kmeans, distance_blocks, plusplus_seeds
 from .lll_cpu import (by_affinity, graph_landmarks, landmark_pair_sqdist, local_weights,
                       spread_points)
 
@@ -149,7 +149,8 @@ def _choose_landmarks(Y, n_landmarks, method, random_state, graph=None):
     sample = Y if n <= 20 * L else Y[rng.choice(n, 20 * L, replace=False)]
     among = min(sample.shape[0], max(2 * L, 2000))
     seeds = plusplus_seeds(sample[rng.choice(sample.shape[0], among, replace=False)], L, rng)
-    _, centers, _ = kmeans(sample, L, init=seeds, max_iter=10)
+    _, centers, _ = _kmeans(sample, L, n_init=1, max_iter=10, tol=1e-9, init=seeds,
+                            random_state=None)
     return np.unique(_nearest_rows(centers, Y))
 
 
