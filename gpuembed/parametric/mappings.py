@@ -124,7 +124,8 @@ class RBFMapping(_LinearInParameters):
     """F(y) = W^T [phi(y); 1] with Gaussian features phi_j = exp(-|y - c_j|^2 / (2 sigma^2)).
 
     ``n_centers`` centres (default min(200, N)) by k-means (on at most
-    ``max_kmeans_points`` points), sigma by default
+    ``max_kmeans_points`` points; clusters that k-means leaves empty, for lack of
+    distinct rows, give none), sigma by default
     the root mean squared distance of the points to their nearest centre times
     ``width`` (half that between neighbouring centres where every point is one);
     W by least squares, the minimum-norm solution (wide Gaussians make the
@@ -157,7 +158,7 @@ class RBFMapping(_LinearInParameters):
         return _with_bias(xp, xp.exp(D * (-0.5 / self.sigma_**2)))
 
     def _build(self, Y):
-        from ..spectral.kmeans import kmeans
+        from ..spectral.kmeans import _kmeans
 
         xp = array_module(Y)
         n = Y.shape[0]
@@ -165,7 +166,12 @@ class RBFMapping(_LinearInParameters):
         rng = make_rng(self.random_state)
         host = Y.get() if xp is not np else Y
         sample = host[rng.choice(n, min(n, self.max_kmeans_points), replace=False)]
-        _, centers, inertia = kmeans(sample, k, n_init=1, random_state=self.random_state)
+        labels, centers, inertia = _kmeans(sample, k, n_init=1, max_iter=300, tol=1e-9,
+                                           init=None, random_state=self.random_state)
+        # Clusters left empty by duplicated rows had kept centres on the rows too,
+        # whose zero distances halved sigma (60 points tiled 5 times: held-out
+        # error 0.44 against 0.12 for the 60).
+        centers = centers[np.unique(labels)]
         self.centers_ = xp.asarray(centers, dtype=xp.float64)
         self.origin_ = centring_shift(xp, self.centers_)
         self.sigma_ = (float(self.sigma) if self.sigma is not None
