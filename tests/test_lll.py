@@ -494,7 +494,7 @@ def test_kmeans_refills_an_empty_cluster_and_warns_when_it_cannot(rng, sparse):
     """A centre that takes no points moves to the point farthest from its centre:
     from three blob centres and one far from every point, four blobs end as four
     clusters with the brute-force optimal inertia (the far centre had stayed
-    empty, the inertia 655 times that).  With fewer distinct rows than clusters
+    empty, the inertia 643 times that).  With fewer distinct rows than clusters
     k-means says how many clusters stayed empty and why."""
     blobs = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
     X = np.repeat(blobs, 50, axis=0) + 0.1 * rng.standard_normal((200, 2))
