@@ -91,6 +91,18 @@ def check_data(X, backend, *, name="X", dtype=None, min_samples=2, sparse=False)
     return X
 
 
+def check_labels(labels, name="labels"):
+    """``labels`` (host array-like) as a 1-D array of at least one entry, none NaN:
+    NumPy's unique had made the NaNs one class of their own, silently."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.size == 0:
+        raise ValueError(f"{name} must be a 1-D array (N,), N >= 1, got shape {labels.shape}")
+    if labels.dtype.kind in "fc" and np.isnan(labels).any():
+        raise ValueError(f"{name} contains NaN at {int(np.isnan(labels).sum())} point(s): "
+                         f"every point needs a class")
+    return labels
+
+
 def check_int(value, name, low=None, high=None):
     """An integer in [low, high] (None means unbounded)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

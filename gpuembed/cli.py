@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__, datasets
+from ._checks import check_labels
 from .backend import BackendUnavailable, get_backend, kernel_dirs
 from .embedding import EE, SNE, SSNE, TSNE, MultiscaleSNE
 from .metrics import auc_rnx, knn_accuracy
@@ -300,8 +301,8 @@ def cmd_embed(args):
     else:
         raise ValueError(f"INPUT must be a .npy, .csv or .npz (sparse) file, got {path}")
     # Everything that can fail after the fit is checked before it.
-    labels = np.load(args.labels) if args.labels else None
-    if labels is not None and (labels.ndim != 1 or len(labels) != X.shape[0]):
+    labels = check_labels(np.load(args.labels), "--labels") if args.labels else None
+    if labels is not None and len(labels) != X.shape[0]:
         raise ValueError(f"--labels must be a 1-D array of one entry per row of INPUT "
                          f"({X.shape[0]}), got shape {labels.shape}")
     save = OUTPUT_FORMATS.get(_in_a_folder(args.output).suffix)

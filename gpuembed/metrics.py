@@ -21,7 +21,7 @@ import concurrent.futures
 import numba
 import numpy as np
 
-from ._checks import check_data, check_int
+from ._checks import check_data, check_int, check_labels
 from ._sparse import BlockProducts, row_sqnorms, transposed
 from .backend import get_backend
 from .metrics_cpu import max_rank_counts, ties_by_index
@@ -47,9 +47,7 @@ def knn_accuracy(X_low, labels, k=10, *, backend="cpu"):
     compute 1e12 distances for 1e6 points.
     """
     be = get_backend(backend)
-    labels = np.asarray(be.to_host(labels))
-    if labels.ndim != 1:
-        raise ValueError(f"labels must be a 1-D array (N,), got shape {labels.shape}")
+    labels = check_labels(be.to_host(labels))
     n = labels.shape[0]
     if getattr(X_low, "shape", (None,))[0] != n:
         raise ValueError(f"labels must have one entry per row of X_low, got {n}")
@@ -70,9 +68,10 @@ def clustering_error(labels, clusters):
     clusters that each hold one class; ties go to the smallest class.  Both are
     (N,) arrays of any labels (host or device)."""
     to_host = get_backend("cpu").to_host              # device arrays come back too
-    labels, clusters = (np.asarray(to_host(a)) for a in (labels, clusters))
-    if labels.ndim != 1 or clusters.shape != labels.shape or labels.size == 0:
-        raise ValueError(f"labels and clusters must be two (N,) arrays, N >= 1, got shapes "
+    labels, clusters = (check_labels(to_host(a), name) for a, name in
+                        ((labels, "labels"), (clusters, "clusters")))
+    if clusters.shape != labels.shape:
+        raise ValueError(f"labels and clusters must be two (N,) arrays, got shapes "
                          f"{labels.shape} and {clusters.shape}")
     _, classes = np.unique(labels, return_inverse=True)
     _, groups = np.unique(clusters, return_inverse=True)

@@ -234,7 +234,8 @@ def test_runtime_errors_have_no_traceback(tmp_path):
 
 
 def test_embed_checks_before_it_fits(tmp_path):
-    """A labels file of the wrong length or shape or an output in a missing folder fails at
+    """A labels file of the wrong length or shape or with NaN (missing labels: NumPy's
+    unique had made them a class) or an output in a missing folder fails at
     once, not after the fit; a CSV may start with a header line."""
     X = np.random.default_rng(0).random((50, 3))
     np.save(tmp_path / "x.npy", X)
@@ -247,6 +248,11 @@ def test_embed_checks_before_it_fits(tmp_path):
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy"),
                   "--labels", str(tmp_path / "y2.npy"), "--backend", "cpu")
     assert out.returncode == 1 and "--labels must be a 1-D array" in out.stderr
+    assert "points in" not in out.stdout and "Traceback" not in out.stderr
+    np.save(tmp_path / "y3.npy", np.where(np.arange(50) % 7 == 0, np.nan, 1.0))
+    out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy"),
+                  "--labels", str(tmp_path / "y3.npy"), "--backend", "cpu")
+    assert out.returncode == 1 and "--labels contains NaN at 8 point(s)" in out.stderr
     assert "points in" not in out.stdout and "Traceback" not in out.stderr
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "no" / "o.npy"),
                   "--backend", "cpu")

@@ -855,6 +855,8 @@ def test_pca_lda_kernel_pca_with_lll(digits):
         lda_lll(X, y, 10, n_landmarks=n + 1)
     with pytest.raises(ValueError, match="labels"):
         lda_lll(X, y[:-1], 2, n_landmarks=n + 1)
+    with pytest.raises(ValueError, match="labels contains NaN"):
+        lda_lll(X, np.where(np.arange(n) == 3, np.nan, y), 2, n_landmarks=n + 1)
     with pytest.raises(ValueError, match="n_components"):     # returned null-space columns
         pca_lll(X[:, :3], 4, n_landmarks=n + 1)
 

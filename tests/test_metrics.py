@@ -39,6 +39,8 @@ def test_clustering_error_against_a_loop(rng, backend):
     assert ge.metrics.clustering_error([0, 1, 2, 3], [0, 1, 2, 3]) == 0.0
     with pytest.raises(ValueError, match="labels and clusters"):
         ge.metrics.clustering_error(labels, clusters[:-1])
+    with pytest.raises(ValueError, match="clusters contains NaN at 1 point"):
+        ge.metrics.clustering_error([0, 0, 1], [0.0, np.nan, 1.0])
 
 
 @pytest.mark.parametrize("dim", [1, 2, 3, 4, 12])
@@ -76,8 +78,12 @@ def test_knn_accuracy_bad_labels():
         knn_accuracy(np.zeros((10, 2)), np.zeros(9))
     # A 2-D array of one row per point (gpuembed embed --labels data.npy) failed inside
     # NumPy's scatter with a shape mismatch.
-    with pytest.raises(ValueError, match=r"labels must be a 1-D array \(N,\), got shape \(10, 5\)"):
+    with pytest.raises(ValueError, match=r"labels must be a 1-D array \(N,\), N >= 1, got shape "
+                                         r"\(10, 5\)"):
         knn_accuracy(np.zeros((10, 2)), np.zeros((10, 5)))
+    # NaN, a missing label, had been a class of its own (NumPy's unique).
+    with pytest.raises(ValueError, match=r"labels contains NaN at 2 point\(s\)"):
+        knn_accuracy(np.zeros((10, 2)), np.r_[np.nan, np.nan, np.zeros(8)])
 
 
 from gpuembed.metrics import auc_rnx, coranking, log_k_auc, procrustes_error, rnx  # noqa: E402

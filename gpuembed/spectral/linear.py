@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_data, check_float, check_int
+from .._checks import check_data, check_float, check_int, check_labels
 from .._params import fill_doc
 from ..backend import get_backend
 from ..nbody.exact import centred, squared_distances
@@ -101,7 +101,7 @@ def lda_lll(Y, labels, n_components, *, n_landmarks=None, kz=None, landmarks="ra
     labels : (N,) the classes (d at most their number - 1).
     """
     d = check_int(n_components, "n_components", 1)
-    labels = np.asarray(labels)
+    labels = check_labels(labels)
     classes, codes = np.unique(labels, return_inverse=True)
 
     def validate(Y):
