@@ -338,6 +338,7 @@ def _tree_knn(Q, X, k, exclude_self, block_bytes):
     brute force sorts them, compiled (neighbors_cpu.best_sorted: the 10-NN of
     70,000 2-D points took 0.10 s, with NumPy's gather and lexsort 0.17 s); in
     blocks of query rows whose candidate lists fit ``block_bytes``."""
+    import numba
     from scipy.spatial import cKDTree
 
     from .neighbors_cpu import best_sorted, candidate_sqdist
@@ -351,7 +352,8 @@ def _tree_knn(Q, X, k, exclude_self, block_bytes):
     rows = max(1, block_bytes // (m * 4 * 8))
     for start in range(0, m_rows, rows):
         q = Q[start:start + rows]
-        idx = tree.query(q, m, workers=-1)[1].reshape(len(q), m).astype(np.int64)
+        idx = tree.query(q, m, workers=numba.get_num_threads())[1]   # as the compiled loops
+        idx = idx.reshape(len(q), m).astype(np.int64)
         d2 = candidate_sqdist(q, X, idx)
         if exclude_self:                    # wherever the tree put it among its copies
             d2[idx == np.arange(start, start + len(q))[:, None]] = np.inf

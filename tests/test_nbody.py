@@ -111,6 +111,31 @@ def test_shifted_sums_and_exclusions_stay_accurate(d, rng):
         assert rel(S, S0) < 1e-11 and rel(SX, SX0) < 1e-11
 
 
+def test_blocked_sums_take_numbas_number_of_threads(rng, monkeypatch):
+    """The reference's row blocks run on numba's number of threads, which
+    numba.set_num_threads bounds as it does the compiled loops (os.cpu_count()
+    had ignored it): on one, in the calling thread, the same sums."""
+    import numba
+
+    from gpuembed.nbody import exact as exact_module
+
+    X = rng.standard_normal((600, 2))
+    (S, SX), = blocked_sums(CPU, X, ("student",), block_bytes=8 * 600 * 50)   # 12 blocks
+    threads = numba.get_num_threads()
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a thread pool on one numba thread")
+
+    monkeypatch.setattr(exact_module, "ThreadPoolExecutor", no_pool)
+    numba.set_num_threads(1)
+    try:
+        (S1, SX1), = blocked_sums(CPU, X, ("student",), block_bytes=8 * 600 * 50)
+    finally:
+        numba.set_num_threads(threads)
+    np.testing.assert_array_equal(S1, S)
+    np.testing.assert_array_equal(SX1, SX)
+
+
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("spread", [0.5, 3.0, 20.0])
 def test_fgt_error_below_bound_and_decreasing_with_p(d, spread, rng):

@@ -18,9 +18,9 @@ Gaussian with multi-scale SNE's shifts too), on the CPU in its numba twin
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
 
 from .._sparse import gram, is_sparse, product, row_sqnorms
@@ -34,7 +34,6 @@ DEFAULT_BLOCK_BYTES = {"cpu": 2**20, "gpu": 512 * 2**20}
 MIN_ROWS = 64
 # Rows that centred() estimates the spread from (its order of magnitude is enough).
 SPREAD_SAMPLE = 1000
-N_THREADS = os.cpu_count() or 1
 # Kernel sets the compiled kernels compute (NBODY_KERNEL codes in
 # kernels/nbody_exact.cu, the same in exact_cpu.py); "student2" alone comes from
 # the fused pass.
@@ -117,17 +116,19 @@ def coordinate_squared_distances(xp, Y, X):
 
 
 def _blocks(be, n_rows, n_cols, itemsize, block_bytes, fn):
-    """Run fn(start, stop) over row blocks: threads on the CPU (NumPy releases the
-    GIL in its loops), in order on the GPU."""
+    """Run fn(start, stop) over row blocks: on numba's number of threads on the CPU
+    (NumPy releases the GIL in its loops; numba.set_num_threads bounds these as it
+    does the compiled loops, where os.cpu_count() had not), in order on the GPU."""
     if block_bytes is None:
         block_bytes = DEFAULT_BLOCK_BYTES[be.name]
     rows = max(min(MIN_ROWS, n_rows), min(n_rows, block_bytes // max(1, n_cols * itemsize)))
     spans = [(a, min(n_rows, a + rows)) for a in range(0, n_rows, rows)]
-    if be.is_gpu or len(spans) == 1 or N_THREADS == 1:
+    threads = 1 if be.is_gpu else numba.get_num_threads()
+    if len(spans) == 1 or threads == 1:
         for a, b in spans:
             fn(a, b)
         return
-    with ThreadPoolExecutor(max_workers=min(N_THREADS, len(spans))) as pool:
+    with ThreadPoolExecutor(max_workers=min(threads, len(spans))) as pool:
         list(pool.map(lambda span: fn(*span), spans))
 
 
