@@ -4,11 +4,19 @@ With them (and ``fit(X, y=None)``, and ``__sklearn_tags__`` for scikit-learn
 1.6 and later) the estimators work in scikit-learn's Pipeline, ``clone`` and
 GridSearchCV: a parameter is an ``__init__`` argument
 of the class or of one of its bases, stored under its own name; nested
-estimators' parameters read ``outer__inner``.
+estimators' parameters read ``outer__inner``.  The embeddings with ``transform``
+also take scikit-learn's output API (:class:`TransformerOutput`).
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
+import sys
+
+import numpy as np
+
+from ._checks import check_choice, check_fitted
 
 
 class Params:
@@ -83,6 +91,78 @@ class Params:
         changed = [f"{k}={v!r}" for k, v in self.get_params(deep=False).items()
                    if k not in defaults or not _same(defaults[k], v)]
         return f"{type(self).__name__}({', '.join(changed)})"
+
+
+OUTPUTS = ("default", "pandas", "polars")
+
+
+class TransformerOutput:
+    """scikit-learn's output API, for the estimators with ``transform``:
+    ``get_feature_names_out`` (the embedding's columns named as scikit-learn names
+    its embeddings': tsne0, tsne1, ...) and ``set_output``, whose "pandas" or
+    "polars" makes ``transform`` and ``fit_transform`` return DataFrames of those
+    columns (with a pandas input's index), as scikit-learn's global
+    ``set_config(transform_output=...)`` does where no estimator setting is given.
+    Without them a Pipeline of these estimators refused ``set_output``."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in ("transform", "fit_transform"):
+            if name in cls.__dict__:
+                setattr(cls, name, _in_output_container(cls.__dict__[name]))
+
+    def get_feature_names_out(self, input_features=None):
+        """The output columns' names: the class name in lower case and the column's
+        number.  ``input_features``, if given, must hold one name per input feature
+        (a DataFrame's column names are not kept: no ``feature_names_in_``)."""
+        check_fitted(self, hasattr(self, "embedding_"), "get_feature_names_out")
+        n_in = getattr(self, "n_features_in_", None)      # none: affinities given alone
+        if input_features is not None and n_in is not None and len(input_features) != n_in:
+            raise ValueError(f"input_features should have length equal to number of "
+                             f"features ({n_in}), got {len(input_features)}")   # scikit-learn's
+        prefix = type(self).__name__.lower()
+        return np.asarray([f"{prefix}{i}" for i in range(self.embedding_.shape[1])], dtype=object)
+
+    def set_output(self, *, transform=None):
+        """The container ``transform`` and ``fit_transform`` return: "default" (NumPy
+        arrays), "pandas" or "polars" (DataFrames); None keeps the setting."""
+        if transform is None:
+            return self
+        check_choice(transform, "transform", OUTPUTS)
+        if transform != "default":
+            try:
+                importlib.import_module(transform)
+            except ImportError as error:
+                raise ImportError(f"set_output(transform={transform!r}) needs {transform}, "
+                                  f"which is not installed") from error
+        self._sklearn_output_config = {"transform": transform}  # scikit-learn's clone keeps it
+        return self
+
+
+def _in_output_container(method):
+    """``method`` (transform or fit_transform) returning the container that
+    set_output (or scikit-learn's global setting) asks for."""
+    data = list(inspect.signature(method).parameters)[1]      # X, X_new, Y or Y_new
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        out = method(self, *args, **kwargs)
+        X = args[0] if args else kwargs.get(data)
+        kind = getattr(self, "_sklearn_output_config", {}).get("transform")
+        if kind is None and "sklearn" in sys.modules:   # set by a user who imported it
+            kind = sys.modules["sklearn"].get_config().get("transform_output", "default")
+        if kind in (None, "default"):
+            return out
+        columns = list(self.get_feature_names_out())
+        if kind == "polars":
+            import polars
+
+            return polars.DataFrame(out, schema=columns, orient="row")
+        import pandas
+
+        index = X.index if isinstance(X, pandas.DataFrame) else None
+        return pandas.DataFrame(out, columns=columns, index=index)
+    return wrapped
 
 
 def _same(default, value):

@@ -23,7 +23,7 @@ import scipy.sparse.linalg
 from ._checks import (check_bool, check_callbacks, check_choice, check_data, check_dtype,
                       check_features, check_fitted, check_float, check_int, check_random_state,
                       check_verbose, make_rng)
-from ._params import Params, fill_doc
+from ._params import Params, TransformerOutput, fill_doc
 from ._sparse import BlockProducts, is_sparse
 from .affinities import EntropicAffinities, entropic_affinities
 from .affinities.entropic import conditional_affinities
@@ -206,7 +206,7 @@ def _rms_radius(X):
     return float(((X - X.mean(axis=0)) ** 2).sum(axis=1).mean()) ** 0.5
 
 
-class _Embedding(Params):
+class _Embedding(TransformerOutput, Params):
     objective_name = None
     extra_params = METHOD_PARAMS
     optimizers = tuple(DIRECTIONS)
@@ -1259,7 +1259,7 @@ class EE(_Embedding):
 
 
 @_DOCUMENTED
-class MultiscaleSNE(Params):
+class MultiscaleSNE(TransformerOutput, Params):
     """Multi-scale SNE (thesis 004, sections 2.9-2.11): high-dimensional
     similarities averaged over perplexities K_h = 2^(h-1) K*, low-dimensional ones
     averaged over per-scale precisions p_h.

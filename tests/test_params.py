@@ -124,6 +124,9 @@ def test_grid_search_over_perplexity():
 _TRANSFORM_OF_TRAINING_POINTS = (
     "transform places a training point as a new point against the fitted layout, which is "
     "not its fitted position (scikit-learn's TSNE has no transform at all)")
+_NOT_SCIKIT_LEARNS_CLASS = (
+    "a method before fit raises ge.NotFittedError, a ValueError and an AttributeError as "
+    "scikit-learn's is, not scikit-learn's class itself: gpuembed does not import it")
 _BY_DESIGN = {
     "check_do_not_raise_errors_in_init_or_set_params":
         "an unknown **method_params name is refused at construction, where the typo is",
@@ -131,9 +134,11 @@ _BY_DESIGN = {
         "the new data's argument is X_new (Y_new), which the message names",
     "check_transformer_general": _TRANSFORM_OF_TRAINING_POINTS,
     "check_transformer_data_not_an_array": _TRANSFORM_OF_TRAINING_POINTS,
-    "check_estimators_unfitted":
-        "predict before fit raises ge.NotFittedError, a ValueError and an AttributeError as "
-        "scikit-learn's is, not scikit-learn's class itself: gpuembed does not import it",
+    "check_estimators_unfitted": _NOT_SCIKIT_LEARNS_CLASS,
+    "check_get_feature_names_out_error": _NOT_SCIKIT_LEARNS_CLASS,
+    "check_transformer_get_feature_names_out_pandas":
+        "a DataFrame's column names are not kept (no feature_names_in_), so input_features "
+        "is checked for its length alone",
 }
 
 
@@ -165,6 +170,67 @@ def test_scikit_learn_estimator_checks(est):
               if r["status"] == "failed"]
     assert not failed
     assert len(results) > 40
+
+
+_TRANSFORMERS = [
+    ge.TSNE(max_iter=20, perplexity=5, random_state=0, backend="cpu"),
+    ge.MultiscaleSNE(max_iter=5, random_state=0, backend="cpu"),
+    ge.LaplacianEigenmaps(2, n_neighbors=5, backend="cpu"),
+    ge.ParametricEmbedding(ge.EE(max_iter=20, perplexity=5, random_state=0, backend="cpu"),
+                           "linear", random_state=0)]
+
+
+@pytest.mark.parametrize("est", _TRANSFORMERS, ids=lambda e: type(e).__name__)
+def test_scikit_learns_output_checks(est):
+    """scikit-learn's checks of set_output and get_feature_names_out, which its
+    check_estimator does not run on these estimators: the same values in every
+    container, a pandas input's index kept, the global setting followed, names
+    and input_features' length."""
+    pytest.importorskip("pandas")
+    from sklearn.utils import estimator_checks
+
+    for check in ("check_set_output_transform", "check_set_output_transform_pandas",
+                  "check_global_output_transform_pandas",
+                  "check_transformer_get_feature_names_out"):
+        getattr(estimator_checks, check)(type(est).__name__, est)
+
+
+def test_set_output_in_a_pipeline():
+    """A Pipeline of an embedding takes set_output (it was refused): DataFrames of
+    columns tsne0, tsne1 indexed as the input, from fit_transform and transform;
+    clone keeps the setting, "default" gives arrays back, and the global
+    set_config(transform_output="pandas") applies where no setting is given."""
+    pd = pytest.importorskip("pandas")
+    X = ge.datasets.digits()[0][:200]
+    frame = pd.DataFrame(X, index=np.arange(200) * 3)
+    pipe = make_pipeline(StandardScaler(), ge.TSNE(max_iter=20, backend="cpu", random_state=0))
+    out = pipe.set_output(transform="pandas").fit_transform(frame)
+    assert isinstance(out, pd.DataFrame) and list(out.columns) == ["tsne0", "tsne1"]
+    np.testing.assert_array_equal(out.index, frame.index)
+    np.testing.assert_array_equal(out.to_numpy(), pipe[-1].embedding_)
+    assert list(pipe.get_feature_names_out()) == ["tsne0", "tsne1"]
+    new = pipe.transform(frame.iloc[:5])
+    assert isinstance(new, pd.DataFrame) and list(new.index) == [0, 3, 6, 9, 12]
+    assert clone(pipe[-1])._sklearn_output_config == {"transform": "pandas"}
+    assert isinstance(pipe.set_output(transform="default").transform(X[:5]), np.ndarray)
+    model = ge.LaplacianEigenmaps(3, n_neighbors=10, backend="cpu")
+    with sklearn.config_context(transform_output="pandas"):
+        assert list(model.fit_transform(X).columns) == [f"laplacianeigenmaps{i}"
+                                                        for i in range(3)]
+    assert isinstance(model.fit_transform(X), np.ndarray)
+
+
+def test_output_api_messages():
+    with pytest.raises(ValueError, match="transform must be one of"):
+        ge.TSNE().set_output(transform="xarray")
+    with pytest.raises(ge.NotFittedError, match="get_feature_names_out"):
+        ge.TSNE().get_feature_names_out()
+    X = np.random.default_rng(0).random((30, 20))
+    model = ge.LaplacianEigenmaps(2, n_neighbors=5, backend="cpu").fit(X)
+    with pytest.raises(ValueError, match=r"input_features should have length equal to "
+                                         r"number of features \(20\), got 3"):
+        model.get_feature_names_out(["a", "b", "c"])
+    assert not hasattr(ge.SpectralClustering(2, n_neighbors=5), "set_output")   # no transform
 
 
 def test_transform_of_a_point_does_not_depend_on_the_batch():

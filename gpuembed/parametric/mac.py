@@ -27,7 +27,7 @@ import numpy as np
 
 from .._checks import (check_bool, check_data, check_features, check_fitted, check_float,
                        check_int, check_random_state, check_verbose, warn)
-from .._params import Params
+from .._params import Params, TransformerOutput
 from .._sparse import is_sparse
 from ..neighbors import metric_rows
 from ..objectives.penalty import Penalized
@@ -37,7 +37,7 @@ from .mappings import make_mapping
 __all__ = ["ParametricEmbedding"]
 
 
-class ParametricEmbedding(Params):
+class ParametricEmbedding(TransformerOutput, Params):
     """Parametric embedding by MAC: a mapping F fitted so that F(Y) minimizes the
     embedding's objective, P(F) = E(F(Y)), by alternating a Z step (E(Z) + (mu/2)
     |Z - F(Y)|^2 by the embedding's own optimizer, warm-started) and an F step (a

@@ -19,7 +19,7 @@ import scipy.sparse
 
 from .._checks import (check_choice, check_data, check_features, check_fitted, check_float,
                        check_int, check_random_state)
-from .._params import Params, fill_doc
+from .._params import Params, TransformerOutput, fill_doc
 from ..affinities import entropic_affinities
 from ..affinities.entropic import checked_neighbors
 from ..backend import get_backend
@@ -258,7 +258,7 @@ class _SpectralBase(Params):
 
 
 @_DOCUMENTED
-class LaplacianEigenmaps(_SpectralBase):
+class LaplacianEigenmaps(TransformerOutput, _SpectralBase):
     """Laplacian eigenmaps (eq. 4.9), exactly or with Locally Linear Landmarks.
 
     Parameters
