@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__, datasets
-from ._checks import check_labels
+from ._checks import check_data, check_labels
 from .backend import BackendUnavailable, get_backend, kernel_dirs
 from .embedding import EE, SNE, SSNE, TSNE, MultiscaleSNE
 from .metrics import auc_rnx, knn_accuracy
@@ -300,6 +300,8 @@ def cmd_embed(args):
         X = _load_sparse(path)
     else:
         raise ValueError(f"INPUT must be a .npy, .csv or .npz (sparse) file, got {path}")
+    # The rows' shape and values before any note on the parameters N sets.
+    X = check_data(X, get_backend("cpu"), name="INPUT", min_samples=1, sparse=True)
     # Everything that can fail after the fit is checked before it.
     labels = check_labels(np.load(args.labels), "--labels") if args.labels else None
     if labels is not None and len(labels) != X.shape[0]:

@@ -262,6 +262,13 @@ def test_embed_checks_before_it_fits(tmp_path):
                   "--backend", "cpu")
     assert out.returncode == 1 and "--output must end in .npy or .csv" in out.stderr
     assert "points in" not in out.stdout and not list(tmp_path.glob("o.txt*"))
+    # The data's shape and values are checked (naming INPUT) before anything is said
+    # of the parameters: a 3-D array had first been told its perplexity was lowered.
+    np.save(tmp_path / "x3.npy", X.reshape(50, 3, 1))
+    out = run_cli("embed", str(tmp_path / "x3.npy"), "-o", str(tmp_path / "o.npy"),
+                  "--backend", "cpu")
+    assert out.returncode == 1 and "INPUT must be 2-D" in out.stderr
+    assert "lowered" not in out.stderr and "Traceback" not in out.stderr
     np.savetxt(tmp_path / "x.csv", X, delimiter=",", header="a,b,c", comments="")
     out = run_cli("embed", str(tmp_path / "x.csv"), "-o", str(tmp_path / "o.npy"),
                   "--backend", "cpu", "--method", "ee", "--max-iter", "3", "--random-state", "1")
