@@ -180,18 +180,23 @@ _TRANSFORMERS = [
                            "linear", random_state=0)]
 
 
+@pytest.mark.parametrize("library,checks", [
+    ("pandas", ("check_set_output_transform", "check_set_output_transform_pandas",
+                "check_global_output_transform_pandas",
+                "check_transformer_get_feature_names_out")),
+    ("polars", ("check_set_output_transform_polars",
+                "check_global_set_output_transform_polars"))])
 @pytest.mark.parametrize("est", _TRANSFORMERS, ids=lambda e: type(e).__name__)
-def test_scikit_learns_output_checks(est):
+def test_scikit_learns_output_checks(est, library, checks):
     """scikit-learn's checks of set_output and get_feature_names_out, which its
     check_estimator does not run on these estimators: the same values in every
     container, a pandas input's index kept, the global setting followed, names
-    and input_features' length."""
-    pytest.importorskip("pandas")
+    and input_features' length (polars where it is installed; pandas is in the
+    test extras)."""
+    pytest.importorskip(library)
     from sklearn.utils import estimator_checks
 
-    for check in ("check_set_output_transform", "check_set_output_transform_pandas",
-                  "check_global_output_transform_pandas",
-                  "check_transformer_get_feature_names_out"):
+    for check in checks:
         getattr(estimator_checks, check)(type(est).__name__, est)
 
 
