@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from ._checks import check_choice, check_fitted
+from ._checks import check_choice, check_fitted, warn
 
 
 class Params:
@@ -97,29 +97,47 @@ OUTPUTS = ("default", "pandas", "polars")
 
 
 class TransformerOutput:
-    """scikit-learn's output API, for the estimators with ``transform``:
-    ``get_feature_names_out`` (the embedding's columns named as scikit-learn names
-    its embeddings': tsne0, tsne1, ...) and ``set_output``, whose "pandas" or
-    "polars" makes ``transform`` and ``fit_transform`` return DataFrames of those
-    columns (with a pandas input's index), as scikit-learn's global
-    ``set_config(transform_output=...)`` does where no estimator setting is given.
-    Without them a Pipeline of these estimators refused ``set_output``."""
+    """scikit-learn's conventions for the estimators with ``transform``: the
+    columns' names in and out, and the output's container.
+
+    ``fit`` keeps a DataFrame's column names (where all are strings) as
+    ``feature_names_in_``, and ``transform`` refuses a DataFrame whose columns
+    differ from them, with scikit-learn's messages (and its warnings where only
+    one of the two has names): a DataFrame with its columns reordered had been
+    embedded silently as other features.  ``get_feature_names_out`` names the
+    embedding's columns as scikit-learn names its embeddings' (tsne0, tsne1, ...),
+    and ``set_output``'s "pandas" or "polars" makes ``transform`` and
+    ``fit_transform`` return DataFrames of those columns (with a pandas input's
+    index), as scikit-learn's global ``set_config(transform_output=...)`` does
+    where no estimator setting is given.  Without it a Pipeline of these
+    estimators refused ``set_output``."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        for name in ("transform", "fit_transform"):
-            if name in cls.__dict__:
-                setattr(cls, name, _in_output_container(cls.__dict__[name]))
+        # Inherited methods too (LaplacianEigenmaps' fit is its base's), once each.
+        for name, wrap in (("fit", _keeping_feature_names),
+                           ("transform", functools.partial(_in_output_container, check=True)),
+                           ("fit_transform", _in_output_container)):
+            method = getattr(cls, name, None)
+            if method is not None and not getattr(method, "_follows_conventions", False):
+                wrapped = wrap(method)
+                wrapped._follows_conventions = True
+                setattr(cls, name, wrapped)
 
     def get_feature_names_out(self, input_features=None):
         """The output columns' names: the class name in lower case and the column's
-        number.  ``input_features``, if given, must hold one name per input feature
-        (a DataFrame's column names are not kept: no ``feature_names_in_``)."""
+        number.  ``input_features``, if given, must be ``feature_names_in_`` where
+        fit kept those, else hold one name per input feature."""
         check_fitted(self, hasattr(self, "embedding_"), "get_feature_names_out")
-        n_in = getattr(self, "n_features_in_", None)      # none: affinities given alone
-        if input_features is not None and n_in is not None and len(input_features) != n_in:
-            raise ValueError(f"input_features should have length equal to number of "
-                             f"features ({n_in}), got {len(input_features)}")   # scikit-learn's
+        if input_features is not None:              # scikit-learn's words
+            known = getattr(self, "feature_names_in_", None)
+            if known is not None and not np.array_equal(np.asarray(input_features, object),
+                                                        known):
+                raise ValueError("input_features is not equal to feature_names_in_")
+            n_in = getattr(self, "n_features_in_", None)  # none: affinities given alone
+            if n_in is not None and len(input_features) != n_in:
+                raise ValueError(f"input_features should have length equal to number of "
+                                 f"features ({n_in}), got {len(input_features)}")
         prefix = type(self).__name__.lower()
         return np.asarray([f"{prefix}{i}" for i in range(self.embedding_.shape[1])], dtype=object)
 
@@ -139,15 +157,77 @@ class TransformerOutput:
         return self
 
 
-def _in_output_container(method):
-    """``method`` (transform or fit_transform) returning the container that
-    set_output (or scikit-learn's global setting) asks for."""
-    data = list(inspect.signature(method).parameters)[1]      # X, X_new, Y or Y_new
+def _data_argument(method, args, kwargs):
+    """The data a method was given: its first argument (X, X_new, Y or Y_new)."""
+    if args:
+        return args[0]
+    return kwargs.get(list(inspect.signature(method).parameters)[1])
 
+
+def _feature_names(X):
+    """A DataFrame's column names as an object array where all are strings, else
+    None; mixed strings and others raise scikit-learn's TypeError."""
+    columns = getattr(X, "columns", None)
+    if columns is None or isinstance(X, np.ndarray):
+        return None
+    names = np.asarray(list(columns), dtype=object)
+    kinds = sorted({type(name).__qualname__ for name in names})
+    if len(kinds) > 1 and "str" in kinds:
+        raise TypeError(f"Feature names are only supported if all input features have string "
+                        f"names, but your input has {kinds} as feature name / column name "
+                        f"types. Convert them all to strings (X.columns = "
+                        f"X.columns.astype(str)) or none of them.")
+    return names if kinds == ["str"] else None
+
+
+def _keeping_feature_names(fit):
+    """``fit`` that keeps its data's column names as ``feature_names_in_``."""
+    @functools.wraps(fit)
+    def wrapped(self, *args, **kwargs):
+        names = _feature_names(_data_argument(fit, args, kwargs))
+        out = fit(self, *args, **kwargs)
+        if names is None:
+            self.__dict__.pop("feature_names_in_", None)
+        else:
+            self.feature_names_in_ = names
+        return out
+    return wrapped
+
+
+def _check_feature_names(estimator, X):
+    """scikit-learn's check of new data's column names against ``feature_names_in_``."""
+    fitted, names = getattr(estimator, "feature_names_in_", None), _feature_names(X)
+    what = type(estimator).__name__
+    if fitted is None and names is not None:
+        warn(f"X has feature names, but {what} was fitted without feature names", UserWarning)
+    elif fitted is not None and names is None:
+        warn(f"X does not have valid feature names, but {what} was fitted with feature names",
+             UserWarning)
+    elif fitted is not None and not np.array_equal(fitted, names):
+        unseen = sorted(set(names) - set(fitted))
+        missing = sorted(set(fitted) - set(names))
+        listed = lambda values: "".join(f"- {v}\n" for v in values[:5]) + (
+            "- ...\n" if len(values) > 5 else "")
+        message = "The feature names should match those that were passed during fit.\n"
+        if unseen:
+            message += "Feature names unseen at fit time:\n" + listed(unseen)
+        if missing:
+            message += "Feature names seen at fit time, yet now missing:\n" + listed(missing)
+        if not unseen and not missing:
+            message += "Feature names must be in the same order as they were in fit.\n"
+        raise ValueError(message)
+
+
+def _in_output_container(method, check=False):
+    """``method`` (transform or fit_transform) returning the container that
+    set_output (or scikit-learn's global setting) asks for; with ``check``, the
+    data's column names checked first."""
     @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
+        X = _data_argument(method, args, kwargs)
+        if check:
+            _check_feature_names(self, X)
         out = method(self, *args, **kwargs)
-        X = args[0] if args else kwargs.get(data)
         kind = getattr(self, "_sklearn_output_config", {}).get("transform")
         if kind is None and "sklearn" in sys.modules:   # set by a user who imported it
             kind = sys.modules["sklearn"].get_config().get("transform_output", "default")

@@ -136,9 +136,6 @@ _BY_DESIGN = {
     "check_transformer_data_not_an_array": _TRANSFORM_OF_TRAINING_POINTS,
     "check_estimators_unfitted": _NOT_SCIKIT_LEARNS_CLASS,
     "check_get_feature_names_out_error": _NOT_SCIKIT_LEARNS_CLASS,
-    "check_transformer_get_feature_names_out_pandas":
-        "a DataFrame's column names are not kept (no feature_names_in_), so input_features "
-        "is checked for its length alone",
 }
 
 
@@ -183,16 +180,21 @@ _TRANSFORMERS = [
 @pytest.mark.parametrize("library,checks", [
     ("pandas", ("check_set_output_transform", "check_set_output_transform_pandas",
                 "check_global_output_transform_pandas",
-                "check_transformer_get_feature_names_out")),
+                "check_transformer_get_feature_names_out",
+                "check_transformer_get_feature_names_out_pandas",
+                "check_dataframe_column_names_consistency")),
     ("polars", ("check_set_output_transform_polars",
                 "check_global_set_output_transform_polars"))])
 @pytest.mark.parametrize("est", _TRANSFORMERS, ids=lambda e: type(e).__name__)
+# Some of the checks fit on a DataFrame and transform an array or the other way round.
+@pytest.mark.filterwarnings("ignore:X (does not have valid|has) feature names:UserWarning")
 def test_scikit_learns_output_checks(est, library, checks):
-    """scikit-learn's checks of set_output and get_feature_names_out, which its
-    check_estimator does not run on these estimators: the same values in every
-    container, a pandas input's index kept, the global setting followed, names
-    and input_features' length (polars where it is installed; pandas is in the
-    test extras)."""
+    """scikit-learn's checks of set_output, get_feature_names_out and
+    feature_names_in_, which its check_estimator does not run on these
+    estimators: the same values in every container, a pandas input's index kept,
+    the global setting followed, the names out and input_features, the names in
+    kept and new data's names checked with its messages (polars where it is
+    installed; pandas is in the test extras)."""
     pytest.importorskip(library)
     from sklearn.utils import estimator_checks
 
@@ -217,12 +219,44 @@ def test_set_output_in_a_pipeline():
     new = pipe.transform(frame.iloc[:5])
     assert isinstance(new, pd.DataFrame) and list(new.index) == [0, 3, 6, 9, 12]
     assert clone(pipe[-1])._sklearn_output_config == {"transform": "pandas"}
-    assert isinstance(pipe.set_output(transform="default").transform(X[:5]), np.ndarray)
+    # The scaler's DataFrame had names (x0, x1, ...), its arrays have none.
+    with pytest.warns(UserWarning, match="X does not have valid feature names"):
+        assert isinstance(pipe.set_output(transform="default").transform(X[:5]), np.ndarray)
     model = ge.LaplacianEigenmaps(3, n_neighbors=10, backend="cpu")
     with sklearn.config_context(transform_output="pandas"):
         assert list(model.fit_transform(X).columns) == [f"laplacianeigenmaps{i}"
                                                         for i in range(3)]
     assert isinstance(model.fit_transform(X), np.ndarray)
+
+
+def test_columns_of_new_data_are_checked_against_those_fitted():
+    """A DataFrame's column names are kept (feature_names_in_) and new data's are
+    checked: reordered columns, which had been embedded silently as other features,
+    raise scikit-learn's ValueError; plain arrays after a DataFrame, or the other
+    way round, warn; refitting on an array drops the names; mixed name types
+    raise scikit-learn's TypeError at fit."""
+    pd = pytest.importorskip("pandas")
+    X = np.random.default_rng(0).random((150, 6))
+    frame = pd.DataFrame(X, columns=[f"pixel{i}" for i in range(6)])
+    model = ge.LaplacianEigenmaps(2, n_neighbors=10, backend="cpu").fit(frame)
+    np.testing.assert_array_equal(model.feature_names_in_, frame.columns)
+    assert model.feature_names_in_.dtype == object
+    new = model.transform(frame.iloc[:5])
+    with pytest.raises(ValueError, match="must be in the same order as they were in fit"):
+        model.transform(frame[frame.columns[::-1]].iloc[:5])
+    with pytest.raises(ValueError, match="unseen at fit time:\n- other"):
+        model.transform(frame.rename(columns={"pixel0": "other"}))
+    with pytest.warns(UserWarning, match="X does not have valid feature names, but "
+                                         "LaplacianEigenmaps was fitted with feature names"):
+        np.testing.assert_array_equal(model.transform(X[:5]), new)
+    model.fit(X)
+    assert not hasattr(model, "feature_names_in_")
+    with pytest.warns(UserWarning, match="X has feature names, but LaplacianEigenmaps was "
+                                         "fitted without"):
+        model.transform(frame.iloc[:5])
+    with pytest.raises(TypeError, match="Feature names are only supported if all"):
+        ge.TSNE(max_iter=5, backend="cpu").fit(frame.set_axis([0, 1, 2, "a", "b", "c"],
+                                                              axis=1))
 
 
 def test_output_api_messages():
