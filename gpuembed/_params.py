@@ -4,8 +4,9 @@ With them (and ``fit(X, y=None)``, and ``__sklearn_tags__`` for scikit-learn
 1.6 and later) the estimators work in scikit-learn's Pipeline, ``clone`` and
 GridSearchCV: a parameter is an ``__init__`` argument
 of the class or of one of its bases, stored under its own name; nested
-estimators' parameters read ``outer__inner``.  The embeddings with ``transform``
-also take scikit-learn's output API (:class:`TransformerOutput`).
+estimators' parameters read ``outer__inner``.  They keep a DataFrame's column
+names as scikit-learn's do (:class:`FeatureNamesIn`), and the embeddings with
+``transform`` take its output API (:class:`TransformerOutput`).
 """
 from __future__ import annotations
 
@@ -96,67 +97,6 @@ class Params:
 OUTPUTS = ("default", "pandas", "polars")
 
 
-class TransformerOutput:
-    """scikit-learn's conventions for the estimators with ``transform``: the
-    columns' names in and out, and the output's container.
-
-    ``fit`` keeps a DataFrame's column names (where all are strings) as
-    ``feature_names_in_``, and ``transform`` refuses a DataFrame whose columns
-    differ from them, with scikit-learn's messages (and its warnings where only
-    one of the two has names): a DataFrame with its columns reordered had been
-    embedded silently as other features.  ``get_feature_names_out`` names the
-    embedding's columns as scikit-learn names its embeddings' (tsne0, tsne1, ...),
-    and ``set_output``'s "pandas" or "polars" makes ``transform`` and
-    ``fit_transform`` return DataFrames of those columns (with a pandas input's
-    index), as scikit-learn's global ``set_config(transform_output=...)`` does
-    where no estimator setting is given.  Without it a Pipeline of these
-    estimators refused ``set_output``."""
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        # Inherited methods too (LaplacianEigenmaps' fit is its base's), once each.
-        for name, wrap in (("fit", _keeping_feature_names),
-                           ("transform", functools.partial(_in_output_container, check=True)),
-                           ("fit_transform", _in_output_container)):
-            method = getattr(cls, name, None)
-            if method is not None and not getattr(method, "_follows_conventions", False):
-                wrapped = wrap(method)
-                wrapped._follows_conventions = True
-                setattr(cls, name, wrapped)
-
-    def get_feature_names_out(self, input_features=None):
-        """The output columns' names: the class name in lower case and the column's
-        number.  ``input_features``, if given, must be ``feature_names_in_`` where
-        fit kept those, else hold one name per input feature."""
-        check_fitted(self, hasattr(self, "embedding_"), "get_feature_names_out")
-        if input_features is not None:              # scikit-learn's words
-            known = getattr(self, "feature_names_in_", None)
-            if known is not None and not np.array_equal(np.asarray(input_features, object),
-                                                        known):
-                raise ValueError("input_features is not equal to feature_names_in_")
-            n_in = getattr(self, "n_features_in_", None)  # none: affinities given alone
-            if n_in is not None and len(input_features) != n_in:
-                raise ValueError(f"input_features should have length equal to number of "
-                                 f"features ({n_in}), got {len(input_features)}")
-        prefix = type(self).__name__.lower()
-        return np.asarray([f"{prefix}{i}" for i in range(self.embedding_.shape[1])], dtype=object)
-
-    def set_output(self, *, transform=None):
-        """The container ``transform`` and ``fit_transform`` return: "default" (NumPy
-        arrays), "pandas" or "polars" (DataFrames); None keeps the setting."""
-        if transform is None:
-            return self
-        check_choice(transform, "transform", OUTPUTS)
-        if transform != "default":
-            try:
-                importlib.import_module(transform)
-            except ImportError as error:
-                raise ImportError(f"set_output(transform={transform!r}) needs {transform}, "
-                                  f"which is not installed") from error
-        self._sklearn_output_config = {"transform": transform}  # scikit-learn's clone keeps it
-        return self
-
-
 def _data_argument(method, args, kwargs):
     """The data a method was given: its first argument (X, X_new, Y or Y_new)."""
     if args:
@@ -168,7 +108,7 @@ def _feature_names(X):
     """A DataFrame's column names as an object array where all are strings, else
     None; mixed strings and others raise scikit-learn's TypeError."""
     columns = getattr(X, "columns", None)
-    if columns is None or isinstance(X, np.ndarray):
+    if columns is None:
         return None
     names = np.asarray(list(columns), dtype=object)
     kinds = sorted({type(name).__qualname__ for name in names})
@@ -218,15 +158,21 @@ def _check_feature_names(estimator, X):
         raise ValueError(message)
 
 
-def _in_output_container(method, check=False):
+def _checking_feature_names(method):
+    """``method`` (transform or predict) that checks its data's column names first."""
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        _check_feature_names(self, _data_argument(method, args, kwargs))
+        return method(self, *args, **kwargs)
+    return wrapped
+
+
+def _in_output_container(method):
     """``method`` (transform or fit_transform) returning the container that
-    set_output (or scikit-learn's global setting) asks for; with ``check``, the
-    data's column names checked first."""
+    set_output (or scikit-learn's global setting) asks for."""
     @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
         X = _data_argument(method, args, kwargs)
-        if check:
-            _check_feature_names(self, X)
         out = method(self, *args, **kwargs)
         kind = getattr(self, "_sklearn_output_config", {}).get("transform")
         if kind is None and "sklearn" in sys.modules:   # set by a user who imported it
@@ -243,6 +189,78 @@ def _in_output_container(method, check=False):
         index = X.index if isinstance(X, pandas.DataFrame) else None
         return pandas.DataFrame(out, columns=columns, index=index)
     return wrapped
+
+
+def _wrap_methods(cls, wrappers, mark):
+    """Wraps the methods of ``cls`` named in ``wrappers`` (inherited ones too:
+    LaplacianEigenmaps' fit is its base's), each once per ``mark``."""
+    for name, wrap in wrappers:
+        method = getattr(cls, name, None)
+        if method is not None and mark not in getattr(method, "_conventions", ()):
+            wrapped = wrap(method)
+            wrapped._conventions = getattr(method, "_conventions", frozenset()) | {mark}
+            setattr(cls, name, wrapped)
+
+
+class FeatureNamesIn:
+    """scikit-learn's ``feature_names_in_``: ``fit`` keeps a DataFrame's column
+    names (where all are strings), and ``transform`` and ``predict`` refuse a
+    DataFrame whose columns differ from them, with scikit-learn's messages (and
+    its warnings where only one of the two has names).  A DataFrame with its
+    columns reordered had been embedded or clustered silently as other features."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _wrap_methods(cls, (("fit", _keeping_feature_names),
+                            ("transform", _checking_feature_names),
+                            ("predict", _checking_feature_names)), "names")
+
+
+class TransformerOutput(FeatureNamesIn):
+    """scikit-learn's output API, for the estimators with ``transform``:
+    ``get_feature_names_out`` names the embedding's columns as scikit-learn names
+    its embeddings' (tsne0, tsne1, ...), and ``set_output``'s "pandas" or "polars"
+    makes ``transform`` and ``fit_transform`` return DataFrames of those columns
+    (with a pandas input's index), as scikit-learn's global
+    ``set_config(transform_output=...)`` does where no estimator setting is given.
+    Without it a Pipeline of these estimators refused ``set_output``."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _wrap_methods(cls, (("transform", _in_output_container),
+                            ("fit_transform", _in_output_container)), "output")
+
+    def get_feature_names_out(self, input_features=None):
+        """The output columns' names: the class name in lower case and the column's
+        number.  ``input_features``, if given, must be ``feature_names_in_`` where
+        fit kept those, else hold one name per input feature."""
+        check_fitted(self, hasattr(self, "embedding_"), "get_feature_names_out")
+        if input_features is not None:              # scikit-learn's words
+            known = getattr(self, "feature_names_in_", None)
+            if known is not None and not np.array_equal(np.asarray(input_features, object),
+                                                        known):
+                raise ValueError("input_features is not equal to feature_names_in_")
+            n_in = getattr(self, "n_features_in_", None)  # none: affinities given alone
+            if n_in is not None and len(input_features) != n_in:
+                raise ValueError(f"input_features should have length equal to number of "
+                                 f"features ({n_in}), got {len(input_features)}")
+        prefix = type(self).__name__.lower()
+        return np.asarray([f"{prefix}{i}" for i in range(self.embedding_.shape[1])], dtype=object)
+
+    def set_output(self, *, transform=None):
+        """The container ``transform`` and ``fit_transform`` return: "default" (NumPy
+        arrays), "pandas" or "polars" (DataFrames); None keeps the setting."""
+        if transform is None:
+            return self
+        check_choice(transform, "transform", OUTPUTS)
+        if transform != "default":
+            try:
+                importlib.import_module(transform)
+            except ImportError as error:
+                raise ImportError(f"set_output(transform={transform!r}) needs {transform}, "
+                                  f"which is not installed") from error
+        self._sklearn_output_config = {"transform": transform}  # scikit-learn's clone keeps it
+        return self
 
 
 def _same(default, value):

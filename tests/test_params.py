@@ -231,8 +231,9 @@ def test_set_output_in_a_pipeline():
 
 def test_columns_of_new_data_are_checked_against_those_fitted():
     """A DataFrame's column names are kept (feature_names_in_) and new data's are
-    checked: reordered columns, which had been embedded silently as other features,
-    raise scikit-learn's ValueError; plain arrays after a DataFrame, or the other
+    checked by transform and SpectralClustering.predict: reordered columns, which
+    had been embedded or clustered silently as other features, raise
+    scikit-learn's ValueError; plain arrays after a DataFrame, or the other
     way round, warn; refitting on an array drops the names; mixed name types
     raise scikit-learn's TypeError at fit."""
     pd = pytest.importorskip("pandas")
@@ -257,6 +258,12 @@ def test_columns_of_new_data_are_checked_against_those_fitted():
     with pytest.raises(TypeError, match="Feature names are only supported if all"):
         ge.TSNE(max_iter=5, backend="cpu").fit(frame.set_axis([0, 1, 2, "a", "b", "c"],
                                                               axis=1))
+    clusters = ge.SpectralClustering(3, n_neighbors=10, random_state=0, backend="cpu")
+    labels = clusters.fit_predict(frame)
+    np.testing.assert_array_equal(clusters.feature_names_in_, frame.columns)
+    np.testing.assert_array_equal(clusters.predict(frame.iloc[:7]), labels[:7])
+    with pytest.raises(ValueError, match="must be in the same order as they were in fit"):
+        clusters.predict(frame[frame.columns[::-1]])
 
 
 def test_output_api_messages():

@@ -19,7 +19,7 @@ import scipy.sparse
 
 from .._checks import (check_choice, check_data, check_features, check_fitted, check_float,
                        check_int, check_random_state)
-from .._params import Params, TransformerOutput, fill_doc
+from .._params import FeatureNamesIn, Params, TransformerOutput, fill_doc
 from ..affinities import entropic_affinities
 from ..affinities.entropic import checked_neighbors
 from ..backend import get_backend
@@ -165,7 +165,7 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     return Y, idx, Z, U, kz
 
 
-class _SpectralBase(Params):
+class _SpectralBase(FeatureNamesIn, Params):
     def __init__(self, *, n_neighbors, sigma, perplexity, neighbors, metric, n_landmarks, kz,
                  landmarks, z_neighbors, random_state, backend):
         self.n_neighbors = n_neighbors
