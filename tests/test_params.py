@@ -264,6 +264,9 @@ def test_columns_of_new_data_are_checked_against_those_fitted():
     np.testing.assert_array_equal(clusters.predict(frame.iloc[:7]), labels[:7])
     with pytest.raises(ValueError, match="must be in the same order as they were in fit"):
         clusters.predict(frame[frame.columns[::-1]])
+    from sklearn.utils.estimator_checks import check_dataframe_column_names_consistency
+
+    check_dataframe_column_names_consistency("SpectralClustering", clusters)
 
 
 def test_output_api_messages():
