@@ -239,6 +239,13 @@ def test_bad_arguments(problem):
         objectives.value_and_grad("tsne", np.full_like(Y, np.nan), P)
     with pytest.raises(ValueError, match="lambda_ must be >= 0.0, got -1.0"):
         objectives.value_and_grad("ee", Y, P, lambda_=-1.0)
+    # A misspelt parameter named the objective class's __init__, and tsne took the
+    # estimators' internal ones (accuracy, owned) as if they were its.
+    with pytest.raises(TypeError, match=r"value_and_grad\('ee'\) takes \['lambda_'\] params, "
+                                        r"got \['lam'\]"):
+        objectives.value_and_grad("ee", Y, P, lam=1.0)
+    with pytest.raises(TypeError, match=r"value_and_grad\('tsne'\) takes no params"):
+        objectives.value_and_grad("tsne", Y, P, lambda_=1.0)
 
 
 @pytest.mark.parametrize("name", ["ee", "ssne", "tsne", "sne"])

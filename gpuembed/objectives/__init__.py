@@ -64,6 +64,11 @@ def value_and_grad(name, X, P, *, backend="cpu", **params):
     """
     be = get_backend(backend)
     check_choice(name, "name", tuple(OBJECTIVES))
+    takes = ("lambda_",) if name == "ee" else ()
+    unknown = sorted(set(params) - set(takes))
+    if unknown:         # the objective class's own message named its __init__
+        raise TypeError(f"value_and_grad({name!r}) takes {list(takes) or 'no'} params, "
+                        f"got {unknown}")
     X = check_data(X, be)
     if not hasattr(P, "shape"):
         raise TypeError(f"P must be an (N, N) sparse or dense matrix, got {type(P).__name__}")
