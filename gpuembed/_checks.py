@@ -59,6 +59,10 @@ def check_data(X, backend, *, name="X", dtype=None, min_samples=2, sparse=False)
         try:
             X = np.asarray(X, dtype=np.float64)
         except (TypeError, ValueError) as exc:
+            missing = sum(v is None or type(v).__name__ == "NAType" for v in X.ravel())
+            if missing:             # the message had been float()'s, about NAType
+                raise ValueError(f"{name} contains {missing} missing value(s) (None or "
+                                 f"pandas' NA)") from None
             raise type(exc)(f"{name} must be numeric: {exc}") from None
     shape = X.shape
     if len(shape) != 2:

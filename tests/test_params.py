@@ -340,6 +340,11 @@ def test_table_like_input_and_unfitted_errors():
     mixed[0, 0] = {"a": 1}
     with pytest.raises(TypeError, match="X must be numeric: float.. argument must be"):
         check_data(mixed, be)
+    # Missing values (a nullable pandas column's NA): the message had been float()'s.
+    mixed[0, 0], mixed[2, 1] = None, type("NAType", (), {})()
+    with pytest.raises(ValueError, match=r"X contains 2 missing value\(s\) \(None or "
+                                         r"pandas' NA\)"):
+        check_data(mixed, be)
     with pytest.raises(ValueError, match="X: Complex data not supported"):
         check_data(np.ones((3, 2)) * 1j, be)
     with pytest.raises(ValueError, match="X has 0 feature"):
