@@ -33,7 +33,7 @@ def kmeans(X, n_clusters, *, n_init=10, max_iter=300, tol=1e-9, init=None, rando
     """
     labels, centers, inertia = _kmeans(X, n_clusters, n_init=n_init, max_iter=max_iter,
                                        tol=tol, init=init, random_state=random_state)
-    found = np.unique(labels).size
+    found = np.count_nonzero(np.bincount(labels, minlength=n_clusters))
     if found < n_clusters:
         why = (f"X has only {found} distinct rows" if inertia == 0
                else "max_iter ended the iterations before they took points")
@@ -41,7 +41,7 @@ def kmeans(X, n_clusters, *, n_init=10, max_iter=300, tol=1e-9, init=None, rando
     return labels, centers, inertia
 
 
-def _kmeans(X, n_clusters, *, n_init, max_iter, tol, init, random_state):
+def _kmeans(X, n_clusters, *, n_init=10, max_iter=300, tol=1e-9, init=None, random_state=None):
     """:func:`kmeans` without its warning, for callers that handle empty clusters."""
     cpu = get_backend("cpu")
     X = check_data(X, cpu, min_samples=1, sparse=True)

@@ -143,10 +143,10 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     :func:`landmark_basis` of X computed before (its parameters then unused);
     ``z_neighbors``: see the estimators' parameter."""
     check_choice(z_neighbors, "z_neighbors", Z_NEIGHBORS)
-    positive_degrees(np, W)
+    degree = positive_degrees(np, W)
     idx, Z, kz = basis or _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state,
                                           backend, W, z_neighbors)
-    A_r, B_r = laplacian_reduced(Z, W)
+    A_r, B_r = laplacian_reduced(Z, W, degree)
     # A landmark that reconstructs no point (a copy of a duplicated point that took
     # another copy) has a zero row and column: an eigenvalue 0 of no data, whose
     # vectors took the place of the embedding's.  It takes its point's coordinates.

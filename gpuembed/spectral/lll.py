@@ -149,8 +149,7 @@ def _choose_landmarks(Y, n_landmarks, method, random_state, graph=None):
     sample = Y if n <= 20 * L else Y[rng.choice(n, 20 * L, replace=False)]
     among = min(sample.shape[0], max(2 * L, 2000))
     seeds = plusplus_seeds(sample[rng.choice(sample.shape[0], among, replace=False)], L, rng)
-    _, centers, _ = _kmeans(sample, L, n_init=1, max_iter=10, tol=1e-9, init=seeds,
-                            random_state=None)
+    _, centers, _ = _kmeans(sample, L, init=seeds, max_iter=10)
     return np.unique(_nearest_rows(centers, Y))
 
 
@@ -289,7 +288,7 @@ def _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state, backend, gra
     return idx, reconstruction_weights(X, X[idx], kz, backend=backend, search=search), kz
 
 
-def laplacian_reduced(Z, W):
+def laplacian_reduced(Z, W, degree=None):
     """Z^T (D - W) Z and Z^T D Z (eq. 4.5 for Laplacian eigenmaps, D = diag(W 1))
     for symmetric sparse affinities W, without forming any dense N x N product.
 
@@ -297,9 +296,11 @@ def laplacian_reduced(Z, W):
     over half of W's entries.  Fashion-MNIST 70k (20-NN graph, 3,000 landmarks,
     kz = 6; 2-core EPYC, SciPy's products): 0.14 s against 0.19 s for
     Z^T ((D - W) Z) and Z^T (D Z); each product cut into row spans on the cores
-    (:func:`~gpuembed._sparse.rows_product`), 0.11 s against 0.14 s at 2,500."""
+    (:func:`~gpuembed._sparse.rows_product`), 0.11 s against 0.14 s at 2,500.
+    ``degree``: W's row sums, where the caller has them already."""
     ZT = Z.T.tocsr()
-    degree = np.asarray(W.sum(axis=1)).ravel()
+    if degree is None:                      # lll_spectral passes the degrees it checked
+        degree = np.asarray(W.sum(axis=1)).ravel()
     B = rows_product(ZT, scipy.sparse.diags(degree) @ Z)
     S = rows_product(ZT, rows_product(scipy.sparse.triu(W, k=1, format="csr"), Z))
     loops = W.diagonal()
