@@ -896,6 +896,14 @@ def check_init(init, n, d, be, names):
         raise ValueError(f"init array must have shape {(n, d)}, got {Y.shape}")
     if not np.all(np.isfinite(Y)):
         raise ValueError("init array contains NaN or infinite values")
+    # Every objective's gradient along a coordinate that is the same for all points
+    # is zero (its forces come from differences x_n - x_m): that column never moves,
+    # and an array of equal rows came back unchanged after 0 iterations.
+    flat = np.flatnonzero(np.all(Y == Y[:1], axis=0))
+    if flat.size:
+        raise ValueError(f"init array has the same value in every row of column(s) "
+                         f"{flat.tolist()}: the gradient along such a coordinate is zero, "
+                         f"so it never moves; give each column distinct values")
     return Y
 
 

@@ -2165,6 +2165,12 @@ def test_bad_arguments(small, make, match):
     (lambda: ge.EE(homotopy=True, homotopy_steps=0), ValueError, "homotopy_steps"),
     (lambda: ge.TSNE(affinities="P"), TypeError, "affinities must be"),
     (lambda: ge.TSNE(init=np.full((120, 2), np.nan)), ValueError, "init array contains NaN"),
+    # Equal rows (zeros): every objective's gradient is zero there, and the fit had
+    # returned them after 0 iterations; a constant column never moves either.
+    (lambda: ge.EE(init=np.zeros((120, 2))), ValueError, r"column\(s\) \[0, 1\]"),
+    (lambda: ge.TSNE(init=np.c_[np.arange(120.0), np.ones(120)], optimizer="tsne"),
+     ValueError, r"same value in every row of column\(s\) \[1\]"),
+    (lambda: ge.MultiscaleSNE(init=np.ones((120, 2))), ValueError, "never moves"),
     (lambda: ge.EE(nbody="fgt", accuracy={"p": 4}, accuracy_schedule=20), TypeError,
      "either accuracy"),
     (lambda: ge.SNE(dtype=np.float16), ValueError, "dtype"),
