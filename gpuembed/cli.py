@@ -274,6 +274,32 @@ def _load_csv(path):
     return np.loadtxt(path, delimiter=",", ndmin=2, skiprows=header)
 
 
+def _load_labels(path):
+    """``--labels``: a .npy array, or a .csv / .txt file of one label per line (numbers
+    or names) after an optional header line.  np.load had taken text files for
+    pickles and answered with NumPy's advice on allow_pickle."""
+    path = Path(path)
+    if path.suffix == ".npy":
+        return np.load(path)
+    if path.suffix not in (".csv", ".txt"):
+        raise ValueError(f"--labels must be a .npy, .csv or .txt file, got {path}")
+    lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if any("," in line for line in lines):
+        raise ValueError(f"--labels: {path} must hold one label per line, without commas")
+    # A header: a first line that is no number above one that is.
+    if len(lines) > 1 and not _is_number(lines[0]) and _is_number(lines[1]):
+        lines = lines[1:]
+    return np.array(lines, dtype=np.float64 if all(map(_is_number, lines)) else str)
+
+
+def _is_number(text):
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _load_sparse(path):
     """A sparse matrix written by scipy.sparse.save_npz."""
     import scipy.sparse
@@ -303,7 +329,7 @@ def cmd_embed(args):
     # The rows' shape and values before any note on the parameters N sets.
     X = check_data(X, get_backend("cpu"), name="INPUT", min_samples=1, sparse=True)
     # Everything that can fail after the fit is checked before it.
-    labels = check_labels(np.load(args.labels), "--labels") if args.labels else None
+    labels = check_labels(_load_labels(args.labels), "--labels") if args.labels else None
     if labels is not None and len(labels) != X.shape[0]:
         raise ValueError(f"--labels must be a 1-D array of one entry per row of INPUT "
                          f"({X.shape[0]}), got shape {labels.shape}")
@@ -389,7 +415,8 @@ def build_parser():
     embed.add_argument("-o", "--output", required=True,
                        help="the embedding, as .npy or .csv (rows of comma-separated numbers)")
     embed.add_argument("--n-components", type=int, default=2)
-    embed.add_argument("--labels", help=".npy file of labels (for the accuracy and the plot)")
+    embed.add_argument("--labels", help=".npy, .csv or .txt file of labels, one per row of INPUT "
+                            "(for the accuracy and the plot)")
     embed.add_argument("--plot", help="write a scatter plot here (PNG, or the format of the "
                                       "suffix: pdf, svg, ...)")
     _method_options(embed)

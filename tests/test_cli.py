@@ -5,6 +5,8 @@ import sys
 import numpy as np
 import pytest
 
+import gpuembed as ge
+
 
 def run_cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "gpuembed.cli", *args], capture_output=True,
@@ -231,6 +233,31 @@ def test_runtime_errors_have_no_traceback(tmp_path):
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy"),
                   "--method", "ee", "--optimizer", "tsne", "--backend", "cpu")
     assert out.returncode == 1 and "optimizer" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_embed_reads_labels_from_text_files(tmp_path):
+    """--labels takes a .csv or .txt file of one label per line, numbers (after an
+    optional header line) or names, as well as .npy: np.load had taken a text
+    file for a pickle and answered with NumPy's advice on allow_pickle.  Other
+    files, and lines of several fields, are refused before the fit."""
+    X, y = ge.datasets.gaussian_clusters(90, 3, 4, random_state=0)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    (tmp_path / "y.csv").write_text("label\n" + "\n".join(map(str, y)) + "\n")
+    (tmp_path / "names.txt").write_text("\n".join(np.array(["a", "b", "c"])[y]))
+    embed = ("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy"), "--backend", "cpu",
+             "--method", "ee", "--max-iter", "20", "--labels")
+    accuracies = set()
+    for name in ("y.npy", "y.csv", "names.txt"):
+        out = run_cli(*embed, str(tmp_path / name))
+        assert out.returncode == 0, out.stderr
+        accuracies.add(re.search(r"10-NN accuracy (\S+)", out.stdout).group(1))
+    assert accuracies == {"1.000"}
+    (tmp_path / "two.csv").write_text("\n".join(f"{k},{k}" for k in y))
+    (tmp_path / "y.json").write_text("[]")
+    for name, message in (("two.csv", "one label per line"), ("y.json", ".npy, .csv or .txt")):
+        out = run_cli(*embed, str(tmp_path / name))
+        assert out.returncode == 1 and message in out.stderr and "points in" not in out.stdout
 
 
 def test_embed_checks_before_it_fits(tmp_path):
