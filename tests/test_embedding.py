@@ -1583,21 +1583,21 @@ def test_trust_region_median_is_numpys(dtype):
 
 
 def test_trust_region_follows_the_bulk_of_the_layout(backend):
-    """t-SNE's KL decreases all the way as a component moves off, ever more slowly:
-    by the RMS radius, which the points farthest out set, SD's curvature pairs
-    sent one of the 4 components of 10 rotating objects at perplexity 3 from 1.3e5
-    units to 1e11 at steps of 32 to 64.  By the median distance from the mean the
-    layout spanned 6.9e4 units from one start, but from another the component of
-    432 of the 720 points, the median point's, moved off with the median to 2.4e9
-    units.  Measured from the coordinates' median, which lies in a component that
-    holds most points, the trust step stays that of the bulk: a layout of those
-    components, the bulk a Gaussian blob at the origin and the others 1e5 to 1e9
-    units out, gets steps that move no point more than 10 x 3.6 units (the radius),
-    where the mean's median distance would allow 10 x 1.4e8.  (The whole fit is no such bound: the
-    PCA start of rotating_objects, whose two leading singular values are equal,
-    is any rotation of their plane, and from the one an AVX2 EPYC VM gives the
-    bulk's own pieces drift apart, to 6.5e10 units at KL 0.3236, where from the
-    one of the VM this was measured on before it spanned 3.5e5 units at KL 0.2906.)"""
+    """t-SNE's KL decreases all the way as a component moves off, ever more slowly: by the
+    RMS radius, which the points farthest out set, SD's curvature pairs sent one of the
+    4 components of 10 rotating objects at perplexity 3 from 1.3e5 units to 1e11 at
+    steps of 32 to 64.  By the median distance from the mean the layout spanned 6.9e4
+    units from one start, but from another the component of 432 of the 720 points, the
+    median point's, moved off with the median to 2.4e9 units.  Measured from the
+    coordinates' median, which lies in a component that holds most points, the trust
+    step stays that of the bulk: a layout of those components, the bulk a Gaussian blob
+    at the origin and the others 1e5 to 1e9 units out, gets steps that move no point
+    more than 10 x 3.6 units (the radius), where the mean's median distance would allow
+    10 x 1.4e8.  (The whole fit is no such bound: the PCA start of rotating_objects,
+    whose two leading singular values are equal, is any rotation of their plane, and
+    from the one an AVX2 EPYC VM gives the bulk's own pieces drift apart, to 6.5e10
+    units at KL 0.3236, where from the one of the VM this was measured on before it
+    spanned 3.5e5 units at KL 0.2906.)"""
     from gpuembed.optim.loop import TRUST_RADIUS, _slope_and_trust
 
     rng = np.random.default_rng(0)
