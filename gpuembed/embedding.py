@@ -181,7 +181,9 @@ n_iter_ : int
 history_ : list of dict
     One per layout from the start (iteration 0): "iter", "time" (seconds),
     "objective", "step", and the stage's "exaggeration" (TSNE) or
-    "smallest_perplexity" (MultiscaleSNE) where there are stages.
+    "smallest_perplexity" (MultiscaleSNE) where there are stages.  A stage
+    counts on from the iteration where the last ended, with a record of its
+    own objective at that layout; the last record's "iter" is n_iter_.
 n_features_in_ : int
     Features of the training data.
 """
@@ -431,6 +433,7 @@ class _Embedding(TransformerOutput, Params):
         if first.n_iter >= max_iter or (first.n_iter < stage and not first.converged):
             E, _ = objective.value_and_grad(first.X)
             return Result(first.X, E, first.n_iter, monitor.history)
+        monitor.offset = first.n_iter
         second = run(first.X, max_iter - first.n_iter, tol)
         second.n_iter += first.n_iter
         return second
@@ -1435,7 +1438,7 @@ class MultiscaleSNE(TransformerOutput, Params):
         total = 0
         for h in range(H - 1, -1, -1):               # largest scale first, then add smaller
             scales = M.perplexities[h:]
-            monitor.extra = {"smallest_perplexity": float(scales[0])}
+            monitor.extra, monitor.offset = {"smallest_perplexity": float(scales[0])}, total
             p = ld_precisions(scales, be.to_host(Y), U)
             objective = MultiscaleObjective(M.conditionals[h:], be, dtype, p, cost=self.cost,
                                             kappa=kappa, nbody=nbody)

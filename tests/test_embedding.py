@@ -1783,7 +1783,10 @@ def test_early_exaggeration_for_line_search_optimizers(small):
     model = fit(early_exaggeration=4.0, exaggeration_iter=20,
                 callbacks=[lambda it, t, e, Y: layouts.append(Y.copy())])
     stages = [h["exaggeration"] for h in model.history_]
-    assert stages == [4.0] * 21 + [1.0] * 41        # iterations 0-20, then 0-40 again
+    assert stages == [4.0] * 21 + [1.0] * 41
+    # Iterations 0-20, then 20-60: the plain stage counts on from the layout it starts
+    # at (it had counted from 0 again, and history's last iteration was not n_iter_).
+    assert [h["iter"] for h in model.history_] == list(range(21)) + list(range(20, 61))
     assert model.n_iter_ == 60
     # At the switch (same layout) the exaggerated value exceeds the plain one by
     # 3 sum p log(1 + d^2); objective_ is the plain value at the end.
@@ -2123,6 +2126,12 @@ def test_homotopy_follows_lambda_path(small):
     lambdas = [h["lambda"] for h in model.history_]
     assert lambdas == sorted(lambdas)
     np.testing.assert_allclose(sorted(set(lambdas)), homotopy_path(1 / 120, 4))
+    # The stages count on: each starts at the iteration where the last one ended (with
+    # a record of its start, at its own lambda), and the last record is n_iter_'s.
+    iterations = [h["iter"] for h in model.history_]
+    assert all(iterations[i] == iterations[i - 1] + (lambdas[i] == lambdas[i - 1])
+               for i in range(1, len(iterations)))
+    assert iterations[-1] == model.n_iter_
     for args, match in (((0.0, 4), "lambda_ must be > 0.0"), ((1.0, 0), "n_steps must be >= 1"),
                         ((1.0, 4, 2.0), "start_ratio must be")):
         with pytest.raises(ValueError, match=match):

@@ -604,6 +604,13 @@ def test_multiscale_sne_beats_single_scale_on_digits():
           f"t-SNE(30) {auc_tsne:.4f}")
     assert auc_ms >= auc_sne and auc_ms >= auc_tsne
     assert len(ms.history_) > 1 and ms.history_[-1]["smallest_perplexity"] == 2.0
+    # The stages (one per added scale) count on: each starts at the iteration where
+    # the last ended (they had each counted from 0).
+    scales = [h["smallest_perplexity"] for h in ms.history_]
+    iterations = [h["iter"] for h in ms.history_]
+    assert all(iterations[i] == iterations[i - 1] + (scales[i] == scales[i - 1])
+               for i in range(1, len(iterations)))
+    assert iterations[-1] == ms.n_iter_ and len(set(scales)) > 1
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -113,11 +113,15 @@ class Monitor:
         self.verbose = int(verbose)
         self.report_every = report_every
         self.extra = extra or {}
+        # Iterations of the stages before this one (a fit's exaggerated stage, the
+        # lambdas of a homotopy), so that history and callbacks count on across them.
+        self.offset = 0
         self.history = []
         self.start = time.perf_counter()
 
     def record(self, iteration, objective, step, X):
         """Returns True when a callback asks to stop."""
+        iteration += self.offset
         elapsed = time.perf_counter() - self.start
         self.history.append({"iter": iteration, "time": elapsed, "objective": objective,
                              "step": step, **self.extra})
@@ -370,7 +374,7 @@ def homotopy(objective, X0, direction="sd", *, lambdas, max_iter=1000, tol=1e-7,
     result = None
     for lam in lambdas:
         objective.lambda_ = float(lam)
-        monitor.extra = {"lambda": float(lam)}
+        monitor.extra, monitor.offset = {"lambda": float(lam)}, total
         result = minimize(objective, X, direction, max_iter=max_iter, tol=tol,
                           step_size=step_size, monitor=monitor,
                           direction_params=direction_params, schedule=schedule)
