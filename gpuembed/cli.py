@@ -415,8 +415,8 @@ def build_parser():
     embed.add_argument("-o", "--output", required=True,
                        help="the embedding, as .npy or .csv (rows of comma-separated numbers)")
     embed.add_argument("--n-components", type=int, default=2)
-    embed.add_argument("--labels", help=".npy, .csv or .txt file of labels, one per row of INPUT "
-                            "(for the accuracy and the plot)")
+    embed.add_argument("--labels", help=".npy, .csv or .txt file of labels, one per row of "
+                                        "INPUT (for the accuracy and the plot)")
     embed.add_argument("--plot", help="write a scatter plot here (PNG, or the format of the "
                                       "suffix: pdf, svg, ...)")
     _method_options(embed)
