@@ -266,12 +266,8 @@ def _load_csv(path):
     """Rows of numbers separated by commas, after an optional header line."""
     with open(path) as f:
         first = f.readline().split(",")
-    try:
-        np.array(first, dtype=np.float64)
-        header = 0
-    except ValueError:
-        header = 1
-    return np.loadtxt(path, delimiter=",", ndmin=2, skiprows=header)
+    header = not all(map(_is_number, first))
+    return np.loadtxt(path, delimiter=",", ndmin=2, skiprows=int(header))
 
 
 def _load_labels(path):
