@@ -34,9 +34,9 @@ MAX_BACKTRACKS = 40
 # step where a window of them went on to 236 (KL 2.282 against 2.258).
 STOP_WINDOW = 10
 # The line search fails at a trial that moves no point by more than this fraction of
-# the layout's radius (at least 1, as for TRUST_RADIUS), a move that single precision
-# cannot tell from no move.  Barnes-Hut's approximate gradient stops being a descent
-# direction of its approximate objective near the end of a fit: t-SNE's accepted
+# the layout's radius, a move that single precision cannot tell from no move.
+# Barnes-Hut's approximate gradient stops being a descent direction of its approximate
+# objective near the end of a fit: t-SNE's accepted
 # steps halved at every iteration, on Fashion-MNIST 5k from moves of 1e-5 of the
 # radius to 1e-13, and the last search halved 40 times, to 1e-24; on four 5k subsets
 # 9-22% of the evaluations went to moves below 1e-7.  Failing there the loop asks for
@@ -50,7 +50,10 @@ STOP_WINDOW = 10
 # accepted along the last one says nothing (L-BFGS's first direction from pairs
 # stopped multi-scale SNE that way, see Direction.restart); those EE fits, in
 # which converged directions shrank below their last steps, now end after 157,
-# 853, 114, 200 and 926 (1e-13 to 1e-10 lower).
+# 853, 114, 200 and 926 (1e-13 to 1e-10 lower).  The radius is the layout's own:
+# floored at 1, as for TRUST_RADIUS, it failed the first search of GD and L-BFGS from
+# a start of standard deviation 1e-6, whose gradient moves points by 1e-8 (1% of the
+# radius) at a unit step, and t-SNE and s-SNE came back at the start.
 MIN_MOVE = 1e-7
 # The stopping test asks for a renewal only where the line search has been cutting the
 # steps: the window's median accepted step (in units of the direction) below this.
@@ -155,7 +158,8 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
     the relative objective decrease per iteration, averaged over the last
     STOP_WINDOW iterations, falls below ``tol`` (unless the steps were cut, see
     STALL_STEP, and the direction renews its curvature model then, see
-    STOP_WINDOW; and not while the steps are still growing uncut from the first),
+    STOP_WINDOW; not while the steps are still growing uncut from the first, nor
+    after a step that lowered E by more than its slope predicted),
     or when the line search finds no decrease (unless the direction
     renews); after ``max_iter`` iterations; or when a callback returns True.
 
@@ -194,7 +198,7 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
         it += 1
         _set_accuracy(objective, schedule, it)
         P = d(X, G)
-        P, slope, trust = _descent(objective.be, d, X, G, P, is_layout)
+        P, slope, trust, floor = _descent(objective.be, d, X, G, P, is_layout)
         if step_size is not None:
             alpha = min(step_size, trust)
             X_new = X + alpha * P
@@ -204,7 +208,6 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
             alpha, retry = min(d.initial_step(step, grow), trust), d.retry_step()
             retry = None if retry is None else min(retry, trust)
             streak = 0 if grow else streak
-            floor = MIN_MOVE * trust / TRUST_RADIUS if math.isfinite(trust) else 0.0
             if alpha < floor:
                 # The direction shrank by orders of magnitude since the last step (a new
                 # scale that did not set Direction.restart): its own unit step, not none.
@@ -234,11 +237,17 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
         recent.append(E_new)
         steps.append(alpha)
         change = abs(recent[0] - E_new) / ((len(recent) - 1) * max(abs(E_new), 1e-300))
+        # A step that lowered E by more than its slope predicts met negative curvature:
+        # a saddle's flat region, however little E changed, is no minimum.  s-SNE's and
+        # SNE's FP from a start of 1e-3 (1,000 digits) lowered KL by 3e-6 of itself in
+        # its first (natural) step near X = 0, where E changes as |X|^2, and stopped
+        # there; the decreases grew 4-fold per iteration and left that region after 10.
+        concave = E - E_new > -alpha * slope
         X, E, G = X_new, E_new, G_new
         if monitor.record(it, E, alpha, X):
             return Result(X, E, it, monitor.history)
         hold = max(hold - 1, 0)
-        if change < tol and not hold and calibrated:
+        if change < tol and not hold and calibrated and not concave:
             if not (np.median(steps) < STALL_STEP and d.renew(STOP_WINDOW)):
                 return Result(X, E, it, monitor.history, converged=True)
             hold = STOP_WINDOW
@@ -246,17 +255,17 @@ def _minimize(objective, X0, direction, max_iter, tol, step_size, monitor, direc
 
 
 def _descent(be, d, X, G, P, layout):
-    """(P, its slope <G, P>, its trust step; see _slope_and_trust) where P is a descent
-    direction, else the same for the direction's retry (Direction.descent_retry) where
-    that is one, else for -G (_steepest_descent)."""
-    slope, trust = _slope_and_trust(be, X, G, P, layout)
+    """(P, its slope <G, P>, its trust and floor steps; see _slope_and_trust) where P
+    is a descent direction, else the same for the direction's retry
+    (Direction.descent_retry) where that is one, else for -G (_steepest_descent)."""
+    slope, trust, floor = _slope_and_trust(be, X, G, P, layout)
     if slope < 0:
-        return P, slope, trust
+        return P, slope, trust, floor
     retried = d.descent_retry(X, G)
     if retried is not None:
-        slope, trust = _slope_and_trust(be, X, G, retried, layout)
+        slope, trust, floor = _slope_and_trust(be, X, G, retried, layout)
         if slope < 0:
-            return retried, slope, trust
+            return retried, slope, trust, floor
     fallback = -G if d.gradient_units else _steepest_descent(be, G, P)
     return (fallback,) + _slope_and_trust(be, X, G, fallback, layout)
 
@@ -290,12 +299,13 @@ def _trial_steps(first, retry=None, floor=0.0):
 
 
 def _slope_and_trust(be, X, G, P, layout):
-    """<G, P> and the longest step along P that keeps every point within the trust
-    region (infinite unless X is a ``layout``); on the GPU in one host read (a read
-    waits for all the queued work)."""
+    """<G, P>, the longest step along P that keeps every point within the trust
+    region (infinite unless X is a ``layout``) and the shortest that moves a point by
+    MIN_MOVE of the layout's radius (0 unless a layout); on the GPU in one host read (a
+    read waits for all the queued work)."""
     xp = be.xp
     if not layout:
-        return float(xp.vdot(G, P)), math.inf
+        return float(xp.vdot(G, P)), math.inf, 0.0
     if xp is np:
         centre = [_median(X[:, k]) for k in range(X.shape[1])]   # partition copies
         radii, longest = trust_extent(X, P, np.array(centre, dtype=X.dtype))
@@ -305,7 +315,9 @@ def _slope_and_trust(be, X, G, P, layout):
         slope, radius, longest = be.host_floats(
             xp.vdot(G, P), xp.median(xp.sqrt(((X - centre) ** 2).sum(axis=1))),
             xp.sqrt((P * P).sum(axis=1)).max())
-    return slope, TRUST_RADIUS * max(radius, 1.0) / longest if longest > 0 else math.inf
+    if not longest > 0:
+        return slope, math.inf, 0.0
+    return slope, TRUST_RADIUS * max(radius, 1.0) / longest, MIN_MOVE * radius / longest
 
 
 def _median(a):
