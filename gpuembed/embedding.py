@@ -302,6 +302,12 @@ class _Embedding(TransformerOutput, Params):
                                     + "".join(f", {k}={v:g}" for k, v in chosen.items()))
         monitor = Monitor(self.callbacks, self.verbose)
         result = self._optimize(objective, X0, max_iter, tol, monitor)
+        if result.n_iter == 0 and result.converged and self.optimizer != "tsne":
+            warn(f"{type(self).__name__}: the first line search found no decrease, so the "
+                 "start is returned as it is (n_iter_ = 0): to working precision it is a "
+                 "stationary point of the objective (for t-SNE and s-SNE so is a start far "
+                 "inside the kernel's width, e.g. of standard deviation 1e-8); start wider "
+                 "or take optimizer='sd'")
         self.embedding_ = be.to_host(result.X)
         self.objective_ = float(result.objective)
         self.n_iter_ = int(result.n_iter)

@@ -1232,6 +1232,28 @@ def test_fixed_point_steps_leave_a_small_start(digits, cls):
     assert ge.metrics.knn_accuracy(model.embedding_, y) > 0.9
 
 
+def test_a_fit_that_cannot_leave_its_start_warns(digits):
+    """From a start of standard deviation 1e-8 a unit gradient step changes t-SNE's KL
+    by about 1e-16 of itself, below float64's resolution: GD's first line search
+    finds no decrease, and the start came back without a word (n_iter_ 0).  Now
+    it warns; SD leaves that start, and a refit from a converged layout takes a
+    few iterations, neither warning."""
+    import warnings
+
+    X = digits[0][:300]
+    be = ge.get_backend("cpu")
+    start = be.to_host(ge.embedding.initial_layout("pca", X, 2, be, np.float64, 1e-8, 0))
+    with pytest.warns(RuntimeWarning, match="first line search found no decrease"):
+        stuck = ge.TSNE(optimizer="gd", init=start, backend="cpu").fit(X)
+    np.testing.assert_array_equal(stuck.embedding_, start)
+    assert stuck.n_iter_ == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fitted = ge.TSNE(init=start, backend="cpu").fit(X)
+        assert fitted.n_iter_ > 20
+        assert ge.TSNE(init=fitted.embedding_, backend="cpu").fit(X).n_iter_ > 0
+
+
 @pytest.mark.parametrize("cls", [ge.TSNE, ge.SSNE])
 @pytest.mark.parametrize("optimizer", ["gd", "lbfgs", "cg"])
 @pytest.mark.parametrize("start", ["random", 1e-6])
