@@ -987,6 +987,23 @@ def test_same_seed_same_result(small):
     assert not np.allclose(a, c)
 
 
+@pytest.mark.parametrize("cls", [ge.TSNE, ge.EE])
+def test_same_seed_same_bits_on_a_connected_graph(backend, cls):
+    """Two float32 fits with one seed give the same bits on either backend where the
+    affinity graph is connected.  On an H200 (a38b0f6) two fits of ``small``, whose
+    graph has 3 components, differed (EE up to 2.7 after 50 iterations), the likely
+    cause SD's sums over each component (Spectral._component_sum), an atomic scatter
+    on the GPU whose order varies between runs; on a connected graph every sum of a
+    fit should have a fixed order (the attraction and N-body kernels, the CG's
+    reduction).  Not yet run on a GPU: if it fails there, another sum is atomic."""
+    X, _ = ge.datasets.swiss_roll(300, random_state=0)
+    A = ge.entropic_affinities(X, 20.0, backend="cpu")
+    assert scipy.sparse.csgraph.connected_components(A.P, directed=False)[0] == 1
+    a, b = (cls(affinities=A, init="random", random_state=1, max_iter=50, dtype=np.float32,
+                backend=backend.name).fit_transform(X) for _ in range(2))
+    np.testing.assert_array_equal(a, b)
+
+
 def test_cpu_results_do_not_depend_on_the_number_of_threads():
     """The same bits on 1 and 2 of numba's threads: SD's CG solve (its dot
     products), the attraction's value and multi-scale SNE's sweeps (exact and
