@@ -382,6 +382,26 @@ def test_sd_memory_is_bfgs_on_the_spectral_direction():
 
 
 @pytest.mark.gpu
+def test_gpu_component_sums_equal_the_cpu_ones(small):
+    """SD's sums over a graph's components (3 in ``small``): on the GPU a product with
+    their indicator in each dtype, which sums in a fixed order where an atomic
+    scatter did not; on both backends the sums by np.add.at."""
+    from gpuembed.optim import directions
+    X, _, A = small
+    V = np.random.default_rng(0).standard_normal((X.shape[0], 2))
+    for name in ("cpu", "gpu"):
+        be = ge.get_backend(name)
+        obj = objectives.make_objective("ee", be.sparse.csr_matrix(A.P), be, np.float64)
+        d = directions.Spectral(obj, be.asarray(X[:, :2]), solver="cg")
+        expected = np.zeros((3, 2))
+        np.add.at(expected, be.to_host(d.labels), V)
+        for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+            got = d._component_sum(be.asarray(V.astype(dtype)))
+            assert got.dtype == dtype and got.shape == (3, 2)
+            np.testing.assert_allclose(be.to_host(got), expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
 def test_gpu_sd_memory_matches_cpu():
     """The curvature pairs and the two-loop recursion on device arrays: the same
     directions as on the CPU, in float64, through CG solved tightly on both."""
@@ -988,17 +1008,22 @@ def test_same_seed_same_result(small):
 
 
 @pytest.mark.parametrize("cls", [ge.TSNE, ge.EE])
-def test_same_seed_same_bits_on_a_connected_graph(backend, cls):
-    """Two float32 fits with one seed give the same bits on either backend where the
-    affinity graph is connected.  On an H200 (a38b0f6) two fits of ``small``, whose
-    graph has 3 components, differed (EE up to 2.7 after 50 iterations), the likely
-    cause SD's sums over each component (Spectral._component_sum), an atomic scatter
-    on the GPU whose order varies between runs; on a connected graph every sum of a
-    fit should have a fixed order (the attraction and N-body kernels, the CG's
-    reduction).  Not yet run on a GPU: if it fails there, another sum is atomic."""
-    X, _ = ge.datasets.swiss_roll(300, random_state=0)
-    A = ge.entropic_affinities(X, 20.0, backend="cpu")
-    assert scipy.sparse.csgraph.connected_components(A.P, directed=False)[0] == 1
+@pytest.mark.parametrize("graph", ["connected", "3 components"])
+def test_same_seed_same_bits(small, backend, cls, graph):
+    """Two float32 fits with one seed give the same bits on either backend.  On an
+    H200 (a38b0f6) two fits of ``small``, whose graph has 3 components, differed
+    (EE up to 2.7 after 50 iterations): SD summed its direction over each component
+    by an atomic scatter there, whose order varies between runs; now by a product
+    (Spectral._component_sum), and every sum of a fit should have a fixed order
+    (the attraction and N-body kernels, the CG's reduction).  Not yet run on a
+    GPU since: if it fails there, another sum is atomic."""
+    if graph == "connected":
+        X, _ = ge.datasets.swiss_roll(300, random_state=0)
+        A = ge.entropic_affinities(X, 20.0, backend="cpu")
+    else:
+        X, _, A = small
+    components = scipy.sparse.csgraph.connected_components(A.P, directed=False)[0]
+    assert components == (1 if graph == "connected" else 3)
     a, b = (cls(affinities=A, init="random", random_state=1, max_iter=50, dtype=np.float32,
                 backend=backend.name).fit_transform(X) for _ in range(2))
     np.testing.assert_array_equal(a, b)
