@@ -1,6 +1,7 @@
 """Objectives of seed 002 section 1 against dense brute-force formulas and finite differences."""
 import numpy as np
 import pytest
+import scipy.sparse
 
 import gpuembed as ge
 from gpuembed import objectives
@@ -121,6 +122,30 @@ def test_gpu_attraction_kernel_equals_the_array_code(d):
 
 
 @pytest.mark.gpu
+def test_gpu_transposed_laplacian_product_equals_the_cpu_one():
+    """sum_m w_mn (x_n - x_m) on a conditional (non-symmetric) pattern, with rows and
+    columns of uneven lengths and an empty row: on the GPU from the transposed
+    pattern built once (cuSPARSE's transposed product sums in another order at
+    every run), the CPU's W^T product to rounding."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((200, 5))
+    P = ge.entropic_affinities(X, 10.0, symmetrize=False, backend="cpu").P.tolil()
+    P[7, :] = 0.0
+    P = P.tocsr()
+    P.eliminate_zeros()
+    w = rng.uniform(0.5, 2.0, P.nnz)
+    Y = rng.standard_normal((200, 2))
+    cpu, gpu = ge.get_backend("cpu"), ge.get_backend("gpu")
+    expected = objectives.base.PairSet(cpu, P, np.float64).laplacian_times(w, Y, transpose=True)
+    pairs = objectives.base.PairSet(gpu, gpu.sparse.csr_matrix(P), np.float64)
+    got = gpu.to_host(pairs.laplacian_times(gpu.asarray(w), gpu.asarray(Y), transpose=True))
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12 * np.abs(expected).max())
+    W = scipy.sparse.csr_matrix((w, P.indices, P.indptr), shape=P.shape)
+    reference = np.asarray(W.sum(axis=0)).ravel()[:, None] * Y - W.T @ Y
+    np.testing.assert_allclose(expected, reference, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
 def test_objectives_read_the_device_once_per_evaluation(problem):
     """Each host read waits for all the device's queued work: the attraction's value
     and the normalization come back together.  Counted on the CUDA emulator (exact
@@ -157,11 +182,11 @@ def test_compiled_edge_distances_equal_the_array_code_and_brute_force(problem, d
         brute = ((Y[coo.row].astype(np.float64) - Y[coo.col]) ** 2).sum(axis=1)
         np.testing.assert_allclose(d2, brute, rtol=1e-12 if dtype == np.float64 else 1e-6)
 
+
 def test_pair_set_copies_affinities_unless_owned_and_canonical():
     """PairSet keeps a matrix it owns in canonical form as it is (multi-scale SNE's
     mean affinities, made for it); any other it copies, so that summing duplicates
     and sorting indices never reach the caller's arrays."""
-    import scipy.sparse
     be = ge.get_backend("cpu")
     canonical = scipy.sparse.random(30, 30, density=0.3, format="csr", random_state=0)
     owned = objectives.base.PairSet(be, canonical, np.float64, owned=True)

@@ -110,11 +110,28 @@ class PairSet:
     def laplacian_times(self, w, X, transpose=False):
         """sum_m w_nm (x_n - x_m) for edge weights w on P's pattern, or with W^T
         (sum_m w_mn (x_n - x_m)) if ``transpose``."""
-        W = self.weights(w)
-        if transpose:
-            W = W.T
+        if not transpose:
+            W = self.weights(w)
+        elif self.be.is_gpu:
+            # W^T in CSR from the transposed pattern: cuSPARSE's product with a
+            # transposed matrix sums in another order at every run.
+            order, indices, indptr = self._transposed
+            W = self.be.sparse.csr_matrix((w[order], indices, indptr), shape=self.P.shape)
+        else:
+            W = self.weights(w).T
         degree = self.be.xp.asarray(W.sum(axis=1)).ravel()
         return degree[:, None] * X - W @ X
+
+    @functools.cached_property
+    def _transposed(self):
+        """(order, indices, indptr): the CSR pattern of P^T, whose k-th entry is the
+        edge order[k] of P."""
+        xp, nnz = self.be.xp, self.p.size
+        ids = self.be.sparse.csr_matrix((xp.arange(1, nnz + 1, dtype=xp.float64),
+                                         self.P.indices, self.P.indptr), shape=self.P.shape)
+        T = ids.T.tocsr()
+        T.sort_indices()
+        return T.data.astype(xp.int64) - 1, T.indices, T.indptr
 
     def xx_diagonal(self, w, X):
         """sum_m w_nm (x_in - x_im)^2 over the edges, for every n and dimension i."""
