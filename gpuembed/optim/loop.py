@@ -36,24 +36,24 @@ STOP_WINDOW = 10
 # The line search fails at a trial that moves no point by more than this fraction of
 # the layout's radius, a move that single precision cannot tell from no move.
 # Barnes-Hut's approximate gradient stops being a descent direction of its approximate
-# objective near the end of a fit: t-SNE's accepted
-# steps halved at every iteration, on Fashion-MNIST 5k from moves of 1e-5 of the
-# radius to 1e-13, and the last search halved 40 times, to 1e-24; on four 5k subsets
-# 9-22% of the evaluations went to moves below 1e-7.  Failing there the loop asks for
-# a renewal sooner (whose search starts afresh, Spectral.renew) or stops: those fits
-# and two of three 20k ones reached their old final KL 5-15% sooner, 70k 5% sooner,
-# and most went on to lower KL.  Default fits with exact sums took no step below 2e-5;
-# fixed-length ones (tol=0) end at the floor once converged: EE on rotating_objects by
-# SD, FP, L-BFGS, CG and GD after 146, 817, 101, 225 and 926 of 1,000 iterations, at
-# their former final objectives to 10 digits.  A first trial below the floor is
-# replaced by step 1: where a direction shrinks by orders of magnitude, the step
-# accepted along the last one says nothing (L-BFGS's first direction from pairs
-# stopped multi-scale SNE that way, see Direction.restart); those EE fits, in
-# which converged directions shrank below their last steps, now end after 157,
-# 853, 114, 200 and 926 (1e-13 to 1e-10 lower).  The radius is the layout's own:
-# floored at 1, as for TRUST_RADIUS, it failed the first search of GD and L-BFGS from
-# a start of standard deviation 1e-6, whose gradient moves points by 1e-8 (1% of the
-# radius) at a unit step, and t-SNE and s-SNE came back at the start.
+# objective near the end of a fit: t-SNE's accepted steps halved at every iteration,
+# on Fashion-MNIST 5k from moves of 1e-5 of the radius to 1e-13, and the last search
+# halved 40 times, to 1e-24; on four 5k subsets 9-22% of the evaluations went to moves
+# below 1e-7.  Failing there the loop asks for a renewal sooner (whose search starts
+# afresh, Spectral.renew) or stops: those fits and two of three 20k ones reached their
+# old final KL 5-15% sooner, 70k 5% sooner, and most went on to lower KL.  Default fits
+# with exact sums took no step below 2e-5; fixed-length ones (tol=0) end at the floor
+# once converged: EE on rotating_objects by SD, FP, L-BFGS, CG and GD after 146, 817,
+# 101, 225 and 926 of 1,000 iterations, at their former final objectives to 10
+# digits.  A first trial below the floor is replaced by step 1: where a direction
+# shrinks by orders of magnitude, the step accepted along the last one says nothing
+# (L-BFGS's first direction from pairs stopped multi-scale SNE that way, see
+# Direction.restart); those EE fits, in which converged directions shrank below their
+# last steps, now end after 157, 853, 114, 200 and 926 (1e-13 to 1e-10 lower).  The
+# radius is the layout's own: floored at 1, as for TRUST_RADIUS, it failed the first
+# search of GD and L-BFGS from a start of standard deviation 1e-6, whose gradient
+# moves points by 1e-8 (1% of the radius) at a unit step, and t-SNE and s-SNE came
+# back at the start.
 MIN_MOVE = 1e-7
 # The stopping test asks for a renewal only where the line search has been cutting the
 # steps: the window's median accepted step (in units of the direction) below this.
