@@ -1257,6 +1257,19 @@ def test_stopping_test_waits_while_the_objective_is_concave_along_the_step():
     assert float((result.X * result.X).sum()) == pytest.approx(1.0, rel=1e-3)
 
 
+def _pca_start(X, std):
+    """The PCA start of X scaled to standard deviation ``std``, as an init array."""
+    be = ge.get_backend("cpu")
+    return be.to_host(ge.embedding.initial_layout("pca", X, 2, be, np.float64, std, 0))
+
+
+def _assert_left_the_start(model, y):
+    """A fit that went on from its start: iterations, a lower KL, classes apart."""
+    assert model.n_iter_ > 50
+    assert model.objective_ < 0.4 * model.history_[0]["objective"]
+    assert ge.metrics.knn_accuracy(model.embedding_, y) > 0.9
+
+
 @pytest.mark.parametrize("cls", [ge.SSNE, ge.SNE])
 def test_fixed_point_steps_leave_a_small_start(digits, cls):
     """FP's natural step from a start of standard deviation 1e-3 (the flat region
@@ -1266,12 +1279,9 @@ def test_fixed_point_steps_leave_a_small_start(digits, cls):
     s-SNE ends at 1.140 after 108 iterations, SNE at 1177.9 after 184 (from the
     default start 1.145 and 1184.0)."""
     X, y = digits[0][:1000], digits[1][:1000]
-    be = ge.get_backend("cpu")
-    start = be.to_host(ge.embedding.initial_layout("pca", X, 2, be, np.float64, 1e-3, 0))
-    model = cls(init=start, optimizer="fp", random_state=0, backend="cpu").fit(X)
-    assert model.n_iter_ > 50
-    assert model.objective_ < 0.4 * model.history_[0]["objective"]
-    assert ge.metrics.knn_accuracy(model.embedding_, y) > 0.9
+    model = cls(init=_pca_start(X, 1e-3), optimizer="fp", random_state=0,
+                backend="cpu").fit(X)
+    _assert_left_the_start(model, y)
 
 
 def test_a_fit_that_cannot_leave_its_start_warns(digits):
@@ -1283,8 +1293,7 @@ def test_a_fit_that_cannot_leave_its_start_warns(digits):
     import warnings
 
     X = digits[0][:300]
-    be = ge.get_backend("cpu")
-    start = be.to_host(ge.embedding.initial_layout("pca", X, 2, be, np.float64, 1e-8, 0))
+    start = _pca_start(X, 1e-8)
     with pytest.warns(RuntimeWarning, match="first line search found no decrease"):
         stuck = ge.TSNE(optimizer="gd", init=start, backend="cpu").fit(X)
     np.testing.assert_array_equal(stuck.embedding_, start)
@@ -1310,14 +1319,10 @@ def test_gradient_steps_leave_a_random_start(digits, cls, optimizer, start):
     of the layout's radius), floored at 1 as the trust region's radius is, refused
     the unit step, which moves points by 1e-8."""
     X, y = digits[0][:1000], digits[1][:1000]
-    if start != "random":
-        be = ge.get_backend("cpu")
-        start = be.to_host(ge.embedding.initial_layout("pca", X, 2, be, np.float64, start, 0))
-    model = cls(init=start, optimizer=optimizer, max_iter=100, random_state=0,
+    init = start if start == "random" else _pca_start(X, start)
+    model = cls(init=init, optimizer=optimizer, max_iter=100, random_state=0,
                 backend="cpu").fit(X)
-    assert model.n_iter_ > 50
-    assert model.objective_ < 0.4 * model.history_[0]["objective"]
-    assert ge.metrics.knn_accuracy(model.embedding_, y) > 0.9
+    _assert_left_the_start(model, y)
 
 
 def test_classic_optimizer_warns_of_a_wide_start(small):

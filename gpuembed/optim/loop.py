@@ -159,9 +159,9 @@ def minimize(objective, X0, direction="sd", *, max_iter=1000, tol=1e-7, step_siz
     STOP_WINDOW iterations, falls below ``tol`` (unless the steps were cut, see
     STALL_STEP, and the direction renews its curvature model then, see
     STOP_WINDOW; not while the steps are still growing uncut from the first, nor
-    after a step that lowered E by more than its slope predicted),
-    or when the line search finds no decrease (unless the direction
-    renews); after ``max_iter`` iterations; or when a callback returns True.
+    after a step that lowered E by more than its slope predicted), or when the
+    line search finds no decrease (unless the direction renews); after
+    ``max_iter`` iterations; or when a callback returns True.
 
     ``serial_blas``: run NumPy's BLAS on one thread meanwhile (see
     Backend.serial_blas); False for objectives whose evaluation is mostly BLAS.
