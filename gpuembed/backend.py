@@ -185,7 +185,10 @@ class Backend:
         return _serial_blas_section()
 
     def scatter_add(self, target, indices, values):
-        """``target[indices] += values`` with repeated indices accumulated."""
+        """``target[indices] += values`` with repeated indices accumulated.  On the
+        GPU by atomic additions, whose order (and so the last bits of a float sum)
+        changes from run to run: the fits sum in a fixed order instead
+        (PairSet.row_sums, Spectral._component_sum)."""
         if self.xp is not np:
             self.xp.add.at(target, indices, values)     # (cupyx.scatter_add is deprecated)
             return target

@@ -134,10 +134,14 @@ class PairSet:
         return T.data.astype(xp.int64) - 1, T.indices, T.indptr
 
     def xx_diagonal(self, w, X):
-        """sum_m w_nm (x_in - x_im)^2 over the edges, for every n and dimension i."""
-        diff = X[self.rows] - X[self.cols]
-        out = self.be.xp.zeros_like(X)
-        self.be.scatter_add(out, self.rows, w[:, None] * diff * diff)
+        """sum_m w_nm (x_in - x_im)^2 over the edges, for every n and dimension i: row
+        sums on P's pattern, whose order is fixed (a scatter's atomic additions on
+        the GPU come in another order at every run)."""
+        out = self.be.xp.empty_like(X)
+        for i in range(X.shape[1]):
+            x = X[:, i]
+            diff = x[self.rows] - x[self.cols]
+            out[:, i] = self.row_sums(w * diff * diff)
         return out
 
     def entropy_term(self):

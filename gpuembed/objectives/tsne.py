@@ -74,12 +74,11 @@ class TSNEObjective(Objective):
     def hessian_diagonal(self, X):
         # 4 L_nn + 8 L^xx_{in,in} - 16 (X L^q)_in^2 with w = (p - q) K, w^q = -q K,
         # w^xx = -(p - 2q) K^2: the p part lives on the sparse edges.
-        xp, pairs = self.be.xp, self.pairs
+        pairs = self.pairs
         K_edge = 1.0 / (1.0 + pairs.sqdist(X))
         (S1, _), (S2, SX2) = self.sums(X, ("student", "student2"))
         Z = float(S1.sum())
-        attract = xp.zeros(self.n, dtype=X.dtype)
-        self.be.scatter_add(attract, pairs.rows, pairs.p * K_edge)
+        attract = pairs.row_sums(pairs.p * K_edge)
         xlq = (S2[:, None] * X - SX2) / Z
         xx = self.xx_times(X, self.xx_coefficients(X)) - 8.0 * pairs.xx_diagonal(
             pairs.p * K_edge * K_edge, X)
