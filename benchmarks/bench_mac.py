@@ -20,7 +20,13 @@
    (first N points after PCA to 50), Barnes-Hut sums for MAC's Z step and for
    the chain rule's gradient; MAC also with one iteration per Z step, and one
    more MAC fit of each timed by phase (``mac_phases``).
-6. ``msne``: parametric multi-scale SNE (``ParametricEmbedding(MultiscaleSNE(),
+6. ``mlp-kernels`` (``--backend gpu``): the MLP's minibatch products on the mlp
+   part's shapes (1,000 rows, 50-256-256-2): kernels/mlp.cu's GEMM with each
+   operand as back-propagation reads it (stored or a transposed view) against
+   CuPy's matmul (cuBLAS, which a CUDA graph capture refuses), and its column
+   sums against CuPy's; microseconds per call, the best of REPEATS runs of
+   ``--kernel-calls`` calls.
+7. ``msne``: parametric multi-scale SNE (``ParametricEmbedding(MultiscaleSNE(),
    "mlp")``) against parametric t-SNE with the same MLP, on Fashion-MNIST (the
    first N points after PCA to 50, the last fifth held out): P(F), log-K AUC
    of R_NX of the training layout and of the held-out points' F(Y), their
@@ -332,6 +338,60 @@ def plot(data, path, title):
     print(f"wrote {path}")
 
 
+REPEATS = 5
+
+
+def minibatch_products(rows, sizes):
+    """(label, M, K, N, which operands are transposed views) of each product of a
+    minibatch step of ``rows`` rows through a net of layer ``sizes``: forward,
+    then back-propagation's weight gradients A^T delta and deltas delta W^T."""
+    last = len(sizes) - 2
+    products = [(f"forward {i + 1}", rows, a, b, "") for i, (a, b) in
+                enumerate(zip(sizes[:-1], sizes[1:]))]
+    for i in range(last, -1, -1):
+        products.append((f"dW{i + 1} = A^T delta", sizes[i], rows, sizes[i + 1], "A"))
+        if i:
+            products.append((f"delta{i} = delta W{i + 1}^T", rows, sizes[i + 1], sizes[i], "B"))
+    return products
+
+
+def mlp_kernels(be, rows, calls):
+    """Microseconds per call of each product of the mlp part's minibatch step (its
+    network on 50-D input) by kernels/mlp.cu and by CuPy's matmul, and of the bias
+    gradients' column sums (float32)."""
+    from gpuembed.parametric.mappings import column_sums, gemm
+    xp, sync, rng = be.xp, device_sync(be), np.random.default_rng(0)
+    sizes = (50,) + MLP["hidden"] + (2,)
+
+    def per_call(fn):
+        fn()
+        seconds, _ = best_time(lambda: [fn() for _ in range(calls)], REPEATS, sync)
+        return round(seconds / calls * 1e6, 2)
+
+    def operand(m, n, transposed):
+        # A transposed view reads the stored transpose, as back-propagation's A^T, W^T.
+        A = rng.normal(size=(m, n)).astype(np.float32)
+        return be.asarray(A.T.copy()).T if transposed else be.asarray(A)
+    products = []
+    for label, M, K, N, views in minibatch_products(rows, sizes):
+        A, B = operand(M, K, "A" in views), operand(K, N, "B" in views)
+        out = xp.empty((M, N), dtype=np.float32)
+        products.append({"product": label, "M": M, "K": K, "N": N, "transposed": views,
+                         "gemm_us": per_call(lambda: gemm(A, B, out)),
+                         "cupy_matmul_us": per_call(lambda: xp.matmul(A, B, out=out))})
+        print(products[-1], flush=True)
+    sums = []
+    for cols in sorted(set(sizes[1:])):
+        D, out = operand(rows, cols, False), xp.empty(cols, dtype=np.float32)
+        sums.append({"rows": rows, "cols": cols,
+                     "column_sums_us": per_call(lambda: column_sums(D, out)),
+                     "cupy_sum_us": per_call(lambda: D.sum(axis=0, out=out))})
+        print(sums[-1], flush=True)
+    return {"rows": rows, "sizes": sizes, "products": products, "column_sums": sums,
+            "gemm_total_us": round(sum(r["gemm_us"] for r in products), 2),
+            "cupy_matmul_total_us": round(sum(r["cupy_matmul_us"] for r in products), 2)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="cost,linear,mlp")
@@ -347,6 +407,8 @@ def main():
     parser.add_argument("--mlp-params", type=json.loads, default={},
                         help="JSON object of MLPMapping parameters over the mlp and msne "
                              "parts' network")
+    parser.add_argument("--kernel-calls", type=int, default=100,
+                        help="the mlp-kernels part's calls per timing")
     parser.add_argument("--suffix", default="")
     parser.add_argument("--backend", default="cpu")
     args = parser.parse_args()
@@ -405,6 +467,8 @@ def main():
         record("tsne_mlp_fashion_mnist", {"n": args.mlp_n, "mlp": mlp, **data, "phases": phases})
         plot(data, RESULTS / f"mac_mlp{args.suffix}.png",
              f"t-SNE + MLP, Fashion-MNIST {args.mlp_n}")
+    if "mlp-kernels" in parts:
+        record("mlp_kernels", mlp_kernels(be, MLP_TSNE["batch_size"], args.kernel_calls))
     if "msne" in parts:
         X, labels = ge.datasets.fashion_mnist()
         Y = pca(X[: args.msne_n].astype(np.float64), 50)

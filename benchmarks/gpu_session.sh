@@ -10,7 +10,8 @@
 #                                             # 70k from the data (k-NN and affinities included)
 #   bash benchmarks/gpu_session.sh spectral   # LLL / LE(Z) / Nystrom vs exact LE, segmentation
 #   bash benchmarks/gpu_session.sh mac        # parametric embeddings: MAC vs chain rule (its
-#                                             # mlp part with 3 and 1 Z-step iterations)
+#                                             # mlp part with 3 and 1 Z-step iterations;
+#                                             # first the MLP's minibatch products, a few s)
 #   bash benchmarks/gpu_session.sh mac-batch100  # its mlp part with the network before
 #                                                # 3af50d1 (minibatches of 100), side by side
 #   bash benchmarks/gpu_session.sh msne       # multi-scale SNE vs t-SNE, R_NX AUC
@@ -131,7 +132,7 @@ spectral)
     ;;
 mac)
     (cd benchmarks &&
-     python3 bench_mac.py --backend gpu --parts cost,linear,linear-fmnist,mlp \
+     python3 bench_mac.py --backend gpu --parts mlp-kernels,cost,linear,linear-fmnist,mlp \
          --exact-max-n 50000 --suffix _gpu) 2>&1 | tee "$out/gpu_mac.log"
     ;;
 mac-batch100)

@@ -37,26 +37,38 @@ __global__ void scaled_residual(T* __restrict__ O, const T* __restrict__ Z, long
 // The minibatch steps' products and bias gradients, in place of cuBLAS and CuPy's
 // reduction: CuPy refuses cuBLAS calls while a stream captures a CUDA graph, and
 // MLPMapping.fit replays its steps from graphs.  The operands are a minibatch
-// (about 100 rows) against a layer's weights, small enough that 16 x 16 tiles
-// fill the GPU poorly but cost no more than the launches they replace.
+// (100 rows by default; 1,000 in MAC's t-SNE benchmark, where a step's products
+// are about 0.45 GFLOP) against a layer's weights.  Plain 16 x 16 tiles, not yet
+// measured against cuBLAS on those shapes.
 #define GEMM_TILE 16
 
 // C (M x N, row-major) = A B, A (M x K) and B (K x N) read through element strides
 // (row, column), so that the transposed views of back-propagation (A^T, W^T) are
 // read in place.  A block per 16 x 16 tile of C, the sums over k in tiles of 16
-// staged in shared memory, each in ascending k.
+// staged in shared memory, each in ascending k.  Each tile is loaded with the
+// threads of a warp along the operand's contiguous direction: by rows, the
+// loads of a transposed view (dW = A^T delta over a minibatch of 1,000 rows,
+// delta W^T) were 16 words 256 apart, one memory transaction each.
 template <typename T>
 __global__ void gemm(const T* __restrict__ A, long long a_row, long long a_col,
                      const T* __restrict__ B, long long b_row, long long b_col,
                      T* __restrict__ C, int M, int N, int K) {
-    __shared__ T As[GEMM_TILE][GEMM_TILE];
+    // Padded rows: a tile loaded across (tx the row) hits 16 distinct banks.
+    __shared__ T As[GEMM_TILE][GEMM_TILE + 1];
     __shared__ T Bs[GEMM_TILE][GEMM_TILE + 1];
     const int ty = threadIdx.y, tx = threadIdx.x;
-    const int i = blockIdx.y * GEMM_TILE + ty, j = blockIdx.x * GEMM_TILE + tx;
+    const int i0 = blockIdx.y * GEMM_TILE, j0 = blockIdx.x * GEMM_TILE;
+    const int i = i0 + ty, j = j0 + tx;
+    // (r, c) of the element this thread loads: along the contiguous direction.
+    const bool a_columns = a_row == 1 && a_col != 1, b_columns = b_row == 1 && b_col != 1;
+    const int ar = a_columns ? tx : ty, ac = a_columns ? ty : tx;
+    const int br = b_columns ? tx : ty, bc = b_columns ? ty : tx;
     T sum = 0;
     for (int k0 = 0; k0 < K; k0 += GEMM_TILE) {
-        As[ty][tx] = i < M && k0 + tx < K ? A[i * a_row + (k0 + tx) * a_col] : (T)0;
-        Bs[ty][tx] = k0 + ty < K && j < N ? B[(k0 + ty) * b_row + j * b_col] : (T)0;
+        As[ar][ac] = i0 + ar < M && k0 + ac < K ? A[(i0 + ar) * a_row + (k0 + ac) * a_col]
+                                                 : (T)0;
+        Bs[br][bc] = k0 + br < K && j0 + bc < N ? B[(k0 + br) * b_row + (j0 + bc) * b_col]
+                                                 : (T)0;
         __syncthreads();
         for (int k = 0; k < GEMM_TILE; ++k) sum += As[ty][k] * Bs[k][tx];
         __syncthreads();
@@ -64,15 +76,27 @@ __global__ void gemm(const T* __restrict__ A, long long a_row, long long a_col,
     if (i < M && j < N) C[(long long)i * N + j] = sum;
 }
 
-// out[j] = sum_i D[i, j] over the rows of D (rows x cols, row-major), in
-// ascending i: a thread per column.
+// out[j] = sum_i D[i, j] over the rows of D (rows x cols, row-major): a block of
+// SUM_COLUMNS x SUM_STRIPES threads per SUM_COLUMNS columns, thread (x, y) summing
+// rows y, y + SUM_STRIPES, ... in ascending order, then the stripes' sums added in
+// ascending y (a fixed order).  A thread per column made a bias gradient over a
+// minibatch of 1,000 rows a chain of 1,000 dependent additions on one block.
+#define SUM_COLUMNS 32
+#define SUM_STRIPES 8
 template <typename T>
 __global__ void column_sums(const T* __restrict__ D, T* __restrict__ out, int rows, int cols) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= cols) return;
+    __shared__ T stripes[SUM_STRIPES][SUM_COLUMNS];
+    const int x = threadIdx.x, y = threadIdx.y, j = blockIdx.x * SUM_COLUMNS + x;
     T sum = 0;
-    for (int i = 0; i < rows; ++i) sum += D[(long long)i * cols + j];
-    out[j] = sum;
+    if (j < cols) {
+        for (int i = y; i < rows; i += SUM_STRIPES) sum += D[(long long)i * cols + j];
+    }
+    stripes[y][x] = sum;
+    __syncthreads();
+    if (y == 0 && j < cols) {
+        for (int s = 1; s < SUM_STRIPES; ++s) sum += stripes[s][x];
+        out[j] = sum;
+    }
 }
 
 template __global__ void gemm<float>(const float*, long long, long long, const float*, long long,

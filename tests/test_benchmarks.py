@@ -37,9 +37,9 @@ RUNS = [
      ["fashion_mnist"]),
     (["bench_nbody.py", "--parts", "scaling,accuracy,tree", "--max-n", "1500",
       "--exact-max-n", "1500"], "nbody", ["scaling", "accuracy", "tree"], []),
-    (["bench_mac.py", "--parts", "cost,linear", "--max-n", "1000", "--exact-max-n", "500",
-      "--linear-n", "300", "--chain-iter", "3"], "mac", ["cost", "linear_ee_rotating_objects"],
-     []),
+    (["bench_mac.py", "--parts", "cost,linear,mlp-kernels", "--max-n", "1000",
+      "--exact-max-n", "500", "--linear-n", "300", "--chain-iter", "3", "--kernel-calls", "1"],
+     "mac", ["cost", "linear_ee_rotating_objects", "mlp_kernels"], []),
     (["bench_segmentation.py", "--step", "16"], "segmentation", ["pixels"], ["PIL"]),
     (["bench_embedding.py", "--coil", "1"], "embedding_coil1", ["coil"], []),
 ]

@@ -831,7 +831,8 @@ def test_mlp_gemm_and_column_sums_kernels_match_numpy(rng, dtype, rel):
     """kernels/mlp.cu's product on shapes that its 16 x 16 tiles do not divide
     (one row, two columns, a minibatch against a 256-wide layer), each operand as
     stored and as the transposed view of its transpose (back-propagation's A^T and
-    W^T, read in place), and its column sums."""
+    W^T, read in place, and loaded along their columns), and its column sums.  The
+    layouts change how a tile is loaded, not the order of the sums: the same bits."""
     from gpuembed.parametric.mappings import column_sums, gemm
     gpu = get_backend("gpu")
     for M, K, N in ((37, 53, 29), (100, 256, 256), (1, 5, 3), (300, 17, 2)):
@@ -839,13 +840,16 @@ def test_mlp_gemm_and_column_sums_kernels_match_numpy(rng, dtype, rel):
         want = A @ B
         As, Bs = gpu.asarray(A), gpu.asarray(B)
         At, Bt = gpu.asarray(A.T.copy()).T, gpu.asarray(B.T.copy()).T
-        for a, b in ((As, Bs), (At, Bs), (As, Bt), (At, Bt)):
-            got = gemm(a, b, gpu.xp.empty((M, N), dtype=dtype))
-            np.testing.assert_allclose(gpu.to_host(got), want, rtol=rel,
-                                       atol=rel * np.abs(want).max())
-    D = rng.normal(size=(70, 300)).astype(dtype)
-    got = column_sums(gpu.asarray(D), gpu.xp.empty(300, dtype=dtype))
-    np.testing.assert_allclose(gpu.to_host(got), D.sum(axis=0), rtol=rel, atol=rel * 10)
+        products = [gpu.to_host(gemm(a, b, gpu.xp.empty((M, N), dtype=dtype)))
+                    for a, b in ((As, Bs), (At, Bs), (As, Bt), (At, Bt))]
+        np.testing.assert_allclose(products[0], want, rtol=rel, atol=rel * np.abs(want).max())
+        for got in products[1:]:
+            np.testing.assert_array_equal(got, products[0])
+    # Columns beyond a block's 32, rows fewer than its 8 stripes.
+    for rows, cols in ((70, 300), (3, 40)):
+        D = rng.normal(size=(rows, cols)).astype(dtype)
+        got = column_sums(gpu.asarray(D), gpu.xp.empty(cols, dtype=dtype))
+        np.testing.assert_allclose(gpu.to_host(got), D.sum(axis=0), rtol=rel, atol=rel * 10)
 
 
 @pytest.mark.gpu

@@ -285,6 +285,10 @@ def gemm(A, B, out):
     return out
 
 
+# kernels/mlp.cu's column-sum block: SUM_COLUMNS columns by SUM_STRIPES row stripes.
+SUM_COLUMNS, SUM_STRIPES = 32, 8
+
+
 def column_sums(D, out):
     """out <- D.sum(axis=0) for a C-contiguous D; one launch of kernels/mlp.cu on
     the GPU (capturable, as :func:`gemm`)."""
@@ -292,7 +296,7 @@ def column_sums(D, out):
         return D.sum(axis=0, out=out)
     rows, cols = D.shape
     get_backend("gpu").kernel("mlp.cu", "column_sums", D.dtype)(
-        (-(-cols // ELEMENTWISE_BLOCK),), (ELEMENTWISE_BLOCK,),
+        (-(-cols // SUM_COLUMNS),), (SUM_COLUMNS, SUM_STRIPES),
         (D, out, np.int32(rows), np.int32(cols)))
     return out
 
