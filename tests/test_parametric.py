@@ -923,9 +923,10 @@ def test_mac_gpu_matches_cpu(mapping, rel):
     the CPU only, and a different free embedding moves P(F) by 1e-3) and without
     EE's default curvature pairs (from iteration 51 on they amplify the backends'
     different rounding to 1e-3 in P(F) as well).  The MLP's minibatch steps may
-    amplify the GPU's different rounding a little."""
+    amplify the GPU's different rounding a little; 30 per F step (the default's 500
+    took 15 s on the CUDA emulator)."""
     X, _ = ge.datasets.swiss_roll(300, random_state=0)
-    params = {"rbf": {"n_centers": 30}, "mlp": {"hidden": (16,), "initial_epochs": 5},
+    params = {"rbf": {"n_centers": 30}, "mlp": {"hidden": (16,), "initial_epochs": 5, "epochs": 10},
               "linear": {}}[mapping]
     runs = [ge.ParametricEmbedding(ge.EE(backend=b, dtype=np.float64, random_state=0,
                                          sd_solver="cg", sd_memory=0), mapping,
