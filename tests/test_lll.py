@@ -1036,10 +1036,12 @@ def test_landmark_functions_gpu_equal_cpu(digits):
 
 
 def test_graph_landmark_neighbours_against_brute_force(rng):
-    """z_neighbors="graph": each point's kz nearest of the landmarks within 2 hops
-    on the graph (reach from powers of the adjacency), ascending; rows with fewer
-    take those within 3 hops, and rows with fewer still the input-space search's
-    kz nearest of all landmarks; a new point walks from its seed."""
+    """z_neighbors="graph": each point's kz landmarks closest along the graph by
+    paths of at most 2 edges, a path's score the product of its affinities (the
+    seed itself first), with their squared distances ascending; rows with fewer
+    take paths of 3 edges, and rows with fewer still the input-space search's kz
+    nearest of all landmarks; a new point walks from its seed.  Scores by dense
+    max-product matrix products (the same products: rounding keeps their order)."""
     from gpuembed.spectral.lll import graph_landmark_neighbours
 
     n, kz = 300, 5
@@ -1047,23 +1049,29 @@ def test_graph_landmark_neighbours_against_brute_force(rng):
     X[-10:] += 100                          # a separate group that holds one landmark
     graph = ge.spectral.affinity_graph(X, 4, sigma=1.0, backend="cpu")
     landmarks = np.append(rng.choice(n - 10, 79, replace=False), n - 5)
-    adjacency = (graph != 0).astype(np.int64) + scipy.sparse.identity(n, dtype=np.int64)
-    reach2 = (adjacency @ adjacency).toarray() > 0
-    reach3 = (adjacency @ adjacency @ adjacency).toarray() > 0
+    W = graph.toarray()
     Q, seeds = X + 0.01 * rng.standard_normal(X.shape), rng.integers(n, size=n)
     sqdist, nearest = graph_landmark_neighbours(Q, seeds, X, landmarks, graph, kz,
                                                 backend="cpu")
     all_sq = ((Q[:, None, :] - X[landmarks][None]) ** 2).sum(axis=2)
     kinds = np.zeros(3, dtype=int)          # rows by 2 hops, by 3, by the input search
     for r in range(n):
-        near = np.flatnonzero(reach2[seeds[r], landmarks])
+        i = seeds[r]
+        best_via = (W[i][:, None] * W).max(axis=0)          # best path of 2 edges to each u
+        two = np.maximum(W[i], best_via)[landmarks]
+        three = np.maximum(two, (best_via[:, None] * W).max(axis=0)[landmarks])
+        for score in (two, three):
+            score[landmarks == i] = np.inf
         kind = 0
-        if near.size < kz:
-            near, kind = np.flatnonzero(reach3[seeds[r], landmarks]), 1
-        if near.size < kz:
-            near, kind = np.arange(len(landmarks)), 2
+        score = two
+        if (two > 0).sum() < kz:
+            score, kind = three, 1
+        if (score > 0).sum() < kz:
+            kind = 2
+            expected = np.argsort(all_sq[r], kind="stable")[:kz]
+        else:
+            expected = np.argsort(-score, kind="stable")[:kz]
         kinds[kind] += 1
-        expected = near[np.argsort(all_sq[r, near], kind="stable")[:kz]]
         np.testing.assert_array_equal(np.sort(nearest[r]), np.sort(expected))
         np.testing.assert_allclose(sqdist[r], np.sort(all_sq[r, expected]), rtol=1e-12)
     assert (kinds > 0).all(), kinds.tolist()  # every kind of row was checked

@@ -2,13 +2,14 @@
 (spectral/lll.py, ``z_neighbors="graph"``).
 
 A point's candidates are the landmarks within 2 or 3 hops of a graph point (its
-own for a training point, its nearest training point for a new one); their
-distances are computed for those pairs alone, and the kz nearest kept.  Rows
-are taken in blocks, each with its own marks of the landmarks met (one array of
-L entries per block, not per row).  On Fashion-MNIST 70k (a 20-NN graph, 32
-neighbours per point after symmetrizing; 3,000 landmarks, float64) 0.12-0.14 s, most
-of it the distances in 784-D; a breadth-first walk over the points 2 hops away
-took 0.59 s, without reassociating the sums of squares (no vectors) 0.91 s.
+own for a training point, its nearest training point for a new one), each
+scored by its best path's product of affinities; the kz best are kept and only
+their distances computed.  Rows are taken in blocks, each with its own marks of
+the landmarks met (one array of L entries per block, not per row).  On
+Fashion-MNIST 70k (a 20-NN graph, 32 neighbours per point after symmetrizing;
+3,000 landmarks, float64) the earlier rule, the kz nearest of those candidates
+by their distances in 784-D, took 0.12-0.14 s, most of it those distances; a
+breadth-first walk over the points 2 hops away took 0.59 s.
 
 ``spread_points`` draws landmarks="spread": points none of whose nearest graph
 neighbours is a landmark yet.
@@ -26,22 +27,25 @@ BLOCK_ROWS = 256
 
 
 # Reassociation lets LLVM vectorize the sums of squares; no flag about infinities,
-# which the unset entries of ``sqdist`` hold.
+# which the unset entries of ``sqdist`` and a landmark seed's score hold.
 @njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
-def graph_landmarks(indptr, indices, near_ptr, near, position, Q, seeds, landmark_rows, kz,
-                    hops):
-    """(sqdist, idx, found): for each row r of Q (M, D) the ``kz`` nearest to it
-    of the landmarks within ``hops`` (2 or 3) hops of the graph point ``seeds[r]`` on the graph
-    (indptr, indices) of N points; ``position``: each point's index among the
-    landmarks (-1 for the others), whose coordinates are ``landmark_rows``;
-    (near_ptr, near): each point's neighbouring landmarks (the graph's columns
-    of the landmarks, CSR, N x L).  The seed, its neighbouring landmarks and
-    theirs of each of its neighbours are the landmarks within 2 hops: a pass
-    over the seed's row and its neighbours' short lists, not over the points 2
-    hops away (32 neighbours per point: about 1,000 of them); within 3 hops, those
-    of its neighbours' neighbours too.  Ascending, equal
-    distances in the order they were met; ``found[r]``: how many of row r's kz
-    entries are set (fewer where fewer landmarks lie that close)."""
+def graph_landmarks(indptr, indices, data, near_ptr, near, near_data, position, Q, seeds,
+                    landmark_rows, kz, hops):
+    """(sqdist, idx, found): for each row r of Q (M, D) the ``kz`` landmarks
+    closest along the graph (indptr, indices, data: N points, affinities) to the
+    graph point ``seeds[r]`` by paths of at most ``hops`` (2 or 3) edges, a path's
+    score the product of its affinities (the seed itself, when a landmark, first);
+    ``sqdist``: their squared distances to row r, ascending, with ``idx`` their
+    positions among the landmarks, whose coordinates are ``landmark_rows``;
+    ``position``: each point's index among the landmarks (-1 for the others);
+    (near_ptr, near, near_data): the graph's columns of the landmarks (CSR, N x L).
+    The landmarks 2 hops away are the seed's neighbouring landmarks and those of
+    each of its neighbours: a pass over the seed's row and its neighbours' short
+    lists, not over the points 2 hops away (32 neighbours per point: about 1,000
+    of them); 3 hops, those of its neighbours' neighbours too.  Ties keep their
+    order: equal scores the order met, equal distances that of the scores.
+    ``found[r]``: how many of row r's kz entries are set (fewer where fewer
+    landmarks lie that close)."""
     m_rows, d = Q.shape
     n_landmarks = landmark_rows.shape[0]
     sqdist = np.full((m_rows, kz), np.inf)
@@ -51,48 +55,64 @@ def graph_landmarks(indptr, indices, near_ptr, near, position, Q, seeds, landmar
     for b in prange(n_blocks):
         seen = np.full(n_landmarks, -1, np.int64)      # the row that last met each landmark
         met = np.empty(n_landmarks, np.int64)
+        score = np.empty(n_landmarks)                  # the best path's, for this row
+        best = np.empty(kz, np.int64)
+        best_score = np.empty(kz)
         for r in range(b * BLOCK_ROWS, min(m_rows, (b + 1) * BLOCK_ROWS)):
             i = seeds[r]
             count = 0
-            if position[i] >= 0:
-                seen[position[i]] = r
-                met[0] = position[i]
+            if position[i] >= 0:                        # the seed itself, first
+                lm = position[i]
+                seen[lm], met[0], score[lm] = r, lm, np.inf
                 count = 1
             for e in range(indptr[i], indptr[i + 1] + 1):
-                v = i if e == indptr[i + 1] else indices[e]     # the neighbours, then i
-                count = _meet(near_ptr, near, v, r, seen, met, count)
+                # The neighbours, then i (a path's first edge, of affinity 1).
+                v, w = (i, 1.0) if e == indptr[i + 1] else (indices[e], data[e])
+                count = _meet(near_ptr, near, near_data, v, w, r, seen, met, score, count)
                 if hops == 3 and v != i:
                     for e2 in range(indptr[v], indptr[v + 1]):
-                        count = _meet(near_ptr, near, indices[e2], r, seen, met, count)
-            m = 0
-            for c in range(count):
+                        count = _meet(near_ptr, near, near_data, indices[e2], w * data[e2], r,
+                                      seen, met, score, count)
+            m = min(count, kz)
+            for c in range(count):                      # the kz best scores
                 lm = met[c]
+                if c >= kz and score[lm] <= best_score[kz - 1]:
+                    continue
+                k = min(c, kz - 1)
+                while k > 0 and best_score[k - 1] < score[lm]:
+                    best_score[k], best[k] = best_score[k - 1], best[k - 1]
+                    k -= 1
+                best_score[k], best[k] = score[lm], lm
+            for c in range(m):                          # their distances, ascending
+                lm = best[c]
                 s = 0.0
                 for j in range(d):
                     t = Q[r, j] - landmark_rows[lm, j]
                     s += t * t
-                if m == kz and s >= sqdist[r, kz - 1]:
-                    continue
-                k = m if m < kz else kz - 1
+                k = c
                 while k > 0 and sqdist[r, k - 1] > s:
                     sqdist[r, k], idx[r, k] = sqdist[r, k - 1], idx[r, k - 1]
                     k -= 1
                 sqdist[r, k], idx[r, k] = s, lm
-                m = min(m + 1, kz)
             found[r] = m
     return sqdist, idx, found
 
 
 @njit(inline="always", cache=True)
-def _meet(near_ptr, near, v, r, seen, met, count):
-    """Appends point v's neighbouring landmarks that row r has not met to ``met``
-    (its first ``count`` entries set); returns the new count."""
+def _meet(near_ptr, near, near_data, v, w, r, seen, met, score, count):
+    """Meets point v's neighbouring landmarks by paths of score ``w`` to v: each
+    that row r has not met is appended to ``met`` (its first ``count`` entries
+    set) with the path's score through v, each met before keeps the better
+    score; returns the new count."""
     for f in range(near_ptr[v], near_ptr[v + 1]):
-        lm = near[f]
+        lm, s = near[f], w * near_data[f]
         if seen[lm] != r:
             seen[lm] = r
             met[count] = lm
+            score[lm] = s
             count += 1
+        elif s > score[lm]:
+            score[lm] = s
     return count
 
 
