@@ -71,8 +71,10 @@ def graph_landmarks(indptr, indices, data, near_ptr, near, near_data, position, 
                 count = _meet(near_ptr, near, near_data, v, w, r, seen, met, score, count)
                 if hops == 3 and v != i:
                     for e2 in range(indptr[v], indptr[v + 1]):
-                        count = _meet(near_ptr, near, near_data, indices[e2], w * data[e2], r,
-                                      seen, met, score, count)
+                        u = indices[e2]
+                        if near_ptr[u] < near_ptr[u + 1]:       # most points hold none
+                            count = _meet(near_ptr, near, near_data, u, w * data[e2], r,
+                                          seen, met, score, count)
             m = min(count, kz)
             for c in range(count):                      # the kz best scores
                 lm = met[c]
