@@ -1035,13 +1035,16 @@ def test_landmark_functions_gpu_equal_cpu(digits):
         assert procrustes_error(cpu, gpu) < 1e-8
 
 
-def test_graph_landmark_neighbours_against_brute_force(rng):
+@pytest.mark.parametrize("seeds", ["random", "all in order"])
+def test_graph_landmark_neighbours_against_brute_force(rng, seeds):
     """z_neighbors="graph": each point's kz landmarks closest along the graph by
     paths of at most 2 edges, a path's score the product of its affinities (the
     seed itself first), with their squared distances ascending; rows with fewer
     take paths of 3 edges, and rows with fewer still the input-space search's kz
     nearest of all landmarks; a new point walks from its seed.  Scores by dense
-    max-product matrix products (the same products: rounding keeps their order)."""
+    max-product matrix products (the same products: rounding keeps their order).
+    Seeds "all in order" (a fit's rows) take 3 edges from the 2-edge results of
+    their neighbours (see lll_cpu.graph_landmarks), others walk the graph."""
     from gpuembed.spectral.lll import graph_landmark_neighbours
 
     n, kz = 300, 5
@@ -1050,7 +1053,8 @@ def test_graph_landmark_neighbours_against_brute_force(rng):
     graph = ge.spectral.affinity_graph(X, 4, sigma=1.0, backend="cpu")
     landmarks = np.append(rng.choice(n - 10, 79, replace=False), n - 5)
     W = graph.toarray()
-    Q, seeds = X + 0.01 * rng.standard_normal(X.shape), rng.integers(n, size=n)
+    Q = X + 0.01 * rng.standard_normal(X.shape)
+    seeds = rng.integers(n, size=n) if seeds == "random" else np.arange(n)
     sqdist, nearest = graph_landmark_neighbours(Q, seeds, X, landmarks, graph, kz,
                                                 backend="cpu")
     all_sq = ((Q[:, None, :] - X[landmarks][None]) ** 2).sum(axis=2)
@@ -1061,7 +1065,7 @@ def test_graph_landmark_neighbours_against_brute_force(rng):
         two = np.maximum(W[i], best_via)[landmarks]
         three = np.maximum(two, (best_via[:, None] * W).max(axis=0)[landmarks])
         for score in (two, three):
-            score[landmarks == i] = np.inf
+            score[landmarks == i] = 1.0     # the empty path (the affinities are below 1)
         kind = 0
         score = two
         if (two > 0).sum() < kz:
@@ -1075,6 +1079,35 @@ def test_graph_landmark_neighbours_against_brute_force(rng):
         np.testing.assert_array_equal(np.sort(nearest[r]), np.sort(expected))
         np.testing.assert_allclose(sqdist[r], np.sort(all_sq[r, expected]), rtol=1e-12)
     assert (kinds > 0).all(), kinds.tolist()  # every kind of row was checked
+
+
+def test_three_hops_from_the_two_hop_results_equal_the_walk(rng):
+    """A fit's rows take paths of 3 edges from every point's kz best within 2
+    (lll_cpu.graph_landmarks given those): the same landmarks, scores (to
+    rounding: the products associate otherwise), distances and counts as the walk
+    over the points 3 hops away, for every row, also those that find kz within 2."""
+    from gpuembed.spectral.lll_cpu import graph_landmarks
+
+    n, kz = 400, 6
+    X = rng.standard_normal((n, 4))
+    graph = scipy.sparse.csr_matrix(ge.spectral.affinity_graph(X, 4, sigma=1.0, backend="cpu"))
+    landmarks = rng.choice(n, 80, replace=False)
+    position = np.full(n, -1, np.int64)
+    position[landmarks] = np.arange(len(landmarks))
+    near = graph[:, landmarks].tocsr()
+    rows, every = np.ascontiguousarray(X[landmarks]), np.arange(n)
+    none = (np.empty((0, kz), np.int64), np.empty((0, kz)), np.empty(0, np.int64))
+    search = lambda hops, lists: graph_landmarks(
+        graph.indptr, graph.indices, graph.data, near.indptr, near.indices, near.data,
+        position, X, every, every, rows, kz, hops, *lists)
+    _, idx2, score2, found2 = two = search(2, none)
+    sqdist, idx, score, found = search(3, none)
+    got = search(3, two[1:])
+    assert 0 < (found2 < kz).sum() < n and (found < kz).sum() < (found2 < kz).sum()
+    np.testing.assert_array_equal(got[3], found)
+    np.testing.assert_array_equal(got[1], idx)
+    np.testing.assert_allclose(got[0], sqdist, rtol=1e-12)
+    np.testing.assert_allclose(got[2], score, rtol=1e-12)
 
 
 def test_graph_z(roll):

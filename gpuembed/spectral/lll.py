@@ -258,13 +258,18 @@ def graph_landmark_neighbours(Q, seeds, X, landmarks, graph, kz, *, backend="aut
                              dtype=landmark_rows.dtype)
     seeds = np.asarray(seeds, dtype=np.int64)
     search = functools.partial(graph_landmarks, graph.indptr, graph.indices, graph.data,
-                               near.indptr, near.indices, near.data, position)
-    sqdist, nearest, found = search(Q, seeds, landmark_rows, kz, 2)
+                               near.indptr, near.indices, near.data, position, Q)
+    none = (np.empty((0, kz), np.int64), np.empty((0, kz)), np.empty(0, np.int64))
+    sqdist, nearest, score, found = search(np.arange(len(Q)), seeds, landmark_rows, kz, 2,
+                                           *none)
     short = np.flatnonzero(found < kz)
     if short.size:                               # one hop further
-        farther = search(Q[short], seeds[short], landmark_rows, kz, 3)
+        # A fit's rows (each point its own seed) go on from every point's 2-hop result.
+        fit = len(seeds) == n and (seeds == np.arange(n)).all()
+        farther = search(short, seeds[short], landmark_rows, kz, 3,
+                         *((nearest, score, found) if fit else none))
         sqdist[short], nearest[short] = farther[:2]
-        short = short[farther[2] < kz]
+        short = short[farther[3] < kz]
     if short.size:
         be = get_backend(backend)
         far = knn_query(be.asarray(Q[short]), be.asarray(landmark_rows), kz, backend=be)
