@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_session.sh tsne       # the user's view: default t-SNE of Fashion-MNIST
 #                                             # 70k from the data (k-NN and affinities included)
 #   bash benchmarks/gpu_session.sh spectral   # LLL / LE(Z) / Nystrom vs exact LE, segmentation
+#                                             # (5 landmark counts: at a38b0f6 the full sweep
+#                                             # was cut by the call's limit)
 #   bash benchmarks/gpu_session.sh mac        # parametric embeddings: MAC vs chain rule (its
 #                                             # mlp part with 3 and 1 Z-step iterations;
 #                                             # first the MLP's minibatch products, a few s)
@@ -126,7 +128,7 @@ tsne)
     ;;
 spectral)
     (cd benchmarks &&
-     python3 bench_lll.py --backend gpu --suffix _gpu &&
+     python3 bench_lll.py --backend gpu --suffix _gpu --landmarks 500 1000 1750 2500 4000 &&
      python3 bench_segmentation.py --backend gpu --step 2 --suffix _gpu) 2>&1 \
         | tee "$out/gpu_spectral.log"
     ;;
