@@ -78,8 +78,8 @@ class TSNEObjective(Objective):
         K_edge = 1.0 / (1.0 + pairs.sqdist(X))
         (S1, _), (S2, SX2) = self.sums(X, ("student", "student2"))
         Z = float(S1.sum())
-        attract = pairs.row_sums(pairs.p * K_edge)
+        pK = pairs.p * K_edge
         xlq = (S2[:, None] * X - SX2) / Z
-        xx = self.xx_times(X, self.xx_coefficients(X)) - 8.0 * pairs.xx_diagonal(
-            pairs.p * K_edge * K_edge, X)
+        xx = self.xx_times(X, self.xx_coefficients(X)) - 8.0 * pairs.xx_diagonal(pK * K_edge, X)
+        attract = pairs.row_sums(pK)
         return 4.0 * (attract - S2 / Z)[:, None] + xx - 16.0 * xlq * xlq
