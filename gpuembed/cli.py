@@ -52,7 +52,7 @@ def _embed_le(X, n_components, backend, args):
                                perplexity=perplexity, neighbors=args.neighbors,
                                metric=args.metric, n_landmarks=args.n_landmarks,
                                z_neighbors=args.z_neighbors or "input",
-                               landmarks=args.landmarks or "random",
+                               landmarks=args.landmarks or "random", refine=args.refine or 0,
                                random_state=args.random_state, backend=backend)
     return model.fit_transform(X)
 
@@ -85,7 +85,7 @@ METHODS = {"tsne": _estimator(TSNE), "ee": _estimator(EE), "ssne": _estimator(SS
 def _run_method(X, n_components, backend, args):
     if args.n_landmarks is not None and args.method != "le":
         raise ValueError("--n-landmarks applies to --method le (Locally Linear Landmarks) only")
-    for option in ("z_neighbors", "landmarks"):
+    for option in ("z_neighbors", "landmarks", "refine"):
         if getattr(args, option) is not None and args.n_landmarks is None:
             raise ValueError(f"--{option.replace('_', '-')} applies to --method le with "
                              "--n-landmarks only")
@@ -375,6 +375,10 @@ def _method_options(parser):
                         help="le with --n-landmarks: how the landmarks are chosen (default "
                              "random; spread: no two near neighbours on the affinity graph, "
                              "less error with few landmarks)")
+    parser.add_argument("--refine", type=int,
+                        help="le with --n-landmarks: steps of the random walk over the affinity "
+                             "graph that move the embedding toward the exact one (default 0; 1 "
+                             "about halved the error on Fashion-MNIST 70k)")
     parser.add_argument("--neighbors", choices=("auto", "exact", "approx"), default="auto",
                         help="k-NN search of the affinities (approx: k-means lists, 2x faster "
                              "at 20,000 points, 4.5x at 70,000, more beyond, some neighbours "

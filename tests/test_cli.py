@@ -88,12 +88,13 @@ def test_embed_file(tmp_path):
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
                   "--backend", "cpu", "--method", "le", "--perplexity", "10",
                   "--n-landmarks", "40", "--random-state", "3", "--z-neighbors", "graph",
-                  "--landmarks", "spread")
+                  "--landmarks", "spread", "--refine", "2")
     assert out.returncode == 0, out.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "y_out.npy"), ge.LaplacianEigenmaps(
         2, n_neighbors=30, perplexity=10.0, n_landmarks=40, random_state=3,
-        z_neighbors="graph", landmarks="spread", backend="cpu").fit_transform(X))
-    for option, value in (("--z-neighbors", "graph"), ("--landmarks", "spread")):
+        z_neighbors="graph", landmarks="spread", refine=2, backend="cpu").fit_transform(X))
+    for option, value in (("--z-neighbors", "graph"), ("--landmarks", "spread"),
+                          ("--refine", "1")):
         out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y_out.npy"),
                       "--backend", "cpu", "--method", "le", option, value)
         assert out.returncode == 1 and f"{option} applies to" in out.stderr

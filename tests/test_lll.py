@@ -533,6 +533,7 @@ def test_kmeans_warm_start_matches_restarts(rng):
     (lambda: ge.LaplacianEigenmaps(2, n_neighbors=0), "n_neighbors"),
     (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, sigma=-1.0), "sigma"),
     (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, sigma=1.0, perplexity=5.0), "not both"),
+    (lambda: ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=50, refine=-1), "refine"),
 ])
 def test_bad_arguments(make, match):
     X = np.random.default_rng(0).standard_normal((300, 3))
@@ -566,6 +567,8 @@ def test_bad_arguments_of_the_functions():
             call()
     with pytest.raises(TypeError, match="n_clusters must be an integer"):
         kmeans(X, 2.5)
+    with pytest.raises(TypeError, match="refine must be an integer"):
+        ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=20, refine=0.5).fit(X)
 
 
 def test_nan_and_transform_errors():
@@ -1237,3 +1240,101 @@ def test_spread_landmarks_bad_arguments(digits):
         pca_lll(X, 2, n_landmarks=20, landmarks="spread")
     with pytest.raises(ValueError, match=r"graph has shape \(199, 199\), Y 200 points"):
         choose_landmarks(X, 20, "spread", graph=scipy.sparse.identity(199, format="csr"))
+
+
+def dense_le(W, k):
+    """The k trailing vectors of L u = lambda D u by dense eigh, D-orthonormal."""
+    import scipy.linalg
+
+    Wd = W.toarray()
+    D = np.diag(Wd.sum(axis=1))
+    return scipy.linalg.eigh(D - Wd, D, subset_by_index=[0, k - 1])
+
+
+def test_smoothing_keeps_exact_vectors_and_its_rayleigh_ritz_is_optimal(roll):
+    """smoothed_embedding: LE's own vectors are a fixed point (up to rounding);
+    from LLL's, each step's vectors are D-orthonormal, lower the Rayleigh
+    quotients' sum below LLL's, and equal the dense Rayleigh-Ritz of the span
+    D^-1 W Y (brute force: the generalized eigenproblem of that span's n x k
+    basis); the columns keep the signs of their correlation with Y's."""
+    import scipy.linalg
+
+    from gpuembed.spectral import affinity_graph
+    from gpuembed.spectral.laplacian import lll_spectral
+    from gpuembed.spectral.lll import smoothed_embedding
+
+    X = roll[0][:1500]
+    W = affinity_graph(X, 12, sigma=1.5, backend="cpu")
+    degree = np.asarray(W.sum(axis=1)).ravel()
+    vals, exact = dense_le(W, 4)
+    exact = exact[:, 1:]
+    np.testing.assert_allclose(smoothed_embedding(W, degree, exact, 2), exact, atol=1e-9)
+    Y = lll_spectral(X, W, 3, 60, random_state=0)[0]
+    Wd, D = W.toarray(), np.diag(degree)
+    quotients = lambda V: np.trace(V.T @ (D - Wd) @ V)
+    once = smoothed_embedding(W, degree, Y, 1)
+    np.testing.assert_allclose(once.T @ D @ once, np.eye(3), atol=1e-10)
+    basis = (Wd @ Y) / degree[:, None]
+    ritz_vals, C = scipy.linalg.eigh(basis.T @ (D - Wd) @ basis, basis.T @ D @ basis)
+    expected = basis @ C
+    expected *= np.sign(np.einsum("ij,ij->j", Y, D @ expected))
+    np.testing.assert_allclose(once, expected, atol=1e-9)
+    np.testing.assert_allclose(np.diag(once.T @ (D - Wd) @ once), ritz_vals, rtol=1e-9)
+    assert (np.einsum("ij,ij->j", Y, D @ once) > 0).all()
+    steps = [quotients(smoothed_embedding(W, degree, Y, s)) for s in (0, 1, 3, 30)]
+    assert steps[0] > steps[1] > steps[2] > steps[3] > vals[1:].sum()
+    # Slowly: the roll's eigenvalues crowd near 0, where the walk damps little.
+    assert steps[3] - vals[1:].sum() < 0.5 * (steps[0] - vals[1:].sum())
+
+
+def test_smoothing_keeps_the_given_component_vectors():
+    """The ``fixed`` first columns come back as they were (the components'
+    indicators, which LLL takes as exact LE does), the others move and stay
+    D-orthogonal to them; on 5 separated clusters LLL with refine still equals
+    exact LE (its vectors are those indicators)."""
+    from gpuembed.spectral.lll import smoothed_embedding
+
+    X, W = separated_clusters(0.0, 2.0)
+    degree = np.asarray(W.sum(axis=1)).ravel()
+    kw = dict(n_neighbors=15, sigma=2.0, backend="cpu")
+    exact = ge.LaplacianEigenmaps(4, **kw).fit_transform(X)
+    lll = ge.LaplacianEigenmaps(4, n_landmarks=600, random_state=0, refine=2, **kw)
+    assert procrustes_error(exact, lll.fit_transform(X)) < 1e-10
+    # Landmarks along the graph: each point's in its own component, so that the
+    # first vectors are the data graph's (input-space ones may lie across a gap).
+    Y = ge.LaplacianEigenmaps(6, n_landmarks=300, z_neighbors="graph", random_state=0,
+                              **kw).fit_transform(X)
+    moved = smoothed_embedding(W, degree, Y, 1, fixed=4)
+    np.testing.assert_array_equal(moved[:, :4], Y[:, :4])
+    assert np.abs(moved[:, 4:] - Y[:, 4:]).max() > 1e-6
+    np.testing.assert_allclose(Y[:, :4].T @ (degree[:, None] * moved[:, 4:]), 0, atol=1e-10)
+
+
+def test_refined_lll_is_closer_to_exact_and_maps_new_points_as_exact(roll):
+    """Each step of refine lowers LLL's Procrustes error against exact LE (the
+    swiss roll at 300 and 1,000 landmarks, input and graph Z; little there, 6-12%
+    a step: a smooth 2-D manifold, 4 to 13 points a landmark; on Fashion-MNIST
+    70k one step halves it); new points then map from the nearest training
+    points' rows, so a training point gets its own row, and the landmarks'
+    embedding is the embedding's landmark rows; refine=0 is Algorithm 3."""
+    X, _, exact = roll
+    kw = dict(n_neighbors=20, random_state=0, backend="cpu")
+    for L, z_neighbors in ((300, "input"), (1000, "input"), (300, "graph")):
+        fits = [ge.LaplacianEigenmaps(2, n_landmarks=L, z_neighbors=z_neighbors, refine=r,
+                                      **kw).fit(X) for r in (0, 1, 3)]
+        errors = [procrustes_error(exact, m.embedding_) for m in fits]
+        print(L, z_neighbors, errors)
+        assert errors[2] < errors[1] < 0.95 * errors[0]
+        plain, refined = fits[:2]
+        np.testing.assert_array_equal(plain.Z_.toarray(), refined.Z_.toarray())
+    np.testing.assert_allclose(refined.transform(X[:50]), refined.embedding_[:50], atol=1e-12)
+    np.testing.assert_array_equal(refined.landmark_embedding_,
+                                  refined.embedding_[refined.landmarks_])
+    np.testing.assert_allclose(plain.embedding_, plain.Z_ @ plain.landmark_embedding_,
+                               atol=1e-12)
+    clusters = ge.SpectralClustering(5, n_neighbors=15, sigma=0.5, n_landmarks=300, refine=1,
+                                     random_state=0, backend="cpu")
+    X5, _ = separated_clusters(0.0, 0.5)
+    labels = clusters.fit_predict(X5)
+    assert len(np.unique(labels)) == 5
+    np.testing.assert_array_equal(clusters.predict(X5[:40]), labels[:40])

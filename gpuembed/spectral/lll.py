@@ -324,6 +324,42 @@ def laplacian_reduced(Z, W, degree=None):
     return (A - (S + S.T)).tocsr(), B
 
 
+def smoothed_embedding(W, degree, Y, steps, fixed=0):
+    """LLL's embedding Y (N, k) of the graph W (its row sums ``degree``) moved
+    toward exact LE's: ``steps`` steps of the random walk D^-1 W, each followed
+    by the Rayleigh-Ritz vectors of L u = lambda D u (L = D - W) in the span
+    reached, D-orthonormal, ascending, each column's sign that of its
+    correlation with Y's.  The first ``fixed`` columns (eigenvectors of
+    eigenvalue 0, indicators of the graph's components) are kept as they are.
+
+    The walk keeps LE's vectors (D^-1 W u = (1 - lambda) u) and damps most the
+    directions of large lambda, where the error of the landmarks' piecewise
+    linear Z lies: on Fashion-MNIST 70k (20-NN graph, d = 10, 1,000 spread
+    landmarks along the graph) one step took the Procrustes error against exact
+    LE from 0.128 to 0.058 with kz = 3 and from 0.112 to 0.067 with kz = 6, at
+    a cost of 2 products with W (about 20 ms on 2 cores).  A span D-orthogonal
+    to the constant stays so (1^T D D^-1 W Y = (W 1)^T Y)."""
+    moving = Y[:, fixed:]
+    if steps == 0 or moving.shape[1] == 0:
+        return Y
+    product = lambda V: csr_times(W.indptr, W.indices, W.data, np.ascontiguousarray(V))
+    scaled = lambda V: V * degree[:, None]
+    k = moving.shape[1]
+    # Entries of order 1, not 1 / sqrt(sum(degree)): a Gaussian graph's far
+    # affinities (1e-300) times those made subnormal numbers, which took the
+    # products 3 times longer.  Rayleigh-Ritz undoes any scale.
+    V = moving * np.sqrt(degree.sum())
+    WV = product(V)
+    for _ in range(steps):
+        V = WV / degree[:, None]
+        WV = product(V)
+        B = V.T @ scaled(V)
+        _, C = dense_generalized_eigh(B - V.T @ WV, B, 1e-12 * np.trace(B) / k, [0, k - 1])
+        V, WV = V @ C, WV @ C
+    signs = np.where(np.einsum("ij,ij->j", moving, scaled(V)) < 0, -1.0, 1.0)
+    return np.concatenate([Y[:, :fixed], V * signs], axis=1)
+
+
 def trailing_generalized(A, B, d, skip=0, sparse_factor=False, data_components=None):
     """d trailing eigenvectors of A u = lambda B u (L x L, symmetric, B > 0), after
     ``skip``, B-orthonormal.
