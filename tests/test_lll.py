@@ -1338,3 +1338,31 @@ def test_refined_lll_is_closer_to_exact_and_maps_new_points_as_exact(roll):
     labels = clusters.fit_predict(X5)
     assert len(np.unique(labels)) == 5
     np.testing.assert_array_equal(clusters.predict(X5[:40]), labels[:40])
+
+
+def test_selected_columns_equal_scipys_triangle_and_columns(rng):
+    """lll._selected: W's strict upper triangle and its columns of some
+    landmarks (renumbered by their position), entry for entry and in SciPy's
+    order, with empty rows; with a row's indices unsorted, the same matrices."""
+    from gpuembed.spectral.lll import _selected
+
+    W = scipy.sparse.random(200, 200, density=0.05, random_state=2, format="lil")
+    W[7] = 0
+    W[:, 7] = 0
+    W = (W + W.T).tocsr()
+    landmarks = rng.choice(200, 30, replace=False)
+    position = np.full(200, -1)
+    position[landmarks] = np.arange(30)
+    for got, want in ((_selected(W, np.arange(200), 200, above_row=True),
+                       scipy.sparse.triu(W, k=1, format="csr")),
+                      (_selected(W, position, 30), W[:, landmarks].tocsr())):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got.indptr, want.indptr)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.data, want.data)
+    W.indices[W.indptr[3]:W.indptr[4]] = W.indices[W.indptr[3]:W.indptr[4]][::-1].copy()
+    W.has_sorted_indices = False
+    np.testing.assert_array_equal(_selected(W, np.arange(200), 200, above_row=True).toarray(),
+                                  np.triu(W.toarray(), 1))
+    np.testing.assert_array_equal(_selected(W, position, 30).toarray(),
+                                  W.toarray()[:, landmarks])

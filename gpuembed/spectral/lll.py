@@ -27,7 +27,7 @@ from ..optim.sparse_cpu import csr_times
 from .embedding import component_values
 from .kmeans import _kmeans, distance_blocks, plusplus_seeds
 from .lll_cpu import (by_affinity, graph_landmarks, landmark_pair_sqdist, local_weights,
-                      spread_points)
+                      select_columns, spread_points)
 
 LANDMARK_METHODS = ("random", "random-pruned", "kmeans", "spread")
 REGULARIZATION = 1e-3   # ridge on the local Gram matrix, relative to its trace (as in LLE)
@@ -252,7 +252,7 @@ def graph_landmark_neighbours(Q, seeds, X, landmarks, graph, kz, *, backend="aut
         raise ValueError(f"the graph has shape {graph.shape}, X {n} points")
     position = np.full(n, -1, np.int64)
     position[landmarks] = np.arange(len(landmarks))
-    near = graph[:, landmarks].tocsr()          # each point's neighbouring landmarks
+    near = _selected(graph, position, len(landmarks))   # each point's neighbouring landmarks
     landmark_rows = np.ascontiguousarray(X[landmarks])
     Q = np.ascontiguousarray(Q.toarray() if scipy.sparse.issparse(Q) else Q,
                              dtype=landmark_rows.dtype)
@@ -304,6 +304,12 @@ def _landmark_basis(X, d, n_landmarks, kz, landmarks, random_state, backend, gra
     return idx, reconstruction_weights(X, X[idx], kz, backend=backend, search=search), kz
 
 
+def _selected(W, new_column, n_columns, above_row=False):
+    """The CSR matrix of :func:`~gpuembed.spectral.lll_cpu.select_columns` of W."""
+    indptr, indices, data = select_columns(W.indptr, W.indices, W.data, new_column, above_row)
+    return scipy.sparse.csr_matrix((data, indices, indptr), shape=(W.shape[0], n_columns))
+
+
 def laplacian_reduced(Z, W, degree=None):
     """Z^T (D - W) Z and Z^T D Z (eq. 4.5 for Laplacian eigenmaps, D = diag(W 1))
     for symmetric sparse affinities W, without forming any dense N x N product.
@@ -318,7 +324,8 @@ def laplacian_reduced(Z, W, degree=None):
     if degree is None:                      # lll_spectral passes the degrees it checked
         degree = np.asarray(W.sum(axis=1)).ravel()
     B = rows_product(ZT, scipy.sparse.diags(degree) @ Z)
-    S = rows_product(ZT, rows_product(scipy.sparse.triu(W, k=1, format="csr"), Z))
+    upper = _selected(W, np.arange(W.shape[0]), W.shape[0], above_row=True)
+    S = rows_product(ZT, rows_product(upper, Z))
     loops = W.diagonal()
     A = rows_product(ZT, scipy.sparse.diags(degree - loops) @ Z) if loops.any() else B
     return (A - (S + S.T)).tocsr(), B

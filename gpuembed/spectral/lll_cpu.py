@@ -286,3 +286,32 @@ def _solve_in_place(G, w):
         for j in range(c + 1, m):
             s -= G[c, j] * w[j]
         w[c] = s / G[c, c]
+
+
+@njit(parallel=True, cache=True)
+def select_columns(indptr, indices, data, new_column, above_row):
+    """(indptr, indices, data) of the CSR matrix of the entries (i, j) of the given
+    one with new_column[j] >= 0, and j > i where ``above_row``, in their order,
+    their columns renumbered new_column[j]: the affinity graph's strict upper
+    triangle (laplacian_reduced) or its columns of the landmarks (the graph
+    search), a pass over the rows each, where SciPy's triu and column indexing
+    took 21 ms and 5-10 ms of Fashion-MNIST 70k's 20-NN graph."""
+    n = indptr.shape[0] - 1
+    counts = np.zeros(n + 1, np.int64)
+    for i in prange(n):
+        for e in range(indptr[i], indptr[i + 1]):
+            j = indices[e]
+            if new_column[j] >= 0 and (j > i or not above_row):
+                counts[i + 1] += 1
+    out_ptr = np.cumsum(counts)
+    out_indices = np.empty(out_ptr[n], indices.dtype)
+    out_data = np.empty(out_ptr[n], data.dtype)
+    for i in prange(n):
+        k = out_ptr[i]
+        for e in range(indptr[i], indptr[i + 1]):
+            j = indices[e]
+            if new_column[j] >= 0 and (j > i or not above_row):
+                out_indices[k] = new_column[j]
+                out_data[k] = data[e]
+                k += 1
+    return out_ptr, out_indices, out_data
