@@ -1310,7 +1310,7 @@ def test_smoothing_keeps_the_given_component_vectors():
     np.testing.assert_allclose(Y[:, :4].T @ (degree[:, None] * moved[:, 4:]), 0, atol=1e-10)
 
 
-def test_refined_lll_is_closer_to_exact_and_maps_new_points_as_exact(roll):
+def test_refined_lll_is_closer_to_exact_and_maps_new_points_as_exact(roll, monkeypatch):
     """Each step of refine lowers LLL's Procrustes error against exact LE (the
     swiss roll at 300 and 1,000 landmarks, input and graph Z; little there, 6-12%
     a step: a smooth 2-D manifold, 4 to 13 points a landmark; on Fashion-MNIST
@@ -1327,6 +1327,22 @@ def test_refined_lll_is_closer_to_exact_and_maps_new_points_as_exact(roll):
         assert errors[2] < errors[1] < 0.95 * errors[0]
         plain, refined = fits[:2]
         np.testing.assert_array_equal(plain.Z_.toarray(), refined.Z_.toarray())
+    # 1,000 landmarks: the reduced problem went to LOBPCG, stopped at LOOSE_TOL, and
+    # the refined embedding is that of the tight solve to well below its error.
+    from gpuembed.spectral import lll
+
+    tols = []
+    lobpcg = lll._lobpcg
+    monkeypatch.setattr(lll, "_lobpcg", lambda A, B, X, M, tol, *rest: tols.append(tol)
+                        or lobpcg(A, B, X, M, tol, *rest))
+    loose = ge.LaplacianEigenmaps(2, n_landmarks=1000, refine=1, **kw).fit_transform(X)
+    assert tols == [lll.LOOSE_TOL]
+    monkeypatch.setattr(lll, "LOOSE_TOL", lll.SPARSIFIED_TOL)
+    tight = ge.LaplacianEigenmaps(2, n_landmarks=1000, refine=1, **kw).fit_transform(X)
+    assert tols[1:] == [lll.SPARSIFIED_TOL]
+    error = procrustes_error(exact, tight)
+    assert procrustes_error(exact, loose) < 1.01 * error
+    assert procrustes_error(tight, loose) < 0.1 * error
     np.testing.assert_allclose(refined.transform(X[:50]), refined.embedding_[:50], atol=1e-12)
     np.testing.assert_array_equal(refined.landmark_embedding_,
                                   refined.embedding_[refined.landmarks_])

@@ -169,7 +169,7 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     components = lambda: connected_components(get_backend("cpu"), W)[1][idx[used]]
     vals, U_used = trailing_generalized(A_r, B_r, d, skip=int(drop_first),
                                         sparse_factor=points_suit_shift_invert(X),
-                                        data_components=components)
+                                        data_components=components, loose=refine > 0)
     U = np.zeros((len(idx), d))
     U[used] = U_used
     Y = Z @ U
