@@ -57,10 +57,14 @@ def test_out_of_sample_of_training_points(roll):
 
 
 @pytest.mark.parametrize("loops", [False, True])
-def test_laplacian_reduced_matrices_against_dense_products(rng, loops):
+@pytest.mark.parametrize("kz, path", [(3, "dense"), (4, "products"), (3, "products (L)"),
+                                      (3, "products (rows)")])
+def test_laplacian_reduced_matrices_against_dense_products(rng, loops, kz, path, monkeypatch):
     """laplacian_reduced: Z^T (D - W) Z and Z^T D Z, D = diag(W 1), as dense
     products, for a symmetric W with and without a diagonal (the half of W it
-    multiplies leaves the diagonal out)."""
+    multiplies leaves the diagonal out), by its dense sums (kz <= 3) and by
+    sparse products (kz = 4; more landmarks than DENSE_REDUCED_L; rows of Z
+    with other numbers of landmarks)."""
     from gpuembed.spectral import lll
 
     n, L = 120, 15
@@ -69,8 +73,18 @@ def test_laplacian_reduced_matrices_against_dense_products(rng, loops):
     W = scipy.sparse.csr_matrix(W + W.T)
     W.eliminate_zeros()
     assert W.diagonal().any() == loops
-    Z = reconstruction_weights(rng.standard_normal((n, 3)), rng.standard_normal((L, 3)), 4)
+    Z = reconstruction_weights(rng.standard_normal((n, 3)), rng.standard_normal((L, 3)), kz)
+    if path == "products (L)":
+        monkeypatch.setattr(lll, "DENSE_REDUCED_L", L - 1)
+    if path == "products (rows)":
+        Z = Z.tolil()
+        Z[5, Z.rows[5][0]] = 0.0
+        Z = Z.tocsr()
+    ran = []
+    reduced_dense = lll.reduced_dense
+    monkeypatch.setattr(lll, "reduced_dense", lambda *a: ran.append(1) or reduced_dense(*a))
     A, B = lll.laplacian_reduced(Z, W)
+    assert bool(ran) == (path == "dense")
     Wd, Zd = W.toarray(), Z.toarray()
     D = np.diag(Wd.sum(axis=1))
     assert scipy.sparse.issparse(A) and scipy.sparse.issparse(B)

@@ -26,12 +26,15 @@ from ..optim.directions import connected_sparsify, factorize_cpu
 from ..optim.sparse_cpu import csr_times
 from .embedding import component_values
 from .kmeans import _kmeans, distance_blocks, plusplus_seeds
-from .lll_cpu import (by_affinity, graph_landmarks, landmark_pair_sqdist, local_weights,
-                      select_columns, spread_points)
+from .lll_cpu import (by_affinity, dense_to_csr, graph_landmarks, landmark_pair_sqdist,
+                      local_weights, reduced_dense, select_columns, spread_points)
 
 LANDMARK_METHODS = ("random", "random-pruned", "kmeans", "spread")
 REGULARIZATION = 1e-3   # ridge on the local Gram matrix, relative to its trace (as in LLE)
 KZ_MAX = 6
+# laplacian_reduced's dense sums: at most this many landmarks a point (N kz^2
+# additions, against N kz for SciPy's products) and landmarks (2 L^2 floats).
+DENSE_REDUCED_KZ, DENSE_REDUCED_L = 3, 2048
 DENSE_MAX_L = 500       # reduced problems above this size, with at least
 LANDMARKS_PER_VECTOR = 40   # this many landmarks per wanted vector, go to LOBPCG
 # LOBPCG's tolerance, iterations and preconditioner's shift (times diag(B),
@@ -326,10 +329,23 @@ def laplacian_reduced(Z, W, degree=None):
     kz = 6; 2-core EPYC, SciPy's products): 0.14 s against 0.19 s for
     Z^T ((D - W) Z) and Z^T (D Z); each product cut into row spans on the cores
     (:func:`~gpuembed._sparse.rows_product`), 0.11 s against 0.14 s at 2,500.
-    ``degree``: W's row sums, where the caller has them already."""
+    ``degree``: W's row sums, where the caller has them already.
+
+    A Z of kz <= DENSE_REDUCED_KZ landmarks a point (the same kz in every row)
+    and at most DENSE_REDUCED_L landmarks goes through dense sums instead
+    (:func:`~gpuembed.spectral.lll_cpu.reduced_dense`, faster there)."""
     ZT = Z.T.tocsr()
     if degree is None:                      # lll_spectral passes the degrees it checked
         degree = np.asarray(W.sum(axis=1)).ravel()
+    n, L = Z.shape
+    kz = Z.nnz // n
+    if kz <= DENSE_REDUCED_KZ and L <= DENSE_REDUCED_L and (np.diff(Z.indptr) == kz).all():
+        z_idx, z_val = Z.indices.reshape(n, kz), Z.data.reshape(n, kz)
+        dense = reduced_dense(ZT.indptr, ZT.indices, ZT.data, z_idx, z_val, W.indptr,
+                              W.indices, W.data, np.asarray(degree, dtype=np.float64))
+        sparse = [dense_to_csr(M) for M in dense]
+        return tuple(scipy.sparse.csr_matrix((data, indices, indptr), shape=(L, L))
+                     for indptr, indices, data in sparse)
     B = rows_product(ZT, scipy.sparse.diags(degree) @ Z)
     upper = _selected(W, np.arange(W.shape[0]), W.shape[0], above_row=True)
     S = rows_product(ZT, rows_product(upper, Z))

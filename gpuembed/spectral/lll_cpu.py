@@ -315,3 +315,54 @@ def select_columns(indptr, indices, data, new_column, above_row):
                 out_data[k] = data[e]
                 k += 1
     return out_ptr, out_indices, out_data
+
+
+@njit(parallel=True, cache=True)
+def reduced_dense(zt_ptr, zt_idx, zt_val, z_idx, z_val, w_ptr, w_idx, w_val, degree):
+    """Dense (L, L) Z^T (D - W) Z and Z^T D Z, a landmark's row per task: each
+    point i that landmark a reconstructs (the CSR Z^T: zt_ptr, zt_idx, zt_val)
+    adds z_ia (d_i z_i - sum_m w_im z_m), its row of W (w_ptr, w_idx, w_val)
+    and the kz landmarks z_idx[m] with weights z_val[m] of each point m, and
+    D = diag(``degree``).  A row's sums run in a fixed order, whatever the
+    threads.  N kz^2 33 additions for Fashion-MNIST 70k's 20-NN graph (32
+    neighbours a point), against SciPy's products' N kz (33 + ~25): at kz = 2
+    and 3 (1,000 landmarks) 38 and 62 ms against 58 and 78 ms, at kz = 4 as
+    fast, at kz = 6 185 ms against 134 ms (2 cores)."""
+    n_landmarks, kz = zt_ptr.shape[0] - 1, z_idx.shape[1]
+    A = np.zeros((n_landmarks, n_landmarks))
+    B = np.zeros((n_landmarks, n_landmarks))
+    for a in prange(n_landmarks):
+        row_a, row_b = A[a], B[a]
+        for e in range(zt_ptr[a], zt_ptr[a + 1]):
+            i, s = zt_idx[e], zt_val[e]
+            for p in range(kz):
+                x = s * degree[i] * z_val[i, p]
+                row_a[z_idx[i, p]] += x
+                row_b[z_idx[i, p]] += x
+            for f in range(w_ptr[i], w_ptr[i + 1]):
+                m, sw = w_idx[f], s * w_val[f]
+                for p in range(kz):
+                    row_a[z_idx[m, p]] -= sw * z_val[m, p]
+    return A, B
+
+
+@njit(parallel=True, cache=True)
+def dense_to_csr(M):
+    """(indptr, indices, data) of the square dense M's nonzero entries."""
+    n = M.shape[0]
+    counts = np.zeros(n + 1, np.int64)
+    for a in prange(n):
+        for b in range(n):
+            if M[a, b] != 0.0:
+                counts[a + 1] += 1
+    indptr = np.cumsum(counts)
+    indices = np.empty(indptr[n], np.int32)
+    data = np.empty(indptr[n])
+    for a in prange(n):
+        k = indptr[a]
+        for b in range(n):
+            if M[a, b] != 0.0:
+                indices[k] = b
+                data[k] = M[a, b]
+                k += 1
+    return indptr, indices, data
