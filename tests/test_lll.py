@@ -969,16 +969,20 @@ def test_kernel_methods_of_float32_rows_far_from_the_origin(rng):
 
 @pytest.mark.gpu
 def test_gpu_equals_cpu():
-    """Laplacian eigenmaps (exact and LLL) and spectral clustering with the
-    eigensolver on the GPU against the CPU's."""
+    """Laplacian eigenmaps (exact and LLL, also refined) and spectral clustering
+    with the eigensolver on the GPU against the CPU's."""
     from sklearn.metrics import adjusted_rand_score
 
     X, _ = ge.datasets.swiss_roll(1500, random_state=0)
     for params in ({}, {"n_landmarks": 300}, {"n_landmarks": 300, "z_neighbors": "graph"},
-                   {"n_landmarks": 300, "landmarks": "spread"}):
-        Y = [ge.LaplacianEigenmaps(2, n_neighbors=15, random_state=0, backend=b,
-                                   **params).fit_transform(X) for b in ("cpu", "gpu")]
-        assert procrustes_error(Y[0], Y[1]) < 1e-5
+                   {"n_landmarks": 300, "landmarks": "spread"},
+                   {"n_landmarks": 300, "kz": 2, "refine": 2}):
+        models = [ge.LaplacianEigenmaps(2, n_neighbors=15, random_state=0, backend=b,
+                                        **params).fit(X) for b in ("cpu", "gpu")]
+        assert procrustes_error(*(m.embedding_ for m in models)) < 1e-5
+        if params.get("refine"):            # new points as exact LE's, from the device search
+            new = [m.transform(X[:40] + 0.01) for m in models]
+            assert procrustes_error(*new) < 1e-5
     X, y = ge.datasets.gaussian_clusters(1500, 4, 8, random_state=1)
     for params in ({}, {"n_landmarks": 200}):
         models = [ge.SpectralClustering(4, n_neighbors=15, random_state=0, backend=b,
