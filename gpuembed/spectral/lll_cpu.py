@@ -17,6 +17,10 @@ neighbours is a landmark yet.
 ``landmark_pair_sqdist`` serves the local Gram systems of either search: the
 distances between the landmarks that share a point, not all L^2 of them;
 ``local_weights`` builds and solves those systems, a point per task.
+
+``select_columns`` takes the graph's strict upper triangle or its landmark
+columns in one pass; ``reduced_dense`` (with ``dense_to_csr``) sums the reduced
+matrices Z^T (D - W) Z and Z^T D Z landmark row by row where kz is small.
 """
 from __future__ import annotations
 
