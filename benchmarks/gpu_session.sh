@@ -128,7 +128,7 @@ tsne)
     ;;
 spectral)
     (cd benchmarks &&
-     python3 bench_lll.py --backend gpu --suffix _gpu --landmarks 500 1000 1750 2500 4000 &&
+     python3 bench_lll.py --backend gpu --suffix _gpu --landmarks 500 750 1000 1750 2500 &&
      python3 bench_segmentation.py --backend gpu --step 2 --suffix _gpu) 2>&1 \
         | tee "$out/gpu_spectral.log"
     ;;
