@@ -613,6 +613,8 @@ def test_nan_and_transform_errors():
      {"perplexity": [3.0, 8.0], "n_neighbors": (12, 30)}),
     (ge.SpectralClustering(4, n_neighbors=10, n_landmarks=80, random_state=0, backend="cpu"),
      {"sigma": np.array([1.0, 3.0]), "n_neighbors": [8, 20]}),
+    (ge.LaplacianEigenmaps(2, n_neighbors=10, n_landmarks=120, kz=2, refine=1, random_state=0,
+                           backend="cpu"), {"sigma": [0.5, 2.0], "n_neighbors": [5, 15]}),
 ])
 def test_fit_grid_equals_separate_fits_and_shares_the_search_and_z(estimator, grid,
                                                                      monkeypatch):
