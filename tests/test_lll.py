@@ -278,6 +278,27 @@ def test_lll_of_duplicated_points(roll):
     assert errors[0] < 0.1 and errors[1] < errors[0]
 
 
+@pytest.mark.filterwarnings("ignore:.*all neighbour distances equal:RuntimeWarning")
+@pytest.mark.parametrize("distinct", [1, 2])
+def test_lll_of_fewer_distinct_points_than_vectors_names_n_landmarks(distinct):
+    """Data of 1 or 2 distinct points, each repeated: every landmark is a copy of
+    one of them, and only 1 or 2 of them reconstruct points, fewer than the 3
+    vectors LLL solves for (2 and the constant one).  A ValueError naming
+    n_landmarks, where LAPACK's had said "Requested eigenvalue indices are not
+    valid"; along the graph's Z, which reaches the copies too, the fit works."""
+    X = np.repeat(np.random.default_rng(0).normal(size=(distinct, 3)), 60 // distinct, axis=0)
+    kw = dict(n_neighbors=5, n_landmarks=10, random_state=0, backend="cpu")
+    for est in (ge.LaplacianEigenmaps(2, **kw), ge.SpectralClustering(2, **kw),
+                ge.LaplacianEigenmaps(2, landmarks="spread", **kw)):
+        if isinstance(est, ge.SpectralClustering) and distinct == 2:
+            continue                    # 2 vectors: 2 distinct landmarks are enough
+        with pytest.raises(ValueError, match=rf"n_landmarks: {distinct} of the 10 landmarks "
+                                             r"reconstruct any point .* fewer than the"):
+            est.fit(X)
+    Y = ge.LaplacianEigenmaps(2, z_neighbors="graph", **kw).fit_transform(X)
+    assert np.isfinite(Y).all()
+
+
 def test_lll_does_not_depend_on_the_number_of_blas_threads():
     """The landmarks' distances (a GEMM) and the dense reduced eigenproblem (LAPACK)
     gave other last bits on 1 and 2 OpenBLAS threads; now on one thread."""

@@ -163,6 +163,14 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     # another copy) has a zero row and column: an eigenvalue 0 of no data, whose
     # vectors took the place of the embedding's.  It takes its point's coordinates.
     used = B_r.diagonal() > 0
+    wanted = d + int(drop_first)
+    if used.sum() < wanted:
+        # Fewer distinct landmarks than vectors: LAPACK's message named none of ours.
+        raise ValueError(
+            f"n_landmarks: {int(used.sum())} of the {len(idx)} landmarks reconstruct any point "
+            f"(the others copy them: the data repeat points), fewer than the {wanted} "
+            "eigenvectors wanted; give data with more distinct points, "
+            "z_neighbors='graph', or exact LE (n_landmarks=None)")
     if not used.all():
         A_r, B_r = (M[used][:, used] for M in (A_r, B_r))
     # skip: the constant solution; a split graph's components in exact LE's order
