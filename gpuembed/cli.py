@@ -7,6 +7,7 @@ import platform
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -267,7 +268,10 @@ def _load_csv(path):
     with open(path) as f:
         first = f.readline().split(",")
     header = not all(map(_is_number, first))
-    return np.loadtxt(path, delimiter=",", ndmin=2, skiprows=int(header))
+    with warnings.catch_warnings():
+        # A file without rows: the check of INPUT says so, without NumPy's warning.
+        warnings.filterwarnings("ignore", "loadtxt: input contained no data", UserWarning)
+        return np.loadtxt(path, delimiter=",", ndmin=2, skiprows=int(header))
 
 
 def _load_labels(path):

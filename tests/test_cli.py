@@ -234,6 +234,12 @@ def test_runtime_errors_have_no_traceback(tmp_path):
     out = run_cli("embed", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npy"),
                   "--method", "ee", "--optimizer", "tsne", "--backend", "cpu")
     assert out.returncode == 1 and "optimizer" in out.stderr and "Traceback" not in out.stderr
+    # A .csv without rows (empty, or a header alone): the error, not NumPy's warning too.
+    for text in ("", "a,b,c\n"):
+        (tmp_path / "empty.csv").write_text(text)
+        out = run_cli("embed", str(tmp_path / "empty.csv"), "-o", str(tmp_path / "o.npy"))
+        assert out.returncode == 1 and "INPUT needs at least 1 samples" in out.stderr
+        assert "Warning" not in out.stderr, out.stderr
 
 
 def test_embed_reads_labels_from_text_files(tmp_path):
