@@ -163,19 +163,19 @@ def lll_spectral(X, W, d, n_landmarks, kz=None, landmarks="random", random_state
     # another copy) has a zero row and column: an eigenvalue 0 of no data, whose
     # vectors took the place of the embedding's.  It takes its point's coordinates.
     used = B_r.diagonal() > 0
-    wanted = d + int(drop_first)
-    if used.sum() < wanted:
+    skip, n_used = int(drop_first), int(used.sum())
+    if n_used < d + skip:
         # Fewer distinct landmarks than vectors: LAPACK's message named none of ours.
         raise ValueError(
-            f"n_landmarks: {int(used.sum())} of the {len(idx)} landmarks reconstruct any point "
-            f"(the others copy them: the data repeat points), fewer than the {wanted} "
+            f"n_landmarks: {n_used} of the {len(idx)} landmarks reconstruct any point "
+            f"(the others copy them: the data repeat points), fewer than the {d + skip} "
             "eigenvectors wanted; give data with more distinct points, "
             "z_neighbors='graph', or exact LE (n_landmarks=None)")
     if not used.all():
         A_r, B_r = (M[used][:, used] for M in (A_r, B_r))
     # skip: the constant solution; a split graph's components in exact LE's order
     components = lambda: connected_components(get_backend("cpu"), W)[1][idx[used]]
-    vals, U_used = trailing_generalized(A_r, B_r, d, skip=int(drop_first),
+    vals, U_used = trailing_generalized(A_r, B_r, d, skip=skip,
                                         sparse_factor=points_suit_shift_invert(X),
                                         data_components=components, loose=refine > 0)
     U = np.zeros((len(idx), d))
