@@ -23,10 +23,10 @@
    phase (``mac_phases``).
 6. ``mlp-kernels`` (``--backend gpu``): the MLP's minibatch products on the mlp
    part's shapes (1,000 rows, 50-256-256-2): kernels/mlp.cu's GEMM with each
-   operand as back-propagation reads it (stored or a transposed view) against
-   CuPy's matmul (cuBLAS, which a CUDA graph capture refuses), and its column
-   sums against CuPy's; microseconds per call, the best of REPEATS runs of
-   ``--kernel-calls`` calls.
+   operand as back-propagation reads it (stored or a transposed view), whole and
+   split over K as the minibatch steps run it, against CuPy's matmul (cuBLAS,
+   which a CUDA graph capture refuses), and its column sums against CuPy's;
+   microseconds per call, the best of REPEATS runs of ``--kernel-calls`` calls.
 7. ``msne``: parametric multi-scale SNE (``ParametricEmbedding(MultiscaleSNE(),
    "mlp")``) against parametric t-SNE with the same MLP, on Fashion-MNIST (the
    first N points after PCA to 50, the last fifth held out): P(F), log-K AUC
@@ -368,10 +368,12 @@ def minibatch_products(rows, sizes):
 
 def mlp_kernels(be, rows, calls):
     """Microseconds per call of each product of the mlp part's minibatch step (its
-    network on 50-D input) by kernels/mlp.cu and by CuPy's matmul, and of the bias
-    gradients' column sums (float32)."""
-    from gpuembed.parametric.mappings import column_sums, gemm
+    network on 50-D input) by kernels/mlp.cu, whole and as the minibatch step runs
+    it (split over K where gemm_splits says so, with the second launch), and by
+    CuPy's matmul, and of the bias gradients' column sums (float32)."""
+    from gpuembed.parametric.mappings import GEMM_WORKSPACE, column_sums, gemm, gemm_splits
     xp, sync, rng = be.xp, device_sync(be), np.random.default_rng(0)
+    workspace = xp.empty(GEMM_WORKSPACE, dtype=np.float32)
     sizes = (50,) + MLP["hidden"] + (2,)
 
     def per_call(fn):
@@ -389,6 +391,8 @@ def mlp_kernels(be, rows, calls):
         out = xp.empty((M, N), dtype=np.float32)
         products.append({"product": label, "M": M, "K": K, "N": N, "transposed": views,
                          "gemm_us": per_call(lambda: gemm(A, B, out)),
+                         "splits": gemm_splits(M, N, K)[0],
+                         "gemm_split_us": per_call(lambda: gemm(A, B, out, workspace)),
                          "cupy_matmul_us": per_call(lambda: xp.matmul(A, B, out=out))})
         print(products[-1], flush=True)
     sums = []
@@ -400,6 +404,7 @@ def mlp_kernels(be, rows, calls):
         print(sums[-1], flush=True)
     return {"rows": rows, "sizes": sizes, "products": products, "column_sums": sums,
             "gemm_total_us": round(sum(r["gemm_us"] for r in products), 2),
+            "gemm_split_total_us": round(sum(r["gemm_split_us"] for r in products), 2),
             "cupy_matmul_total_us": round(sum(r["cupy_matmul_us"] for r in products), 2)}
 
 

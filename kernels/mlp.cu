@@ -49,10 +49,14 @@ __global__ void scaled_residual(T* __restrict__ O, const T* __restrict__ Z, long
 // threads of a warp along the operand's contiguous direction: by rows, the
 // loads of a transposed view (dW = A^T delta over a minibatch of 1,000 rows,
 // delta W^T) were 16 words 256 apart, one memory transaction each.
+// Block z of a grid of depth gridDim.z sums only k in [z k_chunk, (z + 1) k_chunk)
+// (k_chunk a multiple of the tile) into C + z M N, for sum_splits to add: the
+// weight gradients sum 1,000 rows into 1 to 256 tiles, 63 tiles of k one after
+// the other on a few blocks.
 template <typename T>
 __global__ void gemm(const T* __restrict__ A, long long a_row, long long a_col,
                      const T* __restrict__ B, long long b_row, long long b_col,
-                     T* __restrict__ C, int M, int N, int K) {
+                     T* __restrict__ C, int M, int N, int K, int k_chunk) {
     // Padded rows: a tile loaded across (tx the row) hits 16 distinct banks.
     __shared__ T As[GEMM_TILE][GEMM_TILE + 1];
     __shared__ T Bs[GEMM_TILE][GEMM_TILE + 1];
@@ -63,12 +67,14 @@ __global__ void gemm(const T* __restrict__ A, long long a_row, long long a_col,
     const bool a_columns = a_row == 1 && a_col != 1, b_columns = b_row == 1 && b_col != 1;
     const int ar = a_columns ? tx : ty, ac = a_columns ? ty : tx;
     const int br = b_columns ? tx : ty, bc = b_columns ? ty : tx;
+    const int k_begin = blockIdx.z * k_chunk, k_end = min(K, k_begin + k_chunk);
+    C += (long long)blockIdx.z * M * N;
     T sum = 0;
-    for (int k0 = 0; k0 < K; k0 += GEMM_TILE) {
-        As[ar][ac] = i0 + ar < M && k0 + ac < K ? A[(i0 + ar) * a_row + (k0 + ac) * a_col]
-                                                 : (T)0;
-        Bs[br][bc] = k0 + br < K && j0 + bc < N ? B[(k0 + br) * b_row + (j0 + bc) * b_col]
-                                                 : (T)0;
+    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_TILE) {
+        As[ar][ac] = i0 + ar < M && k0 + ac < k_end
+                         ? A[(i0 + ar) * a_row + (k0 + ac) * a_col] : (T)0;
+        Bs[br][bc] = k0 + br < k_end && j0 + bc < N
+                         ? B[(k0 + br) * b_row + (j0 + bc) * b_col] : (T)0;
         __syncthreads();
         for (int k = 0; k < GEMM_TILE; ++k) sum += As[ty][k] * Bs[k][tx];
         __syncthreads();
@@ -76,13 +82,27 @@ __global__ void gemm(const T* __restrict__ A, long long a_row, long long a_col,
     if (i < M && j < N) C[(long long)i * N + j] = sum;
 }
 
+// out[i] = partial[i] + partial[n + i] + ... over gemm's split products, in
+// ascending split (a fixed order).
+template <typename T>
+__global__ void sum_splits(T* __restrict__ out, const T* __restrict__ partial, long long n,
+                           int splits) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        T sum = partial[i];
+        for (int z = 1; z < splits; ++z) sum += partial[z * n + i];
+        out[i] = sum;
+    }
+}
+
 // out[j] = sum_i D[i, j] over the rows of D (rows x cols, row-major): a block of
 // SUM_COLUMNS x SUM_STRIPES threads per SUM_COLUMNS columns, thread (x, y) summing
 // rows y, y + SUM_STRIPES, ... in ascending order, then the stripes' sums added in
 // ascending y (a fixed order).  A thread per column made a bias gradient over a
-// minibatch of 1,000 rows a chain of 1,000 dependent additions on one block.
+// minibatch of 1,000 rows a chain of 1,000 dependent additions on one block; with
+// 32 stripes each thread reads 32 rows or fewer (8 stripes: 125, not yet timed).
 #define SUM_COLUMNS 32
-#define SUM_STRIPES 8
+#define SUM_STRIPES 32
 template <typename T>
 __global__ void column_sums(const T* __restrict__ D, T* __restrict__ out, int rows, int cols) {
     __shared__ T stripes[SUM_STRIPES][SUM_COLUMNS];
@@ -100,9 +120,11 @@ __global__ void column_sums(const T* __restrict__ D, T* __restrict__ out, int ro
 }
 
 template __global__ void gemm<float>(const float*, long long, long long, const float*, long long,
-                                     long long, float*, int, int, int);
+                                     long long, float*, int, int, int, int);
 template __global__ void gemm<double>(const double*, long long, long long, const double*,
-                                      long long, long long, double*, int, int, int);
+                                      long long, long long, double*, int, int, int, int);
+template __global__ void sum_splits<float>(float*, const float*, long long, int);
+template __global__ void sum_splits<double>(double*, const double*, long long, int);
 template __global__ void column_sums<float>(const float*, float*, int, int);
 template __global__ void column_sums<double>(const double*, double*, int, int);
 template __global__ void bias_activation<float>(float*, const float*, long long, long long, int);

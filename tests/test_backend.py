@@ -124,18 +124,19 @@ def test_gpu_backend_round_trip():
 @pytest.mark.gpu
 def test_a_captured_graph_replays_on_the_contents_at_launch(rng):
     """Backend.capture records without running, and each launch runs the work on
-    the arrays' contents then: RawKernels (the MLP's product and column sums into
-    preallocated outputs), CuPy's elementwise arithmetic with a temporary (from
-    the graph's own pool) and an in-place update.  (CuPy refuses cuBLAS calls
-    during capture.)"""
-    from gpuembed.parametric.mappings import column_sums, gemm
+    the arrays' contents then: RawKernels (the MLP's product, split in parts whose
+    sums a second launch adds, and column sums into preallocated outputs), CuPy's
+    elementwise arithmetic with a temporary (from the graph's own pool) and an
+    in-place update.  (CuPy refuses cuBLAS calls during capture.)"""
+    from gpuembed.parametric.mappings import GEMM_WORKSPACE, column_sums, gemm, gemm_splits
     be = ge.get_backend("gpu")
     xp = be.xp
-    A, B = be.asarray(rng.normal(size=(50, 30))), be.asarray(rng.normal(size=(30, 20)))
-    out, col = xp.zeros((50, 20)), xp.zeros(20)
+    A, B = be.asarray(rng.normal(size=(50, 300))), be.asarray(rng.normal(size=(300, 20)))
+    out, col, workspace = xp.zeros((50, 20)), xp.zeros(20), xp.zeros(GEMM_WORKSPACE)
+    assert gemm_splits(50, 20, 300)[0] > 1
 
     def work():
-        column_sums(gemm(A, B, out), col)
+        column_sums(gemm(A, B, out, workspace), col)
         col[...] = col * 2.0 + 1.0
     graph = be.capture(work)
     np.testing.assert_array_equal(be.to_host(col), 0.0)         # nothing ran

@@ -1,4 +1,6 @@
 """Parametric embeddings: mappings, the chain-rule baseline and MAC (paper 001)."""
+import itertools
+
 import numpy as np
 import pytest
 
@@ -832,24 +834,52 @@ def test_mlp_gemm_and_column_sums_kernels_match_numpy(rng, dtype, rel):
     (one row, two columns, a minibatch against a 256-wide layer), each operand as
     stored and as the transposed view of its transpose (back-propagation's A^T and
     W^T, read in place, and loaded along their columns), and its column sums.  The
-    layouts change how a tile is loaded, not the order of the sums: the same bits."""
-    from gpuembed.parametric.mappings import column_sums, gemm
+    layouts change how a tile is loaded, not the order of the sums: the same bits.
+    With a workspace the products of few tiles and long sums (a weight gradient over
+    1,000 rows; a part of K shorter than the others, and one not a whole tile) are
+    partial products added by a second launch."""
+    from gpuembed.parametric.mappings import GEMM_WORKSPACE, column_sums, gemm, gemm_splits
     gpu = get_backend("gpu")
-    for M, K, N in ((37, 53, 29), (100, 256, 256), (1, 5, 3), (300, 17, 2)):
+    workspace = gpu.xp.full(GEMM_WORKSPACE, np.nan, dtype=dtype)
+    shapes = {(37, 53, 29): 2, (100, 256, 256): 8, (1, 5, 3): 1, (300, 17, 2): 1,
+              (40, 1000, 3): 21, (37, 200, 29): 5}
+    for (M, K, N), splits in shapes.items():
+        assert gemm_splits(M, N, K)[0] == splits
         A, B = rng.normal(size=(M, K)).astype(dtype), rng.normal(size=(K, N)).astype(dtype)
         want = A @ B
         As, Bs = gpu.asarray(A), gpu.asarray(B)
         At, Bt = gpu.asarray(A.T.copy()).T, gpu.asarray(B.T.copy()).T
-        products = [gpu.to_host(gemm(a, b, gpu.xp.empty((M, N), dtype=dtype)))
-                    for a, b in ((As, Bs), (At, Bs), (As, Bt), (At, Bt))]
-        np.testing.assert_allclose(products[0], want, rtol=rel, atol=rel * np.abs(want).max())
-        for got in products[1:]:
-            np.testing.assert_array_equal(got, products[0])
-    # Columns beyond a block's 32, rows fewer than its 8 stripes.
+        for space in (None, workspace):
+            products = [gpu.to_host(gemm(a, b, gpu.xp.empty((M, N), dtype=dtype), space))
+                        for a, b in ((As, Bs), (At, Bs), (As, Bt), (At, Bt))]
+            np.testing.assert_allclose(products[0], want, rtol=rel,
+                                       atol=rel * np.abs(want).max())
+            for got in products[1:]:
+                np.testing.assert_array_equal(got, products[0])
+    # Columns beyond a block's 32, rows fewer than its 32 stripes.
     for rows, cols in ((70, 300), (3, 40)):
         D = rng.normal(size=(rows, cols)).astype(dtype)
         got = column_sums(gpu.asarray(D), gpu.xp.empty(cols, dtype=dtype))
         np.testing.assert_allclose(gpu.to_host(got), D.sum(axis=0), rtol=rel, atol=rel * 10)
+
+
+def test_gemm_splits_cover_k_in_whole_tiles_within_the_workspace():
+    """gemm's split products: parts of K of whole tiles (2 at least) that cover K,
+    the last one shorter, their partial products within GEMM_WORKSPACE; no split
+    where the output's tiles alone fill GEMM_TARGET_BLOCKS or K is 3 tiles or less."""
+    from gpuembed.parametric.mappings import (GEMM_TARGET_BLOCKS, GEMM_TILE, GEMM_WORKSPACE,
+                                              gemm_splits)
+    for M, N, K in itertools.product(range(1, 700, 37), range(1, 700, 41), range(1, 2100, 53)):
+        splits, chunk = gemm_splits(M, N, K)
+        assert chunk % GEMM_TILE == 0 and (splits - 1) * chunk < K <= splits * chunk
+        tiles = -(-M // GEMM_TILE) * -(-N // GEMM_TILE)
+        if splits > 1:
+            assert chunk >= 2 * GEMM_TILE and splits * M * N <= GEMM_WORKSPACE
+            assert splits * tiles <= GEMM_TARGET_BLOCKS
+        else:
+            assert tiles * 2 > GEMM_TARGET_BLOCKS or K <= 3 * GEMM_TILE
+    assert gemm_splits(256, 256, 1000) == (4, 256)     # dW of a 256-256 layer, 1,000 rows
+    assert gemm_splits(1000, 256, 256) == (1, 256)     # its forward product
 
 
 @pytest.mark.gpu

@@ -263,16 +263,40 @@ def bias_activation(H, b, activate):
 
 # kernels/mlp.cu's product tile (GEMM_TILE there).
 GEMM_TILE = 16
+# A product with a workspace splits its sum over K into as many parts as keep its
+# blocks within this count (a few per multiprocessor), each part at least 2 tiles
+# of K: the weight gradients A^T delta of a minibatch of 1,000 rows have 16 to 256
+# tiles of output, and each block summed 63 tiles of k in turn, where the
+# minibatch's forward products have about 1,000 tiles of K = 50 or 256 (no split).
+# Not yet timed on a GPU.
+GEMM_TARGET_BLOCKS = 1024
+# Elements of a workspace that every split product fits (splits x tiles <=
+# GEMM_TARGET_BLOCKS).
+GEMM_WORKSPACE = GEMM_TARGET_BLOCKS * GEMM_TILE**2
 
 
-def gemm(A, B, out):
-    """out <- A @ B for 2-D A (M x K) and B (K x N) and a C-contiguous out (M x N);
-    A and B may be transposed views.  On the GPU one launch of kernels/mlp.cu,
-    which a CUDA graph can capture (CuPy refuses cuBLAS calls while a stream
-    captures); np.matmul on the CPU."""
+def gemm_splits(M, N, K):
+    """(splits, k_chunk): the parts of :func:`gemm`'s sum over K with a workspace
+    and the length of each (whole tiles, the last part shorter)."""
+    tiles = -(-M // GEMM_TILE) * -(-N // GEMM_TILE)
+    splits = max(1, min(-(-K // GEMM_TILE) // 2, GEMM_TARGET_BLOCKS // tiles))
+    k_chunk = -(-K // (splits * GEMM_TILE)) * GEMM_TILE
+    return -(-K // k_chunk), k_chunk
+
+
+def gemm(A, B, out, workspace=None):
+    """out <- A @ B for 2-D A (M x K) and B (K x N), K >= 1, and a C-contiguous out
+    (M x N); A and B may be transposed views.  On the GPU one launch of
+    kernels/mlp.cu, which a CUDA graph can capture (CuPy refuses cuBLAS calls
+    while a stream captures), and with a ``workspace`` (GEMM_WORKSPACE elements of
+    out's dtype) where the output has few tiles for a long sum, partial products
+    over parts of K (:func:`gemm_splits`) and a second launch that adds them in
+    order; np.matmul on the CPU."""
     if array_module(out) is np:
         return np.matmul(A, B, out=out)
     (M, K), N = A.shape, B.shape[1]
+    splits, k_chunk = (1, K) if workspace is None else gemm_splits(M, N, K)
+    target = out if splits == 1 else workspace[:splits * M * N]
     # Each operand by its element strides, passed as the contiguous array its
     # view reads (the kernel takes a pointer, and transposing moves none).
     operands = []
@@ -280,13 +304,15 @@ def gemm(A, B, out):
         operands += [X if X.flags.c_contiguous else X.T,
                      *(np.int64(stride // X.itemsize) for stride in X.strides)]
     get_backend("gpu").kernel("mlp.cu", "gemm", out.dtype)(
-        (-(-N // GEMM_TILE), -(-M // GEMM_TILE)), (GEMM_TILE, GEMM_TILE),
-        (*operands, out, np.int32(M), np.int32(N), np.int32(K)))
+        (-(-N // GEMM_TILE), -(-M // GEMM_TILE), splits), (GEMM_TILE, GEMM_TILE),
+        (*operands, target, np.int32(M), np.int32(N), np.int32(K), np.int32(k_chunk)))
+    if splits > 1:
+        _launch("sum_splits", "mlp.cu", (out, target), (np.int32(splits),))
     return out
 
 
 # kernels/mlp.cu's column-sum block: SUM_COLUMNS columns by SUM_STRIPES row stripes.
-SUM_COLUMNS, SUM_STRIPES = 32, 8
+SUM_COLUMNS, SUM_STRIPES = 32, 32
 
 
 def column_sums(D, out):
@@ -356,6 +382,8 @@ class _MinibatchBuffers:
         self.deltas = [xp.empty((batch, w), dtype=theta.dtype) for w in sizes[1:-1]]
         self.gradient = xp.empty_like(theta)
         self._scratch = np.empty(batch * max(sizes[1:]), dtype=theta.dtype) if xp is np else None
+        # The split products' partial sums (gemm), on the GPU.
+        self.partials = None if xp is np else xp.empty(GEMM_WORKSPACE, dtype=theta.dtype)
         self._xp = xp
         # By a segment's row count (no graphs on the CPU, whose backend captures none).
         self._graphs = GraphReplays(get_backend("cpu" if xp is np else "gpu"),
@@ -441,7 +469,8 @@ class MLPMapping:
     minibatch is a slice.  Every array a minibatch reads or writes is allocated
     once and kept over warm starts (_MinibatchBuffers).  On the GPU a minibatch
     of a net with two hidden layers is 18 kernel launches (its products too, in
-    kernels/mlp.cu, as CuPy refuses cuBLAS calls in a capture), and each segment
+    kernels/mlp.cu, as CuPy refuses cuBLAS calls in a capture), and one more per
+    product that gemm splits, and each segment
     length is captured once as a CUDA graph and replayed: the host makes a few
     calls per segment, not about 21 per minibatch (benchmarks/gpu_call_counts.py;
     an epoch of a 3-100-500-2 net over 20,000 points took 15.7 ms against 111 ms
@@ -499,12 +528,14 @@ class MLPMapping:
         self.n_warm_starts_ = 0
 
     @staticmethod
-    def _forward(xp, U, layers, outputs=None):
-        """Each layer's output for input rows U, into ``outputs`` where given."""
+    def _forward(xp, U, layers, buffers=None):
+        """Each layer's output for input rows U, into the ``buffers``' outputs where
+        given."""
         activations = [U]
         last = len(layers) - 1
         for i, (W, b) in enumerate(layers):
-            U = U @ W if outputs is None else gemm(U, W, outputs[i][:len(U)])
+            U = (U @ W if buffers is None
+                 else gemm(U, W, buffers.outputs[i][:len(U)], buffers.partials))
             bias_activation(U, b, i < last)
             activations.append(U)
         return activations
@@ -573,7 +604,7 @@ class MLPMapping:
 
     def _minibatch_gradient(self, xp, layers, U, T, gradients, buffers=None):
         """The mean squared error's gradient on one minibatch, into ``gradients``."""
-        acts = self._forward(xp, U, layers, buffers and buffers.outputs)
+        acts = self._forward(xp, U, layers, buffers)
         scaled_residual(acts[-1], T, 2.0 / T.size)
         self._backprop(xp, layers, acts, acts[-1], gradients, buffers)
 
@@ -589,14 +620,14 @@ class MLPMapping:
                 xp.matmul(acts[i].T, delta, out=dW)
                 delta.sum(axis=0, out=db)
             else:       # a minibatch step: kernels a CUDA graph can capture
-                gemm(acts[i].T, delta, dW)
+                gemm(acts[i].T, delta, dW, buffers.partials)
                 column_sums(delta, db)
             if i:
                 W = layers[i][0]
                 if buffers is None:
                     delta, scratch = delta @ W.T, None
                 else:
-                    delta = gemm(delta, W.T, buffers.deltas[i - 1][:rows])
+                    delta = gemm(delta, W.T, buffers.deltas[i - 1][:rows], buffers.partials)
                     scratch = buffers.scratch(delta.shape)
                 tanh_backward(delta, acts[i], scratch)
 
