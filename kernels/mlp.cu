@@ -51,8 +51,8 @@ __global__ void scaled_residual(T* __restrict__ O, const T* __restrict__ Z, long
 // delta W^T) were 16 words 256 apart, one memory transaction each.
 // Block z of a grid of depth gridDim.z sums only k in [z k_chunk, (z + 1) k_chunk)
 // (k_chunk a multiple of the tile) into C + z M N, for sum_splits to add: the
-// weight gradients sum 1,000 rows into 1 to 256 tiles, 63 tiles of k one after
-// the other on a few blocks.
+// weight gradients sum 1,000 rows into 16 to 256 tiles, 63 tiles of k one after
+// the other on each of few blocks.
 template <typename T>
 __global__ void gemm(const T* __restrict__ A, long long a_row, long long a_col,
                      const T* __restrict__ B, long long b_row, long long b_col,

@@ -277,7 +277,7 @@ GEMM_WORKSPACE = GEMM_TARGET_BLOCKS * GEMM_TILE**2
 
 def gemm_splits(M, N, K):
     """(splits, k_chunk): the parts of :func:`gemm`'s sum over K with a workspace
-    and the length of each (whole tiles, the last part shorter)."""
+    and the length of each (whole tiles; the last part may be shorter)."""
     tiles = -(-M // GEMM_TILE) * -(-N // GEMM_TILE)
     splits = max(1, min(-(-K // GEMM_TILE) // 2, GEMM_TARGET_BLOCKS // tiles))
     k_chunk = -(-K // (splits * GEMM_TILE)) * GEMM_TILE
@@ -468,9 +468,9 @@ class MLPMapping:
     and gathers them a segment (SEGMENT_STEPS minibatches) at a time, so that a
     minibatch is a slice.  Every array a minibatch reads or writes is allocated
     once and kept over warm starts (_MinibatchBuffers).  On the GPU a minibatch
-    of a net with two hidden layers is 18 kernel launches (its products too, in
-    kernels/mlp.cu, as CuPy refuses cuBLAS calls in a capture), and one more per
-    product that gemm splits, and each segment
+    of a net with two hidden layers is 18 kernel launches and one more per
+    product that gemm splits (its products too are in kernels/mlp.cu, as CuPy
+    refuses cuBLAS calls in a capture), and each segment
     length is captured once as a CUDA graph and replayed: the host makes a few
     calls per segment, not about 21 per minibatch (benchmarks/gpu_call_counts.py;
     an epoch of a 3-100-500-2 net over 20,000 points took 15.7 ms against 111 ms
