@@ -12,8 +12,9 @@
 #                                             # (5 landmark counts: at a38b0f6 the full sweep
 #                                             # was cut by the call's limit)
 #   bash benchmarks/gpu_session.sh mac        # parametric embeddings: MAC vs chain rule (its
-#                                             # mlp part with 3 and 1 Z-step iterations;
-#                                             # first the MLP's minibatch products, a few s)
+#                                             # mlp part with 3 and 1 Z-step iterations and
+#                                             # mu_start 0.08; first the MLP's minibatch
+#                                             # products, whole and split, a few s)
 #   bash benchmarks/gpu_session.sh mac-batch100  # its mlp part with the network before
 #                                                # 3af50d1 (minibatches of 100), side by side
 #   bash benchmarks/gpu_session.sh msne       # multi-scale SNE vs t-SNE, R_NX AUC
