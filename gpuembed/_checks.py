@@ -128,8 +128,10 @@ def check_verbose(value):
     """``verbose``: True, False or a non-negative integer (scikit-learn's levels)."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    if not isinstance(value, numbers.Integral) or value < 0:
+    if not isinstance(value, numbers.Integral):
         raise TypeError(f"verbose must be True, False or an integer >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"verbose must be True, False or an integer >= 0, got {value!r}")
     return int(value)
 
 

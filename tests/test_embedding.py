@@ -2346,7 +2346,9 @@ def test_bad_arguments(small, make, match):
     # A string such as "no" would read as True.
     (lambda: ge.EE(homotopy="no"), TypeError, r"^homotopy must be True or False, got 'no'$"),
     (lambda: ge.TSNE(verbose="no"), TypeError, r"^verbose must be True, False or an integer"),
-    (lambda: ge.SSNE(verbose=-1), TypeError, "verbose"),
+    (lambda: ge.SSNE(verbose=-1), ValueError, r"^verbose must be True, False or an integer >= 0, "
+                                              r"got -1$"),
+    (lambda: ge.EE(verbose=2.0), TypeError, "verbose"),
     (lambda: ge.MultiscaleSNE(verbose="yes"), TypeError, "verbose"),
     (lambda: ge.MultiscaleSNE(fit_exponent="no"), TypeError, "fit_exponent"),
 ])
