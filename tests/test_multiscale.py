@@ -1,5 +1,6 @@
 """Multi-scale affinities (../shared/papers/004_13864de36f3612a6.txt, eq. 2.11)."""
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -582,9 +583,19 @@ def test_ld_precisions_and_exponent(rng):
     assert np.all(np.diff(p) < 0)                      # larger scale, wider kernel
     assert p[-1] == pytest.approx(2.0 ** 2 / np.mean(np.var(Y, axis=0, ddof=1)))
     np.testing.assert_allclose(p[:-1] / p[1:], 2.0)    # K^(-2U/P) with U = 1, P = 2
-    beta = np.exp(-np.outer(np.ones(30), np.arange(4.0)))   # tau doubling per scale: D = 2
+    # tau = 1 / beta doubling per doubled perplexity: D = 2 / log2(2) = 2, U = D / P
+    beta = 2.0 ** -np.outer(np.ones(30), np.arange(4.0))
     assert intrinsic_exponent(beta, 2) == pytest.approx(1.0)
-    assert intrinsic_exponent(beta ** 2, 2) == pytest.approx(1.0)
+    assert intrinsic_exponent(beta, 1) == pytest.approx(2.0)
+    assert intrinsic_exponent(beta ** (2.0 / 3.0), 2) == pytest.approx(1.5)   # D = 3
+    assert intrinsic_exponent(beta ** 2, 2) == pytest.approx(1.0)              # D = 1, clipped
+    # Rows of duplicates (beta = inf at the small scales) add nothing to the mean
+    # estimate, without a warning: a third of the rows so leaves 2/3 of D = 4.
+    dup = beta ** 0.5
+    dup[:10, :3] = np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert intrinsic_exponent(dup, 2) == pytest.approx(4.0 * 2.0 / 3.0 / 2.0)
 
 
 def test_multiscale_sne_beats_single_scale_on_digits():

@@ -74,8 +74,11 @@ def intrinsic_exponent(beta, n_components):
     increasing: D_h = (2 / N) sum_i 1 / (log2 tau_{h+1,i} - log2 tau_{h,i}) with
     tau = 1 / beta, an intrinsic-dimension estimate per pair of scales."""
     log_tau = -np.log2(np.asarray(beta, dtype=np.float64))
-    diff = np.diff(log_tau, axis=1)
-    safe = np.where(diff != 0, diff, np.inf)
+    # A row of duplicates has beta = inf at its small scales (inf - inf there):
+    # such pairs of scales, like a flat one (diff 0), add nothing to the estimate.
+    with np.errstate(invalid="ignore"):
+        diff = np.diff(log_tau, axis=1)
+    safe = np.where(np.isfinite(diff) & (diff != 0), diff, np.inf)
     D = 2.0 * (1.0 / safe).sum(axis=0) / beta.shape[0]
     return float(min(2.0, max(1.0, D.max() / n_components))) if D.size else 1.0
 
