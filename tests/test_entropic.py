@@ -103,6 +103,26 @@ def test_bounds_contain_the_root_property(rng):
     assert checked > 5000
 
 
+@pytest.mark.parametrize("K, first_term", [(2.0, True), (4.0, False)])
+def test_bounds_equal_theorem_1_1_by_hand(K, first_term):
+    """Eqs (7)-(9) of 003 written out for two rows (shifted, so d_1 = 0 and
+    d_N^4 - d_1^4 = Delta_N^4; the second has a duplicate, so Delta_2 is its first
+    nonzero gap), p1 by SciPy's bracketing solver: the bracket must be the
+    theorem's, not just some interval around the root.  Eq. (7)'s first term is the
+    larger at K = 2, its square root at K = 4."""
+    from scipy.optimize import brentq
+    d = np.array([[0.0, 1.0, 2.0, 4.0, 9.0], [0.0, 0.0, 0.5, 3.0, 6.0]])
+    N = 5
+    assert (N / (N - 1) * LOG(N / K) > np.sqrt(LOG(N / K))) == first_term
+    p1 = brentq(lambda p: 2 * (1 - p) * LOG(N / (2 * (1 - p))) - LOG(min(np.sqrt(2 * N), K)),
+                0.75, 1 - 1e-15, xtol=1e-15)
+    for row, (delta_n, delta_2) in zip(d, ((9.0, 1.0), (6.0, 0.5))):
+        beta_l = max(N * LOG(N / K) / ((N - 1) * delta_n), np.sqrt(LOG(N / K) / delta_n ** 2))
+        beta_u = LOG(p1 / (1 - p1) * (N - 1)) / delta_2
+        lo, hi = rootfinding.log_beta_bounds(np, row[None, :], K)
+        np.testing.assert_allclose([lo[0], hi[0]], [LOG(beta_l), LOG(beta_u)], rtol=1e-12)
+
+
 def test_bounds_scale_with_the_data(rng):
     d = rng.random((10, 20))
     d -= d.min(1, keepdims=True)
