@@ -387,9 +387,10 @@ def _method_options(parser):
                         help="k-NN search of the affinities (approx: k-means lists, 2x faster "
                              "at 20,000 points, 4.5x at 70,000, more beyond, some neighbours "
                              "missed; auto: approx from 50,000 points on the CPU)")
-    parser.add_argument("--metric", choices=("euclidean", "cosine"), default="euclidean",
+    parser.add_argument("--metric", choices=("euclidean", "cosine", "precomputed"),
+                        default="euclidean",
                         help="how rows are compared (cosine: scaled to unit length first; "
-                             "for text)")
+                             "for text; precomputed: INPUT is an N x N distance matrix)")
     parser.add_argument("--random-state", type=int, default=None,
                         help="seed of the random parts (init random, landmarks)")
     parser.add_argument("--nbody", choices=("auto", "exact", "fgt", "bh"), default="auto",

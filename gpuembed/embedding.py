@@ -29,7 +29,7 @@ from .affinities import EntropicAffinities, entropic_affinities
 from .affinities.entropic import conditional_affinities
 from .backend import get_backend
 from .nbody import check_accuracy, engine_sums, resolve_method
-from .neighbors import METRICS, knn_query, metric_rows
+from .neighbors import METRICS, knn_query, metric_rows, search_metric
 from .neighbors_ivf import SEARCHES, QuerySearch
 from .objectives import OBJECTIVES, default_lambda, make_objective
 from .optim import (DIRECTIONS, Monitor, Result, accuracy_schedule, homotopy, homotopy_path,
@@ -150,8 +150,12 @@ _METHOD_PARAMS = """
     - ``n_neighbors``: the affinities' k (default min(N - 1, ceil(3
       perplexity))); ``neighbors``: the search for them and for transform's
       neighbours, "auto" (approximate from 50,000 points on the CPU), "exact"
-      or "approx"; ``metric``, "euclidean" (the default) or "cosine" (the rows,
-      and transform's new rows, scaled to unit length first: for text).
+      or "approx"; ``metric``, "euclidean" (the default), "cosine" (the rows,
+      and transform's new rows, scaled to unit length first: for text) or
+      "precomputed" (X an (N, N) matrix of distances, sorted for each point's
+      neighbours; init="pca" is then classical MDS, the data's PCA scores for
+      Euclidean distances; transform takes the new points' (M, N) distances to
+      the training points).
     - "sd": ``kappa``, the affinities each point keeps in L+ (default all of
       them up to 2,000 points, 15 beyond, doubled until the kept graph is as
       connected as the whole); ``sd_solver``, "auto", "cholesky" or "cg";
@@ -318,7 +322,8 @@ class _Embedding(TransformerOutput, Params):
             self.__dict__.pop("_queries", None)
         else:
             self.n_features_in_ = X.shape[1]
-            self._queries = QuerySearch(X, self._method_params.get("neighbors"), be)
+            self._queries = QuerySearch(X, self._method_params.get("neighbors"), be,
+                                        self._metric())
         return self
 
     def fit_transform(self, X, y=None):
@@ -475,6 +480,7 @@ class _Embedding(TransformerOutput, Params):
             p = self._method_params
             A = entropic_affinities(X, self.perplexity, n_neighbors=p.get("n_neighbors"),
                                     neighbors=p.get("neighbors"),
+                                    metric=search_metric(self._metric()),
                                     symmetrize=self.objective_name != "sne", backend=be)
         P = _given_matrix(A)
         if X is not None and P.shape[0] != X.shape[0]:
@@ -501,7 +507,7 @@ class _Embedding(TransformerOutput, Params):
 
         std = INIT_STD["tsne" if self.optimizer == "tsne" else "default"]
         return initial_layout(init, X, d, be, dtype, std, self.random_state,
-                              {"spectral": spectral}, n=n)
+                              {"spectral": spectral}, n=n, metric=self._metric())
 
     # -- out-of-sample -----------------------------------------------------
     def transform(self, X_new):
@@ -516,7 +522,7 @@ class _Embedding(TransformerOutput, Params):
         X_new = check_data(X_new, be, name="X_new", dtype=X_train.dtype, min_samples=1,
                            sparse=True)
         check_features(X_new, self)
-        X_new = metric_rows(be, X_new, self._metric(), "X_new")
+        X_new = metric_rows(be, X_new, self._metric(), "X_new", square=False)
         K = float(np.max(self._perplexity_used))
         k = min(n, max(math.ceil(3 * K), math.floor(K) + 1))
         sqdist, idx = self._queries(X_new, k)
@@ -838,14 +844,18 @@ class _MultiscaleOutOfSample(_OutOfSample):
         return value, mass, g, curvature
 
 
-def initial_layout(init, X, d, be, dtype, std, random_state, extra=None, n=None):
+def initial_layout(init, X, d, be, dtype, std, random_state, extra=None, n=None,
+                   metric="euclidean"):
     """Initial embedding (N, d) on the device: "pca", "random", a name in ``extra``
     (a function returning the layout) scaled so its first coordinate has standard
     deviation ``std``, or a given array used as it is (as check_init returns it).
-    ``n``: the number of points where X is None (affinities alone)."""
+    ``n``: the number of points where X is None (affinities alone).  For a
+    precomputed distance matrix X "pca" is classical MDS, which gives Euclidean
+    distances' points their principal component scores."""
     n = X.shape[0] if n is None else n
     if isinstance(init, str):
-        builders = {"pca": lambda: _pca(be.to_host(X), d),
+        pca = _classical_mds if metric == "precomputed" else _pca
+        builders = {"pca": lambda: pca(be.to_host(X), d),
                     "random": lambda: make_rng(random_state).standard_normal((n, d)),
                     **(extra or {})}
         check_choice(init, "init", tuple(builders))
@@ -1022,6 +1032,32 @@ def _pca(X, d):
         for rows, block in _centred_blocks(X, mean):
             Y[rows] = block @ V
     return _fixed_signs(Y)
+
+
+def _classical_mds(D, d):
+    """Classical (Torgerson) MDS of the distance matrix D (N x N): the top-d
+    eigenvectors of B = -J S J / 2, S the squared distances made symmetric, J the
+    centring, scaled by the square roots of their eigenvalues (0 for a negative
+    one, which distances that no Euclidean points have can give).  For the
+    distances of points X these are X's principal component scores.  By ARPACK
+    from a fixed start on one BLAS thread (the same vectors at every call), B
+    applied as products with S, which is never centred."""
+    n = D.shape[0]
+    S = np.square(D, dtype=np.float64)
+
+    def centred(V):
+        return V - V.mean(axis=0)
+
+    def times_b(V):
+        V = centred(V)
+        return -0.25 * centred(S @ V + S.T @ V)
+    op = scipy.sparse.linalg.LinearOperator((n, n), matvec=times_b, matmat=times_b,
+                                            dtype=np.float64)
+    with get_backend("cpu").serial_blas():
+        values, V = scipy.sparse.linalg.eigsh(
+            op, k=d, which="LA", v0=np.random.default_rng(0).standard_normal(n))
+    top = np.argsort(values)[::-1]
+    return _fixed_signs(V[:, top] * np.sqrt(np.maximum(values[top], 0.0)))
 
 
 def _subspace_scores(Xc, d, max_iterations):
@@ -1338,8 +1374,10 @@ class MultiscaleSNE(TransformerOutput, Params):
     n_neighbors : int or None
         Neighbours per point of the affinities (None: 3 times the largest
         perplexity, within N - 1).
-    metric : {"euclidean", "cosine"}, default "euclidean"
-        "cosine": the rows, and transform's new rows, scaled to unit length first.
+    metric : {"euclidean", "cosine", "precomputed"}, default "euclidean"
+        "cosine": the rows, and transform's new rows, scaled to unit length first;
+        "precomputed": X an (N, N) distance matrix (init="pca": classical MDS) and
+        transform's rows the new points' distances to the training points.
     nbody : {"auto", "exact", "fgt", "bh"}, default "auto"
         Engine of the per-scale Gaussian sums; "auto": exact below 6,000 points on
         the CPU or in more than 3 dimensions, else "fgt".
@@ -1431,12 +1469,13 @@ class MultiscaleSNE(TransformerOutput, Params):
         nbody = resolve_method(self.nbody, n, d, "gaussian", be, EXACT_BELOW.get(be.name))
         start = time.perf_counter()
         M = multiscale_affinities(X, self.perplexity, n_scales=self.n_scales,
-                                  n_neighbors=self.n_neighbors, symmetrize=False, backend=be)
+                                  n_neighbors=self.n_neighbors, metric=search_metric(self.metric),
+                                  symmetrize=False, backend=be)
         start = _stage(self.verbose, start, f"multi-scale affinities: {n} points, perplexities "
                                             + ", ".join(f"{K:g}" for K in M.perplexities))
         U = intrinsic_exponent(be.to_host(M.beta), d) if self.fit_exponent else 1.0
         # Any scale works: the LD precisions follow the embedding's spread.
-        Y = initial_layout(init, X, d, be, dtype, 1.0, self.random_state)
+        Y = initial_layout(init, X, d, be, dtype, 1.0, self.random_state, metric=self.metric)
         _stage(self.verbose, start, f"setup: initial layout {_init_name(self.init)}, N-body "
                                     f"engine {nbody}")
         monitor = Monitor(self.callbacks, self.verbose)
@@ -1482,9 +1521,9 @@ class MultiscaleSNE(TransformerOutput, Params):
         X_new = check_data(X_new, be, name="X_new", dtype=X_train.dtype, min_samples=1,
                            sparse=True)
         check_features(X_new, self)
-        X_new = metric_rows(be, X_new, self.metric, "X_new")
+        X_new = metric_rows(be, X_new, self.metric, "X_new", square=False)
         k = min(X_train.shape[0], fitted.n_neighbors)
-        sqdist, idx = knn_query(X_new, X_train, k, backend=be)
+        sqdist, idx = knn_query(X_new, X_train, k, metric=search_metric(self.metric), backend=be)
         W = sum(conditional_affinities(sqdist, K, backend=be)
                 for K in self.perplexities_) / len(self.perplexities_)
         Y = (W[:, :, None] * Y_train[idx]).sum(axis=1).astype(Y_train.dtype)   # weighted mean

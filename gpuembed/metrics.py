@@ -16,16 +16,14 @@ in O(block x N) memory.  The full curve of Fashion-MNIST (784-D, float64) agains
 """
 from __future__ import annotations
 
-import concurrent.futures
-
 import numba
 import numpy as np
 
 from ._checks import check_data, check_int, check_labels
 from ._sparse import BlockProducts, row_sqnorms, transposed
 from .backend import get_backend
-from .metrics_cpu import max_rank_counts, ties_by_index
-from .neighbors import knn, metric_rows
+from .metrics_cpu import max_rank_counts
+from .neighbors import knn, metric_rows, smallest_sorted
 from .nbody.exact import centred, squared_distances
 
 __all__ = ["knn_accuracy", "clustering_error", "rnx", "auc_rnx", "log_k_auc", "coranking",
@@ -81,22 +79,28 @@ def clustering_error(labels, clusters):
 
 
 def _pair(X_high, X_low, be, metric):
+    """X_high and X_low checked, each centred (a precomputed X_high, distances, as
+    it is)."""
     X_high = metric_rows(be, check_data(X_high, be, name="X_high", min_samples=3, sparse=True),
                          metric, "X_high")
     X_low = check_data(X_low, be, name="X_low", min_samples=3)
     if X_high.shape[0] != X_low.shape[0]:
         raise ValueError(f"X_high has {X_high.shape[0]} rows but X_low has {X_low.shape[0]}")
-    return centred(be.xp, X_high), centred(be.xp, X_low)
+    if metric != "precomputed":
+        X_high = centred(be.xp, X_high)
+    return X_high, centred(be.xp, X_low)
 
 
-def _rank_blocks(X_high, X_low, k_max, be):
+def _rank_blocks(X_high, X_low, k_max, be, metric):
     """Yield, per block of rows, the k_max nearest in high-D order and in low-D
-    order (B, k_max each, column indices)."""
+    order (B, k_max each, column indices); with ``metric="precomputed"`` the
+    high-D order is that of X_high's rows of distances."""
     xp = be.xp
     n = X_high.shape[0]
     # Each space's norms and right factor (sparse X_high: its feature split),
-    # prepared once for all the blocks.
-    spaces = [(X, row_sqnorms(xp, X), transposed(X)) for X in (X_high, X_low)]
+    # prepared once for all the blocks; None: the precomputed distances' rows.
+    spaces = [None if metric == "precomputed" and X is X_high else
+              (X, row_sqnorms(xp, X), transposed(X)) for X in (X_high, X_low)]
     rows = max(1, min(n, BLOCK_BYTES // (8 * n)))
     # In fixed tiles: OpenBLAS's threads cut a float32 product differently, and a
     # tie in the ranks moved the log-K AUC of Fashion-MNIST 3k in its 6th digit.
@@ -105,10 +109,15 @@ def _rank_blocks(X_high, X_low, k_max, be):
             stop = min(n, start + rows)
             own = xp.arange(start, stop)
             orders = []
-            for X, sq, Xt in spaces:
-                D = squared_distances(xp, X[start:stop], X, sq[start:stop], sq, Xt, products)
+            for space in spaces:
+                if space is None:
+                    D = X_high[start:stop].copy()
+                else:
+                    X, sq, Xt = space
+                    D = squared_distances(xp, X[start:stop], X, sq[start:stop], sq, Xt,
+                                          products)
                 D[own - start, own] = xp.inf
-                orders.append(_smallest_sorted(xp, D, k_max))
+                orders.append(smallest_sorted(xp, D, k_max))
             yield orders
 
 
@@ -119,47 +128,12 @@ def _low_ranks(xp, order_l, n, k_max):
     return rank_l
 
 
-def _smallest_sorted(xp, D, k):
-    """Column indices of the k smallest entries of each row, in ascending order
-    (ties by index, also across the k-th place); a partition first where k is a
-    small part of the row."""
-    if 4 * k >= D.shape[1]:
-        return _stable_argsort(xp, D)[:, :k]
-    part = xp.sort(xp.argpartition(D, k - 1, axis=1)[:, :k], axis=1)
-    values = xp.take_along_axis(D, part, axis=1)
-    order = xp.take_along_axis(part, _stable_argsort(xp, values), axis=1)
-    # The partition may keep a value tied with the k-th place over a smaller
-    # index: such rows are sorted whole.
-    kth = values.max(axis=1, keepdims=True)
-    split = xp.flatnonzero((D == kth).sum(axis=1) != (values == kth).sum(axis=1))
-    if split.size:
-        order[split] = _stable_argsort(xp, D[split])[:, :k]
-    return order
-
-
-def _stable_argsort(xp, V):
-    """Argsort of each row of V, ties in the order of position."""
-    if xp is not np:
-        return xp.argsort(V, axis=1)      # CuPy's sort is stable
-    # NumPy's quicksort (SIMD; it releases the GIL, so threads share the rows),
-    # then the ties.
-    order = np.empty(V.shape, dtype=np.intp)
-    bounds = np.linspace(0, V.shape[0], numba.get_num_threads() + 1).astype(int)
-
-    def sort(lo, hi):
-        order[lo:hi] = np.argsort(V[lo:hi], axis=1)
-
-    with concurrent.futures.ThreadPoolExecutor(len(bounds) - 1) as pool:
-        list(pool.map(sort, bounds[:-1], bounds[1:]))
-    ties_by_index(V, order)
-    return order
-
-
 def rnx(X_high, X_low, k_max=None, *, metric="euclidean", backend="cpu"):
     """R_NX(K) for K = 1 .. k_max (eqs 5.8-5.9), default k_max = N - 2: how much
     better than chance the K-neighbourhoods of the rows of ``X_high`` (N, D; dense or
-    sparse; ``metric`` "euclidean" or "cosine", as in :func:`gpuembed.knn`) are kept
-    among those of ``X_low`` (N, d), computed on ``backend``."""
+    sparse; ``metric`` "euclidean", "cosine" or "precomputed", X_high then the
+    (N, N) distances, as in :func:`gpuembed.knn`) are kept among those of ``X_low``
+    (N, d), computed on ``backend``."""
     be = get_backend(backend)
     xp = be.xp
     X_high, X_low = _pair(X_high, X_low, be, metric)
@@ -168,7 +142,7 @@ def rnx(X_high, X_low, k_max=None, *, metric="euclidean", backend="cpu"):
     # counts[m]: pairs (i, j) whose larger rank max(rho_ij, r_ij) is m; such a pair is
     # in both K-ary neighbourhoods exactly when K >= m.
     counts = xp.zeros(k_max + 2, dtype=xp.int64)
-    for order_h, order_l in _rank_blocks(X_high, X_low, k_max, be):
+    for order_h, order_l in _rank_blocks(X_high, X_low, k_max, be, metric):
         if xp is np:
             counts += max_rank_counts(order_h, order_l, n, k_max, numba.get_num_threads())
             continue
@@ -211,7 +185,7 @@ def coranking(X_high, X_low, *, metric="euclidean", max_n=5000):
         raise ValueError(f"coranking forms an (N-1)^2 matrix: N = {n} exceeds max_n = {max_n}; "
                          "use rnx for large N")
     Q = np.zeros((n - 1, n - 1), dtype=np.int64)
-    for order_h, order_l in _rank_blocks(X_high, X_low, n - 1, be):
+    for order_h, order_l in _rank_blocks(X_high, X_low, n - 1, be, metric):
         l = np.take_along_axis(_low_ranks(np, order_l, n, n - 1), order_h, axis=1)
         np.add.at(Q, (np.broadcast_to(np.arange(n - 1), l.shape).ravel(), l.ravel() - 1), 1)
     return Q

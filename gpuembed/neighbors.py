@@ -34,18 +34,26 @@ Sparse X (scipy or cupyx) is searched as it is: no centring (it would make
 the rows dense), each block a sparse product made dense, the exact
 recomputation on sparse row differences (gpuembed._sparse).
 
+A precomputed distance matrix (``metric="precomputed"``: row i holds point i's
+distances to the N points) is not searched but sorted: each row's k smallest,
+ties by index, a block of rows at a time.
+
 Memory bound: apart from X, the (N, k) outputs and the (N, k + margin)
 candidates, one block holds a B x N distance matrix (at most ``block_bytes``,
 default 256 MiB on the CPU and 1 GiB on the GPU), so N can grow to millions.
 """
 from __future__ import annotations
 
+import concurrent.futures
+
+import numba
 import numpy as np
 import scipy.sparse
 
 from ._checks import check_choice, check_data, check_int
 from ._sparse import BlockProducts, is_sparse, row_sqnorms, same_kind, transposed
 from .backend import get_backend
+from .metrics_cpu import ties_by_index
 
 __all__ = ["knn", "knn_query"]
 
@@ -82,17 +90,21 @@ RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
 # against 5.8 s, ahead only from a few times more points (N log N against N^2).
 # In 16-D uniform float32 points took 180 s against 12 s (an earlier run).
 TREE_MAX_DIM = 10
-METRICS = ("euclidean", "cosine")
+METRICS = ("euclidean", "cosine", "precomputed")
 
 
-def metric_rows(be, X, metric, name="X"):
+def metric_rows(be, X, metric, name="X", square=True):
     """X's rows as the Euclidean search compares them under ``metric``:
     "euclidean" as they are, "cosine" scaled to unit length (dense or sparse,
     X's dtype).  Between unit rows |x - y|^2 = 2 - 2 cos(x, y), so the
     neighbours and their order are the cosine distance's, and entropic
     affinities, whose precisions absorb the factor 2, are those of the cosine
-    distance.  A row of zeros has no direction, and is refused."""
+    distance.  A row of zeros has no direction, and is refused.  "precomputed":
+    X holds distances, as they are, once checked (dense, >= 0, and with
+    ``square`` N x N: each point's distances to all N)."""
     check_choice(metric, "metric", METRICS)
+    if metric == "precomputed":
+        return _checked_distances(be, X, name, square)
     if metric == "euclidean":
         return X
     xp = be.xp
@@ -108,6 +120,84 @@ def metric_rows(be, X, metric, name="X"):
     return X / norms[:, None]           # divided, as scikit-learn's normalize does
 
 
+def search_metric(metric):
+    """The metric that the searches take on :func:`metric_rows`' output: a
+    precomputed matrix stays one, rows of any other metric are compared as
+    Euclidean."""
+    return "precomputed" if metric == "precomputed" else "euclidean"
+
+
+def _checked_distances(be, D, name, square):
+    if is_sparse(D):
+        raise ValueError(f"metric='precomputed' takes {name} as a dense distance matrix; for "
+                         "a sparse k-NN graph give entropic_affinities "
+                         "neighbors=(sqdist, indices)")
+    if square and D.shape[0] != D.shape[1]:
+        raise ValueError(f"metric='precomputed' needs {name} square, each point's distances "
+                         f"to all N points, got shape {D.shape}")
+    if bool((D < 0).any()):
+        raise ValueError(f"metric='precomputed': {name} holds negative distances")
+    return D
+
+
+def _sorted_distances(be, D, k, exclude_self, block_bytes):
+    """The k smallest distances of each row of the precomputed D (squared, as the
+    searches return them) and their columns, ties by index; ``exclude_self``
+    leaves out each row's own column (duplicates at distance 0 stay)."""
+    xp = be.xp
+    n = D.shape[0]
+    sqdist = xp.empty((n, k), dtype=D.dtype)
+    indices = xp.empty((n, k), dtype=xp.int64)
+    block_bytes = block_bytes or DEFAULT_BLOCK_BYTES[be.name]
+    step = max(1, block_bytes // (D.shape[1] * D.itemsize))
+    for start in range(0, n, step):
+        rows = slice(start, min(n, start + step))
+        block = D[rows].copy()
+        if exclude_self:
+            own = xp.arange(rows.start, rows.stop)
+            block[own - start, own] = xp.inf
+        order = smallest_sorted(xp, block, k)
+        sqdist[rows] = xp.take_along_axis(block, order, axis=1) ** 2
+        indices[rows] = order
+    return sqdist, indices
+
+
+def smallest_sorted(xp, D, k):
+    """Column indices of the k smallest entries of each row, in ascending order
+    (ties by index, also across the k-th place); a partition first where k is a
+    small part of the row."""
+    if 4 * k >= D.shape[1]:
+        return _stable_argsort(xp, D)[:, :k]
+    part = xp.sort(xp.argpartition(D, k - 1, axis=1)[:, :k], axis=1)
+    values = xp.take_along_axis(D, part, axis=1)
+    order = xp.take_along_axis(part, _stable_argsort(xp, values), axis=1)
+    # The partition may keep a value tied with the k-th place over a smaller
+    # index: such rows are sorted whole.
+    kth = values.max(axis=1, keepdims=True)
+    split = xp.flatnonzero((D == kth).sum(axis=1) != (values == kth).sum(axis=1))
+    if split.size:
+        order[split] = _stable_argsort(xp, D[split])[:, :k]
+    return order
+
+
+def _stable_argsort(xp, V):
+    """Argsort of each row of V, ties in the order of position."""
+    if xp is not np:
+        return xp.argsort(V, axis=1)      # CuPy's sort is stable
+    # NumPy's quicksort (SIMD; it releases the GIL, so threads share the rows),
+    # then the ties.
+    order = np.empty(V.shape, dtype=np.intp)
+    bounds = np.linspace(0, V.shape[0], numba.get_num_threads() + 1).astype(int)
+
+    def sort(lo, hi):
+        order[lo:hi] = np.argsort(V[lo:hi], axis=1)
+
+    with concurrent.futures.ThreadPoolExecutor(len(bounds) - 1) as pool:
+        list(pool.map(sort, bounds[:-1], bounds[1:]))
+    ties_by_index(V, order)
+    return order
+
+
 def knn(X, n_neighbors, *, metric="euclidean", backend="auto", block_bytes=None):
     """Exact k nearest neighbours of every row of ``X`` (self excluded).
 
@@ -116,14 +206,15 @@ def knn(X, n_neighbors, *, metric="euclidean", backend="auto", block_bytes=None)
     X : array (N, D), numpy or cupy, finite, or a sparse matrix (scipy or cupyx).
     n_neighbors : int in [1, N - 1].
     metric : "euclidean" | "cosine" (the rows scaled to unit length first: see
-        :func:`metric_rows`).
+        :func:`metric_rows`) | "precomputed" (X an (N, N) matrix of distances,
+        sorted: see the module doc).
     backend : "auto" | "cpu" | "gpu" | Backend.
     block_bytes : bytes for one block of the distance matrix (see module doc).
 
     Returns
     -------
-    sqdist : (N, k) squared Euclidean distances (for "cosine" 2 - 2 cos), ascending
-        in each row, dtype of X
+    sqdist : (N, k) squared Euclidean distances (for "cosine" 2 - 2 cos; for
+        "precomputed" the given distances squared), ascending in each row, dtype of X
         (float64 for integer input on the CPU).
     indices : (N, k) int64 neighbour indices; equal distances are ordered by index (see
         the module doc for distances that tie only before the GEMM's rounding).
@@ -132,19 +223,24 @@ def knn(X, n_neighbors, *, metric="euclidean", backend="auto", block_bytes=None)
     be = get_backend(backend)
     X = metric_rows(be, check_data(X, be, sparse=True), metric)
     k = check_int(n_neighbors, "n_neighbors", 1, X.shape[0] - 1)
+    if metric == "precomputed":
+        return _sorted_distances(be, X, k, True, block_bytes)
     return _knn(be, X, X, k, True, block_bytes)
 
 
 def knn_query(Q, X, n_neighbors, *, metric="euclidean", backend="auto", block_bytes=None):
     """Exact k nearest neighbours in ``X`` of every row of ``Q`` (no self exclusion);
-    either may be sparse."""
+    either may be sparse.  With ``metric="precomputed"`` X is the points' (N, N)
+    distance matrix and Q's rows the queries' distances to those N points."""
     be = get_backend(backend)
     X = metric_rows(be, check_data(X, be, min_samples=1, sparse=True), metric)
     Q = check_data(Q, be, name="Q", dtype=X.dtype, min_samples=1, sparse=True)
     if Q.shape[1] != X.shape[1]:
         raise ValueError(f"Q has {Q.shape[1]} features but X has {X.shape[1]}")
-    Q, X = same_kind(be, metric_rows(be, Q, metric, "Q"), X)
+    Q, X = same_kind(be, metric_rows(be, Q, metric, "Q", square=False), X)
     k = check_int(n_neighbors, "n_neighbors", 1, X.shape[0])
+    if metric == "precomputed":
+        return _sorted_distances(be, Q, k, False, block_bytes)
     return _knn(be, Q, X, k, False, block_bytes)
 
 

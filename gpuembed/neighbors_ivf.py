@@ -52,7 +52,8 @@ from ._checks import check_data, check_float, check_int, make_rng
 from ._sparse import BlockProducts, is_sparse, row_sqnorms
 from .backend import get_backend
 from .neighbors import (CANDIDATE_MARGIN, DEFAULT_BLOCK_BYTES, TREE_MAX_DIM, _finish_all,
-                        _knn, _select_cpu, _select_gpu, knn, knn_query, metric_rows)
+                        _knn, _select_cpu, _select_gpu, knn, knn_query, metric_rows,
+                        search_metric)
 
 __all__ = ["approx_knn", "approx_knn_query", "ListIndex", "QuerySearch", "auto_knn",
            "SEARCHES"]
@@ -109,7 +110,8 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_R
         the lists do not follow the data (as for i.i.d. Gaussian points).
     recall : in (0, 1], the fraction of the true neighbours that ``n_probe="auto"``
         aims at.
-    metric : "euclidean" | "cosine", as in :func:`gpuembed.knn`.
+    metric : "euclidean" | "cosine", as in :func:`gpuembed.knn` (lists need
+        coordinates: a precomputed matrix is sorted by :func:`gpuembed.knn`).
     random_state : seed of the k-means sample, its initial centroids and the
         points that choose n_probe="auto"; the same seed gives the same result.
     backend : "auto" | "cpu" | "gpu" | Backend.
@@ -118,7 +120,7 @@ def approx_knn(X, n_neighbors, *, n_lists=None, n_probe="auto", recall=DEFAULT_R
     index order, on the backend's device).
     """
     be = get_backend(backend)
-    X = metric_rows(be, check_data(X, be, sparse=True), metric)
+    X = metric_rows(be, check_data(X, be, sparse=True), _lists_metric(metric))
     k = check_int(n_neighbors, "n_neighbors", 1, X.shape[0] - 1)
     n_probe, recall = _check_probes(n_probe, recall)
     if n_probe is not None and n_probe >= _list_count(X.shape[0], n_lists):
@@ -154,7 +156,7 @@ class ListIndex:
     def __init__(self, X, n_lists=None, *, metric="euclidean", random_state=0,
                  backend="auto"):
         be = get_backend(backend)
-        X = metric_rows(be, check_data(X, be, sparse=True), metric)
+        X = metric_rows(be, check_data(X, be, sparse=True), _lists_metric(metric))
         self.metric = metric
         self.n_lists = _list_count(X.shape[0], n_lists)
         self.backend, self.X = be, X
@@ -345,11 +347,19 @@ class ListIndex:
 
 def auto_knn(X, n_neighbors, *, metric="euclidean", backend="auto"):
     """``neighbors="auto"``, the estimators' and affinities' default: :func:`approx_knn`
-    from AUTO_APPROX_FROM points of the backend's device on, else :func:`gpuembed.knn`."""
+    from AUTO_APPROX_FROM points of the backend's device on, else :func:`gpuembed.knn`
+    (always for a precomputed matrix, which is sorted)."""
     be = get_backend(backend)
     n = X.shape[0] if hasattr(X, "shape") else len(X)
-    search = approx_knn if _auto_approximates(be, n) else knn
-    return search(X, n_neighbors, metric=metric, backend=be)
+    approximate = metric != "precomputed" and _auto_approximates(be, n)
+    return (approx_knn if approximate else knn)(X, n_neighbors, metric=metric, backend=be)
+
+
+def _lists_metric(metric):
+    if metric == "precomputed":
+        raise ValueError("metric='precomputed': the lists need coordinates; a distance "
+                         "matrix is sorted exactly (neighbors='exact' or 'auto')")
+    return metric
 
 
 def _auto_approximates(be, n):
@@ -371,15 +381,20 @@ class QuerySearch:
     device on, as :func:`auto_knn`, else "exact".  So a new point's neighbours do
     not depend on the other points searched with it, or before it.  The first
     approximate query pays for the lists: for 280,000 shifted images 5.1 s, the
-    exact search of about 2,000 queries (knn_approx_query_n280000.json)."""
+    exact search of about 2,000 queries (knn_approx_query_n280000.json).  With
+    ``metric="precomputed"`` X is the training points' distance matrix and the
+    queries their distances to those points, sorted."""
 
-    def __init__(self, X, neighbors, backend):
+    def __init__(self, X, neighbors, backend, metric="euclidean"):
         self.X, self.neighbors, self.backend = X, neighbors or "auto", backend
+        self.metric = search_metric(metric)
         self.index = None
         self.probes = {}            # n_probe by k; None: the exact search
 
     def __call__(self, Q, n_neighbors):
         be, n = self.backend, self.X.shape[0]
+        if self.metric == "precomputed":      # the fit refused neighbors="approx"
+            return knn_query(Q, self.X, n_neighbors, metric="precomputed", backend=be)
         exact = self.neighbors == "exact" or n_neighbors >= n or (
             self.neighbors == "auto" and not _auto_approximates(be, n))
         if not exact:

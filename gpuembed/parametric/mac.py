@@ -333,7 +333,7 @@ class ParametricEmbedding(TransformerOutput, Params):
         be = self._backend
         Y_new = check_data(Y_new, be, name="Y_new", dtype=self._dtype, min_samples=1)
         check_features(Y_new, self, "Y_new")
-        Y_new = metric_rows(be, Y_new, self._metric, "Y_new")
+        Y_new = metric_rows(be, Y_new, self._metric, "Y_new", square=False)
         return be.to_host(be.asarray(self.mapping_.predict(Y_new), dtype=self._dtype))
 
 

@@ -23,7 +23,7 @@ from .._params import FeatureNamesIn, Params, TransformerOutput, fill_doc
 from ..affinities import entropic_affinities
 from ..affinities.entropic import checked_neighbors
 from ..backend import get_backend
-from ..neighbors import METRICS, metric_rows
+from ..neighbors import METRICS, metric_rows, search_metric
 from ..neighbors_ivf import SEARCHES, QuerySearch
 from ..optim.directions import connected_components
 from .embedding import points_suit_shift_invert, positive_degrees, spectral_embedding
@@ -46,9 +46,12 @@ perplexity : float or None
 neighbors : {"auto", "exact", "approx"}, default "auto"
     The graph's k-NN search ("auto": approximate from 50,000 points on the CPU),
     as in :func:`gpuembed.entropic_affinities`.
-metric : {"euclidean", "cosine"}, default "euclidean"
+metric : {"euclidean", "cosine", "precomputed"}, default "euclidean"
     "cosine": the rows (and new points' rows) scaled to unit length first, so
-    the graph, sigma and the reconstruction weights are those of unit rows.
+    the graph, sigma and the reconstruction weights are those of unit rows;
+    "precomputed": X an (N, N) distance matrix and new points' rows their
+    distances to the training points, whose reconstruction weights come from
+    distances alone (exact only: no landmarks).
 n_landmarks : int or None
     None: the exact eigenproblem; L: Locally Linear Landmarks (Algorithm 3) with
     L landmarks, solving an L x L reduced problem.
@@ -94,7 +97,7 @@ _DOCUMENTED = fill_doc(graph_parameters=_GRAPH_PARAMETERS,
 
 
 def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=None,
-                   backend="auto"):
+                   metric="euclidean", backend="auto"):
     """Symmetric sparse affinities on the k-NN graph, as a host scipy CSR (float64):
     Gaussian of width ``sigma``, or entropic of ``perplexity`` (default
     n_neighbors / 3) where sigma is None.
@@ -103,7 +106,7 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=Non
     ``(sqdist, indices)`` for some k >= n_neighbors, of which the first
     n_neighbors columns are used (a sweep over n_neighbors searches once), or the
     search that finds them: "auto" (None), "exact" or "approx" (as in
-    :func:`gpuembed.entropic_affinities`)."""
+    :func:`gpuembed.entropic_affinities`), with ``metric`` as there."""
     be = get_backend(backend)
     X = check_data(X, be, sparse=True)
     n = X.shape[0]
@@ -111,7 +114,7 @@ def affinity_graph(X, n_neighbors, sigma=None, perplexity=None, *, neighbors=Non
     given = not (neighbors is None or isinstance(neighbors, str))
     if not given:
         sqdist, idx = SEARCHES[check_choice(neighbors or "auto", "neighbors", tuple(SEARCHES))](
-            X, k, backend=be)
+            X, k, metric=metric, backend=be)
     elif neighbors[0].shape[0] != n or neighbors[0].shape[1] < k:
         raise ValueError(f"neighbors must hold at least n_neighbors = {k} columns for each "
                          f"of the {n} points, got shape {neighbors[0].shape}")
@@ -214,6 +217,9 @@ class _SpectralBase(FeatureNamesIn, Params):
         be = get_backend(self.backend)
         X = be.to_host(metric_rows(be, check_data(X, be, min_samples=3, sparse=True),
                                    self.metric))
+        if self.metric == "precomputed" and self.n_landmarks is not None:
+            raise ValueError("metric='precomputed' embeds exactly (n_landmarks=None): the "
+                             "landmarks' choice and reconstruction need the points' coordinates")
         if self._graph_z() and scipy.sparse.issparse(X):
             raise ValueError("z_neighbors='graph' computes distances between dense rows; X "
                              "is sparse: take z_neighbors='input'")
@@ -232,9 +238,10 @@ class _SpectralBase(FeatureNamesIn, Params):
         ``shared``: (neighbors, basis) of :func:`fit_grid`'s sweep."""
         neighbors, basis = shared or (None, None)
         W = affinity_graph(X, self.n_neighbors, self.sigma, self.perplexity,
-                           neighbors=neighbors or self.neighbors, backend=be)
+                           neighbors=neighbors or self.neighbors,
+                           metric=search_metric(self.metric), backend=be)
         self._X = X
-        self._queries = QuerySearch(X, self.neighbors, be)
+        self._queries = QuerySearch(X, self.neighbors, be, self.metric)
         self._graph = W if self._graph_z() else None     # for transform's landmarks
         self.n_features_in_ = X.shape[1]
         if self.n_landmarks is None:
@@ -259,7 +266,7 @@ class _SpectralBase(FeatureNamesIn, Params):
         each graph makes: z_neighbors="graph", landmarks="spread")."""
         basis = None if self.n_landmarks is None or self._basis_of_graph() else _landmark_basis(
             X, d, self.n_landmarks, self.kz, self.landmarks, self.random_state, be)
-        return SEARCHES[self.neighbors](X, k, backend=be), basis
+        return SEARCHES[self.neighbors](X, k, metric=search_metric(self.metric), backend=be), basis
 
     def _map(self, X_new, embedding, method="transform"):
         """Out-of-sample: locally linear reconstruction from landmarks (LLL) or from
@@ -269,11 +276,12 @@ class _SpectralBase(FeatureNamesIn, Params):
         cpu = get_backend("cpu")
         X_new = check_data(X_new, cpu, name="X_new", min_samples=1, sparse=True)
         check_features(X_new, self)
-        X_new = metric_rows(cpu, X_new, self.metric, "X_new")
+        X_new = metric_rows(cpu, X_new, self.metric, "X_new", square=False)
         if self.landmarks_ is None or self._refined:
             kz = default_kz(embedding.shape[1])
             return reconstruction_weights(X_new, self._X, kz, backend=self.backend,
-                                          search=self._queries) @ embedding
+                                          search=self._queries,
+                                          metric=search_metric(self.metric)) @ embedding
         search = None
         if self._graph is not None:        # from each new point's nearest training point
             def search(Y, k):

@@ -199,7 +199,8 @@ def _nearest_rows(centers, Y):
     return where[least.argmin(axis=0), columns]
 
 
-def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
+def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None,
+                           metric="euclidean"):
     """Sparse (N, L) Z: each row of ``Y`` (N, D) is reconstructed from its kz nearest
     rows of ``Y_landmarks`` (L, D) with
     weights summing to one (LLE-style local Gram system, eqs 4.7-4.8; ridge
@@ -214,17 +215,22 @@ def reconstruction_weights(Y, Y_landmarks, kz, *, backend="auto", search=None):
     The k-NN search runs on ``backend`` in the inputs' dtype (``search(Y, kz)``:
     another search of the landmarks, such as a :class:`~gpuembed.neighbors_ivf.QuerySearch`
     of them), the Gram systems on the host in float64 (lll_cpu.local_weights).
+    ``metric="precomputed"``: Y's rows are the points' distances to the landmarks
+    and ``Y_landmarks`` the landmarks' (L, L) distance matrix, which gives the
+    Gram systems the same way.
     """
     n, L = Y.shape[0], Y_landmarks.shape[0]
     kz = check_int(kz, "kz", 1, L)
     be = get_backend(backend)
     neighbours = (search(Y, kz) if search is not None
-                  else knn_query(Y, Y_landmarks, kz, backend=be))
+                  else knn_query(Y, Y_landmarks, kz, metric=metric, backend=be))
     sqdist, idx = (be.to_host(a) for a in neighbours)
     sqdist = sqdist.astype(np.float64, copy=False)
     idx = np.ascontiguousarray(idx, dtype=np.int64)
     landmarks = be.to_host(Y_landmarks)
-    if scipy.sparse.issparse(landmarks):
+    if metric == "precomputed":
+        between = np.square(landmarks, dtype=np.float64)
+    elif scipy.sparse.issparse(landmarks):
         with get_backend("cpu").serial_blas():  # the same bits on any number of threads
             between = squared_distances(np, landmarks, landmarks)
     else:                                       # only the pairs that share a point

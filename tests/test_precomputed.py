@@ -1,0 +1,188 @@
+"""metric="precomputed": X is an (N, N) matrix of distances.  Each point's
+neighbours are its row's smallest entries (brute force below); for the
+Euclidean distances of points every entry point gives what it gives for the
+points, and init="pca" (classical MDS) their principal component scores."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse
+from scipy.spatial.distance import cdist
+
+import gpuembed as ge
+from gpuembed.embedding import _classical_mds, _pca
+from gpuembed.neighbors import knn_query
+from gpuembed.parametric import ParametricEmbedding
+
+CPU = ge.get_backend("cpu")
+
+
+def data(n=150, seed=0):
+    """Points with a clear principal axis order (distinct variances)."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 6)) * [5.0, 3.0, 2.0, 1.0, 1.0, 0.5]
+
+
+def brute(D, k, exclude_self):
+    """Each row's k smallest entries (ties by column), its own left out."""
+    D = np.array(D, dtype=np.float64)
+    if exclude_self:
+        np.fill_diagonal(D, np.inf)
+    order = np.argsort(D, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(D, order, axis=1) ** 2, order
+
+
+def test_neighbours_are_each_rows_smallest_distances():
+    """Distances of no point set (asymmetric, rounded to few values so that many
+    tie, duplicates at 0, a nonzero diagonal): the sorted rows, ties by index,
+    whole or in blocks of rows, and for queries against the points."""
+    rng = np.random.default_rng(1)
+    D = (np.round(rng.random((90, 90)) * 8) + 1) / 2      # 9 values from 0.5
+    D[5, 17] = D[5, 40] = 0.0
+    k = 12
+    for block_bytes in (None, 7 * 90 * 8):
+        sq, idx = ge.knn(D, k, metric="precomputed", backend=CPU, block_bytes=block_bytes)
+        ref_sq, ref_idx = brute(D, k, True)
+        np.testing.assert_array_equal(idx, ref_idx)
+        np.testing.assert_array_equal(sq, ref_sq)
+    assert list(idx[5, :2]) == [17, 40]
+    Q = np.round(rng.random((20, 90)) * 8) / 2
+    sq, idx = knn_query(Q, D, k, metric="precomputed", backend=CPU)
+    ref_sq, ref_idx = brute(Q, k, False)
+    np.testing.assert_array_equal(idx, ref_idx)
+    np.testing.assert_array_equal(sq, ref_sq)
+    sq, idx = ge.knn(D.astype(np.float32), k, metric="precomputed", backend=CPU)
+    assert sq.dtype == np.float32
+    np.testing.assert_array_equal(idx, brute(D, k, True)[1])
+
+
+def test_precomputed_on_each_backend(backend):
+    """The backend's sort of each row: the CPU's neighbours, in order."""
+    rng = np.random.default_rng(2)
+    D = rng.random((120, 120)).astype(np.float32)
+    sq, idx = (backend.to_host(a) for a in ge.knn(backend.asarray(D), 9, metric="precomputed",
+                                                    backend=backend))
+    ref_sq, ref_idx = ge.knn(D, 9, metric="precomputed", backend=CPU)
+    np.testing.assert_array_equal(idx, ref_idx)
+    np.testing.assert_allclose(sq, ref_sq, rtol=1e-6)
+    model = ge.TSNE(perplexity=10, max_iter=5, random_state=0, metric="precomputed",
+                    backend=backend).fit(backend.asarray(D))
+    assert np.isfinite(model.embedding_).all()
+
+
+def test_classical_mds_gives_the_principal_component_scores():
+    """Euclidean distances: the points' PCA scores (signs fixed alike).  Other
+    distances: the leading eigenpairs of B = -J S J / 2 (S squared and made
+    symmetric), against a dense eigensolver, a negative eigenvalue's column 0."""
+    X = data()
+    np.testing.assert_allclose(_classical_mds(cdist(X, X), 3), _pca(X, 3), rtol=1e-9,
+                               atol=1e-9 * np.abs(X).max())
+    rng = np.random.default_rng(3)
+    D = rng.random((60, 60))                    # no point set has these distances
+    S = (D ** 2 + (D ** 2).T) / 2
+    J = np.eye(60) - 1 / 60
+    values, vectors = np.linalg.eigh(-J @ S @ J / 2)
+    assert values[0] < 0
+    Y = _classical_mds(D, 2)
+    for j in (0, 1):
+        v = vectors[:, -1 - j]
+        np.testing.assert_allclose(np.abs(Y[:, j] @ v), np.sqrt(values[-1 - j]), rtol=1e-8)
+    # Two far pairs among 5 points at distance 1: B's eigenvalues -49, -9.4, 0, 50, 50;
+    # the third column, of eigenvalue 0 (to rounding, either sign), is 0.
+    D = np.ones((5, 5)) - np.eye(5)
+    D[0, 1] = D[1, 0] = D[2, 3] = D[3, 2] = 10.0
+    Y = _classical_mds(D, 3)
+    np.testing.assert_allclose((Y[:, :2] ** 2).sum(axis=0), [50.0, 50.0], rtol=1e-10)
+    assert np.all(np.abs(Y[:, 2]) < 1e-6)
+
+
+ESTIMATORS = {
+    "tsne": lambda **kw: ge.TSNE(perplexity=10, max_iter=40, random_state=0, backend=CPU, **kw),
+    "ee": lambda **kw: ge.EE(perplexity=10, max_iter=20, random_state=0, backend=CPU, **kw),
+    "sne": lambda **kw: ge.SNE(perplexity=10, max_iter=20, random_state=0, backend=CPU, **kw),
+    "msne": lambda **kw: ge.MultiscaleSNE(max_iter=10, random_state=0, backend=CPU, **kw),
+    "le": lambda **kw: ge.LaplacianEigenmaps(2, n_neighbors=10, backend=CPU, **kw),
+    "clustering": lambda **kw: ge.SpectralClustering(3, n_neighbors=10, random_state=0,
+                                                     backend=CPU, **kw),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_estimators_of_euclidean_distances_are_those_of_the_points(name):
+    """Fit to the distance matrix of points and map new points by their distances
+    to the training points: the fit and map of the points, to the rounding of
+    the two ways of computing distances (the neighbours are the same)."""
+    X, X_new = data(), data(12, seed=4)
+    make = ESTIMATORS[name]
+    given, points = make(metric="precomputed").fit(cdist(X, X)), make().fit(X)
+    if name == "clustering":
+        np.testing.assert_array_equal(given.labels_, points.labels_)
+        np.testing.assert_array_equal(given.predict(cdist(X_new, X)), points.predict(X_new))
+        return
+    scale = np.abs(points.embedding_).max()
+    np.testing.assert_allclose(given.embedding_, points.embedding_, rtol=0, atol=1e-5 * scale)
+    np.testing.assert_allclose(given.transform(cdist(X_new, X)), points.transform(X_new),
+                               rtol=0, atol=1e-5 * scale)
+
+
+def test_affinities_and_quality_of_euclidean_distances_are_those_of_the_points():
+    X = data()
+    D = cdist(X, X)
+    A, B = (ge.entropic_affinities(D, 10.0, metric="precomputed", backend=CPU),
+            ge.entropic_affinities(X, 10.0, backend=CPU))
+    assert abs(A.P - B.P).max() < 1e-14
+    M = ge.multiscale_affinities(D, 2.0, metric="precomputed", backend=CPU)
+    assert abs(M.P - ge.multiscale_affinities(X, 2.0, backend=CPU).P).max() < 1e-14
+    Y = np.random.default_rng(0).standard_normal((X.shape[0], 2))
+    np.testing.assert_array_equal(ge.metrics.rnx(D, Y, 30, metric="precomputed"),
+                                  ge.metrics.rnx(X, Y, 30))
+    np.testing.assert_array_equal(ge.metrics.coranking(D[:50, :50], Y[:50],
+                                                       metric="precomputed"),
+                                  ge.metrics.coranking(X[:50], Y[:50]))
+
+
+def test_parametric_mapping_of_distance_rows():
+    """F maps each point's distances to the training points: the training rows
+    map to the embedding's F(Y)."""
+    X = data(100)
+    D = cdist(X, X)
+    model = ParametricEmbedding(ge.EE(perplexity=10, max_iter=20, random_state=0,
+                                      backend=CPU, metric="precomputed"),
+                                mapping="linear", n_mu=3).fit(D)
+    np.testing.assert_allclose(model.transform(D), model.embedding_, rtol=1e-9,
+                               atol=1e-9 * np.abs(model.embedding_).max())
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda D: ge.knn(D[:, :-1], 5, metric="precomputed"), r"X square.*shape \(60, 59\)"),
+    (lambda D: ge.TSNE(metric="precomputed").fit(-D), "X holds negative distances"),
+    (lambda D: ge.knn(scipy.sparse.csr_matrix(D), 5, metric="precomputed"),
+     "dense distance matrix"),
+    (lambda D: ge.approx_knn(D, 5, metric="precomputed"), "lists need coordinates"),
+    (lambda D: ge.ListIndex(D, metric="precomputed"), "lists need coordinates"),
+    (lambda D: ge.TSNE(perplexity=5, metric="precomputed", neighbors="approx").fit(D),
+     "lists need coordinates"),
+    (lambda D: ge.LaplacianEigenmaps(2, n_neighbors=5, n_landmarks=20,
+                                     metric="precomputed").fit(D), "n_landmarks=None"),
+    (lambda D: knn_query(D[:3, :-1], D, 5, metric="precomputed"), "Q has 59 features"),
+    (lambda D: ge.TSNE(perplexity=5, metric="precomputed").fit(D).transform(-D[:2]),
+     "X_new holds negative distances"),
+])
+def test_bad_distance_matrices_raise(call, match):
+    X = data(60)
+    with pytest.raises(ValueError, match=match):
+        call(cdist(X, X))
+
+
+def test_command_line_precomputed(tmp_path):
+    X = data(100)
+    np.save(tmp_path / "d.npy", cdist(X, X))
+    out = subprocess.run([sys.executable, "-m", "gpuembed.cli", "embed", str(tmp_path / "d.npy"),
+                          "-o", str(tmp_path / "y.npy"), "--backend", "cpu", "--perplexity",
+                          "10", "--max-iter", "20", "--random-state", "1", "--metric",
+                          "precomputed"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    expected = ge.TSNE(2, 10.0, max_iter=20, random_state=1, backend="cpu",
+                       metric="precomputed").fit_transform(cdist(X, X))
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), expected)
