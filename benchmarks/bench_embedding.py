@@ -65,6 +65,12 @@ shifted by up to 2 pixels, as bench_knn's --approx-large), from the data: second
 (affinities apart), iterations, KL by the fit's engine, 10-NN accuracy and peak host
 memory, written to embedding_shifted_n<N>[_gpu].json ("tsne_shifted").
 
+``--precomputed N`` embeds N Fashion-MNIST images from their matrix of city-block
+distances: gpuembed's default t-SNE with metric="precomputed" against
+scikit-learn's and openTSNE's t-SNE and UMAP on the same matrix, timed from it,
+with the KL under gpuembed's affinities and the 10-NN accuracy of the classes;
+written to embedding_precomputed_n<N>.json ("tsne_precomputed").
+
 ``--text N`` embeds N synthetic documents of 20 topics (common.topic_documents,
 sparse TF-IDF rows): gpuembed's default t-SNE on the sparse matrix against
 scikit-learn's and openTSNE's t-SNE and UMAP on the same matrix, each timed from
@@ -277,12 +283,10 @@ def shifted(n, backend="cpu"):
     return figures
 
 
-def text(n, backend="cpu"):
-    be = ge.get_backend(backend)
-    X, y = topic_documents(n, 20)
-    ge.TSNE(max_iter=5, backend=be).fit(topic_documents(600, 3, seed=1)[0])   # compile
-    A = ge.entropic_affinities(X, 30.0, backend=be)
-    exact = ge.objectives.make_objective("tsne", A.P, be, np.float64, nbody="auto")
+def timer(be, P, y):
+    """timed(label, fit): a run's seconds, the KL of its layout under the affinities
+    P (the "auto" engine) and its 10-NN accuracy of the labels y."""
+    exact = ge.objectives.make_objective("tsne", P, be, np.float64, nbody="auto")
 
     def timed(label, fit):
         start = time.perf_counter()
@@ -293,7 +297,14 @@ def text(n, backend="cpu"):
                "knn_accuracy": ge.metrics.knn_accuracy(Y, y, backend=be)}
         print(run, flush=True)
         return run
+    return timed, exact.nbody
 
+
+def text(n, backend="cpu"):
+    be = ge.get_backend(backend)
+    X, y = topic_documents(n, 20)
+    ge.TSNE(max_iter=5, backend=be).fit(topic_documents(600, 3, seed=1)[0])   # compile
+    timed, kl_engine = timer(be, ge.entropic_affinities(X, 30.0, backend=be).P, y)
     runs = [timed("gpuembed TSNE (default, sparse X)",
                   lambda: ge.TSNE(random_state=0, backend=be).fit_transform(X))]
     try:
@@ -312,7 +323,50 @@ def text(n, backend="cpu"):
         print(runs[-1], flush=True)
     runs.append(umap_run("topic_documents", X, y, key="method"))
     return {"n": n, "topics": 20, "nnz_per_row": X.nnz / n, "vocab": X.shape[1],
-            "kl_engine": exact.nbody, "runs": runs}
+            "kl_engine": kl_engine, "runs": runs}
+
+
+def precomputed(n, backend="cpu"):
+    """t-SNE of n Fashion-MNIST images from their (n, n) matrix of city-block (L1)
+    distances, which no Euclidean search gives: gpuembed's default with
+    metric="precomputed" against scikit-learn's and openTSNE's t-SNE and UMAP on
+    the same matrix, each timed from the matrix (each one's own start: classical
+    MDS, random, spectral)."""
+    from scipy.spatial.distance import cdist
+
+    be = ge.get_backend(backend)
+    X, y = ge.datasets.fashion_mnist()
+    X, y = X[:n].astype(np.float64), y[:n]
+    start = time.perf_counter()
+    D = cdist(X, X, "cityblock")
+    distance_seconds = time.perf_counter() - start
+    ge.TSNE(max_iter=5, metric="precomputed", backend=be).fit(D[:600, :600])   # compile
+    timed, kl_engine = timer(be, ge.entropic_affinities(D, 30.0, metric="precomputed",
+                                                        backend=be).P, y)
+    runs = [timed("gpuembed TSNE (default, metric='precomputed')", lambda: ge.TSNE(
+        metric="precomputed", random_state=0, backend=be).fit_transform(D))]
+    try:
+        from sklearn.manifold import TSNE as SkTSNE
+        runs.append(timed("scikit-learn TSNE", lambda: SkTSNE(
+            metric="precomputed", init="random", random_state=0, n_jobs=2).fit_transform(D)))
+    except ImportError:
+        pass
+    try:
+        import openTSNE
+        runs.append(timed("openTSNE", lambda: openTSNE.TSNE(
+            metric="precomputed", initialization="spectral", n_jobs=2,
+            random_state=0).fit(D)))
+    except ImportError:
+        pass
+    try:
+        import umap
+        umap.UMAP(metric="precomputed", n_jobs=2).fit(D[:600, :600])   # compile
+        runs.append(timed("UMAP", lambda: umap.UMAP(metric="precomputed",
+                                                    n_jobs=2).fit_transform(D)))
+    except ImportError:
+        pass
+    return {"n": n, "distance": "cityblock", "distance_seconds": distance_seconds,
+            "kl_engine": kl_engine, "runs": runs}
 
 
 def coil(n_objects, backend="cpu"):
@@ -703,6 +757,8 @@ def main(argv=None):
                         help=f"comma-separated, of {', '.join(DATASETS)}")
     parser.add_argument("--large", type=int, help="only the t-SNE-at-scale part, N points")
     parser.add_argument("--text", type=int, help="only the sparse-documents part, N documents")
+    parser.add_argument("--precomputed", type=int,
+                        help="only the t-SNE of N images' city-block distance matrix")
     parser.add_argument("--shifted", type=int,
                         help="only the default t-SNE of N shifted Fashion-MNIST images")
     parser.add_argument("--coil", type=int, help="only the rotating-objects part, K objects")
@@ -718,7 +774,7 @@ def main(argv=None):
                         help="only the sd vs classic accuracy comparison on this many subsets "
                              "(of --large points: the default fits)")
     args = parser.parse_args(argv)
-    parts = ("large", "text", "shifted", "coil", "clusters", "pairs", "tsne_pairs", "split")
+    parts = ("large", "text", "precomputed", "shifted", "coil", "clusters", "pairs", "tsne_pairs", "split")
     chosen = [f"--{p.replace('_', '-')}" for p in parts if getattr(args, p)]
     if chosen and (args.n, args.max_iter) != (None, None):
         parser.error(f"--n and --max-iter set the default run and --subsets alone; "
@@ -762,6 +818,11 @@ def main(argv=None):
     if args.text:
         write_result("embedding", {"tsne_text": text(args.text, args.backend)},
                      args.suffix or f"_text_n{args.text}", merge=True)
+        return
+    if args.precomputed:
+        write_result("embedding", {"tsne_precomputed": precomputed(args.precomputed,
+                                                                   args.backend)},
+                     args.suffix or f"_precomputed_n{args.precomputed}", merge=True)
         return
     if args.large:
         write_result("embedding", {"tsne_large": large(args.large, args.backend)},

@@ -42,6 +42,8 @@ RUNS = [
      "mac", ["cost", "linear_ee_rotating_objects", "mlp_kernels"], []),
     (["bench_segmentation.py", "--step", "16"], "segmentation", ["pixels"], ["PIL"]),
     (["bench_embedding.py", "--coil", "1"], "embedding_coil1", ["coil"], []),
+    (["bench_embedding.py", "--precomputed", "700"], "embedding_precomputed_n700",
+     ["tsne_precomputed"], ["fashion_mnist"]),
 ]
 
 
