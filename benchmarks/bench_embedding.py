@@ -774,7 +774,8 @@ def main(argv=None):
                         help="only the sd vs classic accuracy comparison on this many subsets "
                              "(of --large points: the default fits)")
     args = parser.parse_args(argv)
-    parts = ("large", "text", "precomputed", "shifted", "coil", "clusters", "pairs", "tsne_pairs", "split")
+    parts = ("large", "text", "precomputed", "shifted", "coil", "clusters", "pairs",
+             "tsne_pairs", "split")
     chosen = [f"--{p.replace('_', '-')}" for p in parts if getattr(args, p)]
     if chosen and (args.n, args.max_iter) != (None, None):
         parser.error(f"--n and --max-iter set the default run and --subsets alone; "
