@@ -143,7 +143,14 @@ def _checked_distances(be, D, name, square):
 def _sorted_distances(be, D, k, exclude_self, block_bytes):
     """The k smallest distances of each row of the precomputed D (squared, as the
     searches return them) and their columns, ties by index; ``exclude_self``
-    leaves out each row's own column (duplicates at distance 0 stay)."""
+    leaves out each row's own column (duplicates at distance 0 stay).  Compiled
+    on the CPU (neighbors_cpu.smallest_of_rows), by sorts of blocks of rows on
+    the GPU."""
+    if not be.is_gpu:
+        from .neighbors_cpu import smallest_of_rows
+
+        values, columns = smallest_of_rows(np.ascontiguousarray(D), k, 0, exclude_self)
+        return values ** 2, columns
     xp = be.xp
     n = D.shape[0]
     sqdist = xp.empty((n, k), dtype=D.dtype)

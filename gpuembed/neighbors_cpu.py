@@ -202,6 +202,38 @@ def best_sorted(dist, cand, k):
     return out_dist, out_cand
 
 
+@njit(parallel=True, cache=True)
+def smallest_of_rows(D, k, first_row, exclude_self):
+    """(values, columns) of the k smallest entries of each row of D (finite) in
+    (value, column) order, sorted; with ``exclude_self`` row r leaves out column
+    first_row + r.  Each row streams through a max-heap of its best k in that
+    order (a later column enters only below the top, and a tie at the top leaves
+    its highest column), then a heapsort: a precomputed distance matrix's
+    neighbours without a copy of it (NumPy's argpartition of 5,000 x 5,000 took
+    0.6 s, and the copy that leaves each row's own column out 0.5 s more)."""
+    b, n = D.shape
+    out_values = np.empty((b, k), dtype=D.dtype)
+    out_columns = np.empty((b, k), dtype=np.int64)
+    for r in prange(b):
+        values = np.full(k, np.inf, dtype=D.dtype)
+        columns = np.full(k, n, dtype=np.int64)
+        own = first_row + r if exclude_self else -1
+        for c in range(n):
+            d = D[r, c]
+            if d < values[0] and c != own:
+                values[0] = d
+                columns[0] = c
+                _sift_down(values, columns, 0, k)
+        for end in range(k - 1, 0, -1):
+            values[0], values[end] = values[end], values[0]
+            columns[0], columns[end] = columns[end], columns[0]
+            _sift_down(values, columns, 0, end)
+        for e in range(k):
+            out_values[r, e] = values[e]
+            out_columns[r, e] = columns[e]
+    return out_values, out_columns
+
+
 class FeatureSplit(NamedTuple):
     """B's rows (b x D) prepared as the right factor of sparse_gram: the
     ``frequent`` features' columns dense and transposed, ``common`` (F, b), and
