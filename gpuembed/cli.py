@@ -249,6 +249,9 @@ def _threading_layer():
 
 
 def cmd_demo(args):
+    if args.metric == "precomputed":
+        raise ValueError("the demo's datasets are points, not distances: --metric precomputed "
+                         "is for gpuembed embed with an N x N distance matrix")
     plot = _plot_path(args.output, "--output")
     name, X, labels = _load_demo(args.dataset)
     be = get_backend(args.backend)

@@ -188,3 +188,8 @@ def test_command_line_precomputed(tmp_path):
     expected = ge.TSNE(2, 10.0, max_iter=20, random_state=1, backend="cpu",
                        metric="precomputed").fit_transform(cdist(X, X))
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), expected)
+    demo = subprocess.run([sys.executable, "-m", "gpuembed.cli", "demo", "--metric",
+                           "precomputed", "-o", str(tmp_path / "demo.png")],
+                          capture_output=True, text=True, timeout=600)
+    assert demo.returncode == 1 and "datasets are points" in demo.stderr, demo.stderr
+    assert not (tmp_path / "demo.png").exists()
