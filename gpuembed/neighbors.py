@@ -36,7 +36,8 @@ recomputation on sparse row differences (gpuembed._sparse).
 
 A precomputed distance matrix (``metric="precomputed"``: row i holds point i's
 distances to the N points) is not searched but sorted: each row's k smallest,
-ties by index, a block of rows at a time.
+ties by index, by a compiled heap per row on the CPU and by sorts of blocks of
+rows on the GPU.
 
 Memory bound: apart from X, the (N, k) outputs and the (N, k + margin)
 candidates, one block holds a B x N distance matrix (at most ``block_bytes``,
