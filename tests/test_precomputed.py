@@ -68,9 +68,16 @@ def test_precomputed_on_each_backend(backend):
             block_bytes=block_bytes))
         np.testing.assert_array_equal(idx, ref_idx)
         np.testing.assert_allclose(sq, ref_sq, rtol=1e-6)
+    X = data(120)
     model = ge.TSNE(perplexity=10, max_iter=5, random_state=0, metric="precomputed",
-                    backend=backend).fit(backend.asarray(rng.random((120, 120))))
-    assert np.isfinite(model.embedding_).all()
+                    backend=backend).fit(backend.asarray(cdist(X, X)))
+    points = ge.TSNE(perplexity=10, max_iter=5, random_state=0, backend=backend).fit(
+        backend.asarray(X))
+    scale = np.abs(points.embedding_).max()
+    np.testing.assert_allclose(model.embedding_, points.embedding_, atol=1e-4 * scale)
+    X_new = data(6, seed=5)
+    np.testing.assert_allclose(model.transform(backend.asarray(cdist(X_new, X))),
+                               points.transform(backend.asarray(X_new)), atol=1e-3 * scale)
 
 
 def test_classical_mds_gives_the_principal_component_scores():
