@@ -192,14 +192,21 @@ def best_sorted(dist, cand, k):
             indices[e] = cand[i, e]
         for root in range(width // 2 - 1, -1, -1):
             _sift_down(values, indices, root, width)
-        for end in range(width - 1, 0, -1):
-            values[0], values[end] = values[end], values[0]
-            indices[0], indices[end] = indices[end], indices[0]
-            _sift_down(values, indices, 0, end)
-        for e in range(k):
-            out_dist[i, e] = values[e]
-            out_cand[i, e] = indices[e]
+        _sorted_into(values, indices, out_dist[i], out_cand[i])
     return out_dist, out_cand
+
+
+@njit(inline="always")
+def _sorted_into(values, indices, out_values, out_indices):
+    """Heapsort the max-heap (values, indices) into (value, index) order and write
+    its first out_values.size entries to the outputs."""
+    for end in range(values.size - 1, 0, -1):
+        values[0], values[end] = values[end], values[0]
+        indices[0], indices[end] = indices[end], indices[0]
+        _sift_down(values, indices, 0, end)
+    for e in range(out_values.size):
+        out_values[e] = values[e]
+        out_indices[e] = indices[e]
 
 
 @njit(parallel=True, cache=True)
@@ -224,13 +231,7 @@ def smallest_of_rows(D, k, first_row, exclude_self):
                 values[0] = d
                 columns[0] = c
                 _sift_down(values, columns, 0, k)
-        for end in range(k - 1, 0, -1):
-            values[0], values[end] = values[end], values[0]
-            columns[0], columns[end] = columns[end], columns[0]
-            _sift_down(values, columns, 0, end)
-        for e in range(k):
-            out_values[r, e] = values[e]
-            out_columns[r, e] = columns[e]
+        _sorted_into(values, columns, out_values[r], out_columns[r])
     return out_values, out_columns
 
 
