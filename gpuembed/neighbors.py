@@ -160,8 +160,9 @@ def _sorted_distances(be, D, k, exclude_self, block_bytes):
     step = max(1, block_bytes // (D.shape[1] * D.itemsize))
     for start in range(0, n, step):
         rows = slice(start, min(n, start + step))
-        block = D[rows].copy()
-        if exclude_self:
+        block = D[rows]
+        if exclude_self:                    # a copy: the caller's D stays as it is
+            block = block.copy()
             own = xp.arange(rows.start, rows.stop)
             block[own - start, own] = xp.inf
         order = smallest_sorted(xp, block, k)
