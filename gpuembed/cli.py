@@ -17,6 +17,7 @@ from ._checks import check_data, check_labels
 from .backend import BackendUnavailable, get_backend, kernel_dirs
 from .embedding import EE, SNE, SSNE, TSNE, MultiscaleSNE
 from .metrics import auc_rnx, knn_accuracy
+from .neighbors import is_graph
 from .optim import OPTIMIZERS
 from .spectral.lll import LANDMARK_METHODS
 
@@ -58,13 +59,20 @@ def _embed_le(X, n_components, backend, args):
     return model.fit_transform(X)
 
 
+def _init(X, args, other):
+    """The estimators' init="pca" (classical MDS of a dense distance matrix), or
+    ``other`` for a sparse k-NN graph of distances, which MDS cannot take."""
+    return other if is_graph(X, args.metric) else "pca"
+
+
 def _estimator(cls):
     def embed(X, n_components, backend, args):
         model = cls(n_components, _perplexity(args, X.shape[0]),
                     optimizer=_option(args, "optimizer"), nbody=args.nbody,
                     max_iter=_option(args, "max_iter"), tol=_option(args, "tol"),
-                    random_state=args.random_state, backend=backend, verbose=args.verbose,
-                    neighbors=args.neighbors, metric=args.metric)
+                    init=_init(X, args, "spectral"), random_state=args.random_state,
+                    backend=backend, verbose=args.verbose, neighbors=args.neighbors,
+                    metric=args.metric)
         return model.fit_transform(X)
     return embed
 
@@ -73,8 +81,8 @@ def _embed_msne(X, n_components, backend, args):
     """Multi-scale SNE; the options given replace its own defaults."""
     given = {name: getattr(args, name) for name in DEFAULTS if getattr(args, name) is not None}
     model = MultiscaleSNE(n_components, nbody=args.nbody, metric=args.metric,
-                          random_state=args.random_state, backend=backend,
-                          verbose=args.verbose, **given)
+                          init=_init(X, args, "random"), random_state=args.random_state,
+                          backend=backend, verbose=args.verbose, **given)
     return model.fit_transform(X)
 
 
@@ -336,6 +344,10 @@ def cmd_embed(args):
     if labels is not None and len(labels) != X.shape[0]:
         raise ValueError(f"--labels must be a 1-D array of one entry per row of INPUT "
                          f"({X.shape[0]}), got shape {labels.shape}")
+    if args.auc and is_graph(X, args.metric):
+        raise ValueError("--auc ranks every pair's distance, and INPUT is a sparse k-NN graph "
+                         "(--metric precomputed): give the dense N x N matrix, or leave out "
+                         "--auc")
     save = OUTPUT_FORMATS.get(_in_a_folder(args.output).suffix)
     if save is None:
         raise ValueError(f"--output must end in .npy or .csv, got {args.output}")
@@ -393,7 +405,9 @@ def _method_options(parser):
     parser.add_argument("--metric", choices=("euclidean", "cosine", "precomputed"),
                         default="euclidean",
                         help="how rows are compared (cosine: scaled to unit length first; "
-                             "for text; precomputed: INPUT is an N x N distance matrix)")
+                             "for text; precomputed: INPUT is an N x N distance matrix, or "
+                             "a sparse k-NN graph of distances (.npz), which starts t-SNE and "
+                             "the others from its spectral embedding, msne from random)")
     parser.add_argument("--random-state", type=int, default=None,
                         help="seed of the random parts (init random, landmarks)")
     parser.add_argument("--nbody", choices=("auto", "exact", "fgt", "bh"), default="auto",

@@ -29,7 +29,7 @@ from .affinities import EntropicAffinities, entropic_affinities
 from .affinities.entropic import conditional_affinities
 from .backend import get_backend
 from .nbody import check_accuracy, engine_sums, resolve_method
-from .neighbors import METRICS, knn_query, metric_rows, search_metric
+from .neighbors import METRICS, is_graph, knn_query, metric_rows, search_metric
 from .neighbors_ivf import SEARCHES, QuerySearch
 from .objectives import OBJECTIVES, default_lambda, make_objective
 from .optim import (DIRECTIONS, Monitor, Result, accuracy_schedule, homotopy, homotopy_path,
@@ -153,9 +153,10 @@ _METHOD_PARAMS = """
       or "approx"; ``metric``, "euclidean" (the default), "cosine" (the rows,
       and transform's new rows, scaled to unit length first: for text) or
       "precomputed" (X an (N, N) matrix of distances, sorted for each point's
-      neighbours; init="pca" is then classical MDS, the data's PCA scores for
-      Euclidean distances; transform takes the new points' (M, N) distances to
-      the training points).
+      neighbours, or a sparse k-NN graph of them, each row's stored entries;
+      init="pca" is then classical MDS, the data's PCA scores for Euclidean
+      distances, which a sparse graph refuses; transform takes the new points'
+      (M, N) distances to the training points, dense or sparse).
     - "sd": ``kappa``, the affinities each point keeps in L+ (default all of
       them up to 2,000 points, 15 beyond, doubled until the kept graph is as
       connected as the whole); ``sd_solver``, "auto", "cholesky" or "cg";
@@ -282,6 +283,7 @@ class _Embedding(TransformerOutput, Params):
             raise ValueError("init='pca' needs the data X; to embed affinities alone "
                              "(fit(None)) take init='spectral', 'random' or an (N, "
                              "n_components) array")
+        check_graph_init(init, X, self._metric(), INITS)
         self._check_method_params()
         objective_params = self._objective_params(n)
         self._exaggeration_stage(max_iter, self._method_params)     # checked before the affinities
@@ -844,6 +846,16 @@ class _MultiscaleOutOfSample(_OutOfSample):
         return value, mass, g, curvature
 
 
+def check_graph_init(init, X, metric, inits):
+    """init="pca" refused, before the affinities, for a sparse k-NN graph of
+    precomputed distances: classical MDS needs every pair's distance."""
+    if isinstance(init, str) and init == "pca" and is_graph(X, metric):
+        others = " or ".join(repr(i) for i in inits if i != "pca")
+        raise ValueError("init='pca' with metric='precomputed' is classical MDS, which needs "
+                         "every pair's distance, and X is a sparse k-NN graph: take init="
+                         f"{others} or an (N, n_components) array")
+
+
 def initial_layout(init, X, d, be, dtype, std, random_state, extra=None, n=None,
                    metric="euclidean"):
     """Initial embedding (N, d) on the device: "pca", "random", a name in ``extra``
@@ -1376,8 +1388,9 @@ class MultiscaleSNE(TransformerOutput, Params):
         perplexity, within N - 1).
     metric : {"euclidean", "cosine", "precomputed"}, default "euclidean"
         "cosine": the rows, and transform's new rows, scaled to unit length first;
-        "precomputed": X an (N, N) distance matrix (init="pca": classical MDS) and
-        transform's rows the new points' distances to the training points.
+        "precomputed": X an (N, N) distance matrix (init="pca": classical MDS) or a
+        sparse k-NN graph of distances (init="random"), and transform's rows the new
+        points' distances to the training points.
     nbody : {"auto", "exact", "fgt", "bh"}, default "auto"
         Engine of the per-scale Gaussian sums; "auto": exact below 6,000 points on
         the CPU or in more than 3 dimensions, else "fgt".
@@ -1465,6 +1478,7 @@ class MultiscaleSNE(TransformerOutput, Params):
         check_verbose(self.verbose)
         check_bool(self.fit_exponent, "fit_exponent")
         init = check_init(self.init, n, d, be, INITS[:2])
+        check_graph_init(init, X, self.metric, INITS[:2])
         dtype = check_dtype(self.dtype, be)
         nbody = resolve_method(self.nbody, n, d, "gaussian", be, EXACT_BELOW.get(be.name))
         start = time.perf_counter()

@@ -23,7 +23,7 @@ from ._checks import check_data, check_int, check_labels
 from ._sparse import BlockProducts, row_sqnorms, transposed
 from .backend import get_backend
 from .metrics_cpu import max_rank_counts
-from .neighbors import knn, metric_rows, smallest_sorted
+from .neighbors import is_graph, knn, metric_rows, smallest_sorted
 from .nbody.exact import centred, squared_distances
 
 __all__ = ["knn_accuracy", "clustering_error", "rnx", "auc_rnx", "log_k_auc", "coranking",
@@ -83,6 +83,9 @@ def _pair(X_high, X_low, be, metric):
     it is)."""
     X_high = metric_rows(be, check_data(X_high, be, name="X_high", min_samples=3, sparse=True),
                          metric, "X_high")
+    if is_graph(X_high, metric):
+        raise ValueError("metric='precomputed': the ranks need every pair's distance, and "
+                         "X_high is a sparse k-NN graph; give the dense (N, N) matrix")
     X_low = check_data(X_low, be, name="X_low", min_samples=3)
     if X_high.shape[0] != X_low.shape[0]:
         raise ValueError(f"X_high has {X_high.shape[0]} rows but X_low has {X_low.shape[0]}")

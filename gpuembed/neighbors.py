@@ -37,7 +37,9 @@ recomputation on sparse row differences (gpuembed._sparse).
 A precomputed distance matrix (``metric="precomputed"``: row i holds point i's
 distances to the N points) is not searched but sorted: each row's k smallest,
 ties by index, by a compiled heap per row on the CPU and by sorts of blocks of
-rows on the GPU.
+rows on the GPU.  A sparse one is a k-NN graph of distances (scikit-learn's
+``kneighbors_graph(X, k, mode="distance")``): each row's k smallest stored
+entries, the rows padded to the widest with inf and sorted in blocks.
 
 Memory bound: apart from X, the (N, k) outputs and the (N, k + margin)
 candidates, one block holds a B x N distance matrix (at most ``block_bytes``,
@@ -101,8 +103,9 @@ def metric_rows(be, X, metric, name="X", square=True):
     neighbours and their order are the cosine distance's, and entropic
     affinities, whose precisions absorb the factor 2, are those of the cosine
     distance.  A row of zeros has no direction, and is refused.  "precomputed":
-    X holds distances, as they are, once checked (dense, >= 0, and with
-    ``square`` N x N: each point's distances to all N)."""
+    X holds distances, as they are, once checked (>= 0, and with ``square`` N x
+    N: each point's distances to all N; sparse: a k-NN graph, see
+    :func:`is_graph`)."""
     check_choice(metric, "metric", METRICS)
     if metric == "precomputed":
         return _checked_distances(be, X, name, square)
@@ -129,16 +132,19 @@ def search_metric(metric):
 
 
 def _checked_distances(be, D, name, square):
-    if is_sparse(D):
-        raise ValueError(f"metric='precomputed' takes {name} as a dense distance matrix; for "
-                         "a sparse k-NN graph give entropic_affinities "
-                         "neighbors=(sqdist, indices)")
     if square and D.shape[0] != D.shape[1]:
         raise ValueError(f"metric='precomputed' needs {name} square, each point's distances "
                          f"to all N points, got shape {D.shape}")
-    if bool((D < 0).any()):
+    if bool(((D.data if is_sparse(D) else D) < 0).any()):
         raise ValueError(f"metric='precomputed': {name} holds negative distances")
     return D
+
+
+def is_graph(X, metric):
+    """Whether X is a sparse k-NN graph of precomputed distances, which holds only
+    some pairs' distances: what needs them all (classical MDS, R_NX, the Gram
+    systems of LE's out-of-sample weights) refuses it."""
+    return metric == "precomputed" and is_sparse(X)
 
 
 def _sorted_distances(be, D, k, exclude_self, block_bytes):
@@ -147,6 +153,8 @@ def _sorted_distances(be, D, k, exclude_self, block_bytes):
     leaves out each row's own column (duplicates at distance 0 stay).  Compiled
     on the CPU (neighbors_cpu.smallest_of_rows), by sorts of blocks of rows on
     the GPU."""
+    if is_sparse(D):
+        return _graph_smallest(be, D, k, exclude_self, block_bytes)
     if not be.is_gpu:
         from .neighbors_cpu import smallest_of_rows
 
@@ -168,6 +176,49 @@ def _sorted_distances(be, D, k, exclude_self, block_bytes):
         order = smallest_sorted(xp, block, k)
         sqdist[rows] = xp.take_along_axis(block, order, axis=1) ** 2
         indices[rows] = order
+    return sqdist, indices
+
+
+def _graph_smallest(be, D, k, exclude_self, block_bytes):
+    """_sorted_distances of a sparse k-NN graph D (canonical CSR): each row's k
+    smallest stored distances (an explicit zero is a distance 0, an entry not
+    stored no distance), ties by column.  Rows go in blocks, each made dense with
+    its stored values and inf beyond (the widest row's width), then as a dense
+    matrix's rows."""
+    xp = be.xp
+    n = D.shape[0]
+    sqdist = xp.empty((n, k), dtype=D.dtype)
+    indices = xp.empty((n, k), dtype=xp.int64)
+    width = max(1, int(xp.diff(D.indptr).max()))
+    per_row = width * (D.dtype.itemsize + 8)
+    step = max(1, (block_bytes or DEFAULT_BLOCK_BYTES[be.name]) // per_row)
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        lo, hi = int(D.indptr[start]), int(D.indptr[stop])
+        entries = xp.arange(lo, hi)
+        rows = xp.searchsorted(D.indptr[start:stop + 1], entries, side="right") - 1
+        columns, values = D.indices[lo:hi].astype(xp.int64), D.data[lo:hi]
+        if exclude_self:
+            other = columns != rows + start
+            rows, columns, values = rows[other], columns[other], values[other]
+        counts = xp.bincount(rows, minlength=stop - start)
+        short = xp.flatnonzero(counts < k)
+        if short.size:
+            row = int(short[0])
+            raise ValueError(
+                f"metric='precomputed': row {start + row} of the sparse k-NN graph holds "
+                f"{int(counts[row])} distance(s) to other points, fewer than the {k} "
+                f"neighbours asked for (n_neighbors; for affinities ceil(3 * perplexity) "
+                f"by default): store at least {k} per row, e.g. scikit-learn's "
+                f"kneighbors_graph(X, {k}, mode='distance'), or ask for fewer")
+        position = xp.arange(rows.size) - (xp.cumsum(counts) - counts)[rows]
+        block = xp.full((stop - start, width), xp.inf, dtype=D.dtype)
+        block[rows, position] = values
+        block_columns = xp.zeros((stop - start, width), dtype=xp.int64)
+        block_columns[rows, position] = columns
+        order = smallest_sorted(xp, block, k)
+        sqdist[start:stop] = xp.take_along_axis(block, order, axis=1) ** 2
+        indices[start:stop] = xp.take_along_axis(block_columns, order, axis=1)
     return sqdist, indices
 
 
@@ -216,7 +267,8 @@ def knn(X, n_neighbors, *, metric="euclidean", backend="auto", block_bytes=None)
     n_neighbors : int in [1, N - 1].
     metric : "euclidean" | "cosine" (the rows scaled to unit length first: see
         :func:`metric_rows`) | "precomputed" (X an (N, N) matrix of distances,
-        sorted: see the module doc).
+        sorted, or a sparse k-NN graph of them with at least k entries in each row
+        besides its own column: see the module doc).
     backend : "auto" | "cpu" | "gpu" | Backend.
     block_bytes : bytes for one block of the distance matrix (see module doc).
 
@@ -246,11 +298,11 @@ def knn_query(Q, X, n_neighbors, *, metric="euclidean", backend="auto", block_by
     Q = check_data(Q, be, name="Q", dtype=X.dtype, min_samples=1, sparse=True)
     if Q.shape[1] != X.shape[1]:
         raise ValueError(f"Q has {Q.shape[1]} features but X has {X.shape[1]}")
-    Q, X = same_kind(be, metric_rows(be, Q, metric, "Q", square=False), X)
+    Q = metric_rows(be, Q, metric, "Q", square=False)
     k = check_int(n_neighbors, "n_neighbors", 1, X.shape[0])
-    if metric == "precomputed":
+    if metric == "precomputed":         # Q's rows alone, whatever kind X is
         return _sorted_distances(be, Q, k, False, block_bytes)
-    return _knn(be, Q, X, k, False, block_bytes)
+    return _knn(be, *same_kind(be, Q, X), k, False, block_bytes)
 
 
 def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, points=None):

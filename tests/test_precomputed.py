@@ -166,8 +166,10 @@ def test_parametric_mapping_of_distance_rows():
 @pytest.mark.parametrize("call, match", [
     (lambda D: ge.knn(D[:, :-1], 5, metric="precomputed"), r"X square.*shape \(60, 59\)"),
     (lambda D: ge.TSNE(metric="precomputed").fit(-D), "X holds negative distances"),
-    (lambda D: ge.knn(scipy.sparse.csr_matrix(D), 5, metric="precomputed"),
-     "dense distance matrix"),
+    (lambda D: ge.knn(scipy.sparse.csr_matrix(-D), 5, metric="precomputed"),
+     "X holds negative distances"),
+    (lambda D: ge.knn(scipy.sparse.csr_matrix(D[:, :-1]), 5, metric="precomputed"),
+     r"X square.*shape \(60, 59\)"),
     (lambda D: ge.approx_knn(D, 5, metric="precomputed"), "lists need coordinates"),
     (lambda D: ge.ListIndex(D, metric="precomputed"), "lists need coordinates"),
     (lambda D: ge.TSNE(perplexity=5, metric="precomputed", neighbors="approx").fit(D),
@@ -200,3 +202,148 @@ def test_command_line_precomputed(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert demo.returncode == 1 and "datasets are points" in demo.stderr, demo.stderr
     assert not (tmp_path / "demo.png").exists()
+
+
+# -- sparse k-NN graphs of distances ------------------------------------------
+
+
+def graph_of(D, counts, rng):
+    """D's entries kept at random, ``counts[i]`` of row i (its own column among
+    the candidates), as a CSR graph; the dense matrix of its distances with inf
+    where nothing is stored."""
+    n, m = D.shape
+    keep = np.zeros(D.shape, dtype=bool)
+    for i, c in enumerate(counts):
+        keep[i, rng.choice(m, c, replace=False)] = True
+    rows, cols = np.nonzero(keep)
+    G = scipy.sparse.csr_matrix((D[rows, cols], (rows, cols)), shape=D.shape)
+    return G, np.where(keep, D, np.inf)
+
+
+def test_graph_neighbours_are_each_rows_smallest_stored_distances():
+    """A sparse graph of distances (rows of 13 to 40 entries, 9 values so that
+    many tie, explicit zeros, stored diagonals): each row's smallest stored
+    entries, ties by column, its own column left out (knn) or not (queries),
+    whole and in blocks of a few rows; entries not stored are no neighbours."""
+    rng = np.random.default_rng(3)
+    D = (np.round(rng.random((80, 80)) * 8) + 1) / 2
+    D[7, 30] = D[7, 61] = 0.0
+    counts = rng.integers(13, 41, size=80)
+    counts[7] = 80
+    G, dense = graph_of(D, counts, rng)
+    assert G[7, 30] == 0 and G.nnz == counts.sum()        # the zeros are stored
+    k = 12
+    for block_bytes in (None, 3 * 80 * 16):
+        sq, idx = ge.knn(G, k, metric="precomputed", backend=CPU, block_bytes=block_bytes)
+        ref_sq, ref_idx = brute(dense, k, True)
+        np.testing.assert_array_equal(idx, ref_idx)
+        np.testing.assert_array_equal(sq, ref_sq)
+        assert list(idx[7, :2]) == [30, 61]
+        sq, idx = knn_query(G[:30], D, 13, metric="precomputed", backend=CPU,
+                            block_bytes=block_bytes)
+        ref_sq, ref_idx = brute(dense[:30], 13, False)
+        np.testing.assert_array_equal(idx, ref_idx)
+        np.testing.assert_array_equal(sq, ref_sq)
+
+
+def test_graph_on_each_backend(backend):
+    """The backend's selection from a graph's rows, whole and in blocks: the dense
+    reference's neighbours, in order."""
+    rng = np.random.default_rng(4)
+    D = (np.round(rng.random((100, 100)) * 15) + 1).astype(np.float32)
+    G, dense = graph_of(D, rng.integers(10, 30, size=100), rng)
+    ref_sq, ref_idx = brute(dense, 9, True)
+    for block_bytes in (None, 7 * 30 * 12):
+        sq, idx = (backend.to_host(a) for a in ge.knn(
+            backend.sparse.csr_matrix(G), 9, metric="precomputed", backend=backend,
+            block_bytes=block_bytes))
+        np.testing.assert_array_equal(idx, ref_idx)
+        np.testing.assert_allclose(sq, ref_sq, rtol=1e-6)
+
+
+def knn_graph(X, k, Q=None):
+    """scikit-learn's graph of each row's k nearest (of Q's rows among X's)."""
+    from sklearn.neighbors import NearestNeighbors
+
+    return NearestNeighbors(n_neighbors=k).fit(X).kneighbors_graph(Q, mode="distance")
+
+
+GRAPH_ESTIMATORS = {
+    "tsne": lambda **kw: ge.TSNE(perplexity=10, max_iter=20, init="random", random_state=0,
+                                 backend=CPU, **kw),
+    "ee": lambda **kw: ge.EE(perplexity=10, max_iter=20, init="random", random_state=0,
+                             backend=CPU, **kw),
+    "msne": lambda **kw: ge.MultiscaleSNE(max_iter=10, n_neighbors=40, init="random",
+                                          random_state=0, backend=CPU, **kw),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAPH_ESTIMATORS))
+def test_estimators_of_a_knn_graph_are_those_of_the_points(name):
+    """The points' 40-NN graph of distances holds every neighbour the
+    affinities take (30 for perplexity 10; 40 for msne): the fit and the new
+    points' map (by their own graph rows) are those of the points, to the
+    rounding of the two ways of computing distances."""
+    X, X_new = data(), data(12, seed=4)
+    make = GRAPH_ESTIMATORS[name]
+    given = make(metric="precomputed").fit(knn_graph(X, 40))
+    points = make().fit(X)
+    scale = np.abs(points.embedding_).max()
+    np.testing.assert_allclose(given.embedding_, points.embedding_, rtol=0, atol=1e-6 * scale)
+    np.testing.assert_allclose(given.transform(knn_graph(X, 40, X_new)),
+                               points.transform(X_new), rtol=0, atol=1e-6 * scale)
+
+
+def test_affinities_and_spectral_fits_of_a_knn_graph_are_those_of_the_points():
+    X = data()
+    G = knn_graph(X, 35)
+    A, B = (ge.entropic_affinities(G, 10.0, metric="precomputed", backend=CPU),
+            ge.entropic_affinities(X, 10.0, neighbors="exact", backend=CPU))
+    assert abs(A.P - B.P).max() < 1e-14
+    le = ge.LaplacianEigenmaps(2, n_neighbors=10, metric="precomputed", backend=CPU).fit(G)
+    np.testing.assert_allclose(np.abs(le.embedding_), np.abs(
+        ge.LaplacianEigenmaps(2, n_neighbors=10, neighbors="exact", backend=CPU).fit_transform(X)),
+        atol=1e-10)
+    labels = ge.SpectralClustering(3, n_neighbors=10, metric="precomputed", random_state=0,
+                                   backend=CPU).fit(G).labels_
+    np.testing.assert_array_equal(labels, ge.SpectralClustering(
+        3, n_neighbors=10, neighbors="exact", random_state=0, backend=CPU).fit(X).labels_)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda G: ge.knn(G, 21, metric="precomputed"),
+     r"row 0 of the sparse k-NN graph holds 20 distance\(s\).*fewer than the 21"),
+    (lambda G: ge.TSNE(perplexity=8, metric="precomputed").fit(G),
+     r"init='pca'.*sparse k-NN graph: take init='random' or 'spectral'"),
+    (lambda G: ge.MultiscaleSNE(metric="precomputed").fit(G),
+     r"init='pca'.*take init='random' or an"),
+    (lambda G: ge.metrics.rnx(G, np.zeros((60, 2)), metric="precomputed"),
+     "X_high is a sparse k-NN graph"),
+    (lambda G: ge.LaplacianEigenmaps(2, n_neighbors=5, metric="precomputed").fit(G).transform(
+        G[:2]), "transform with metric='precomputed' needs the training points' full"),
+    (lambda G: ge.SpectralClustering(2, n_neighbors=5, metric="precomputed").fit(G).predict(
+        G[:2]), "predict with metric='precomputed' needs"),
+])
+def test_graph_uses_that_need_every_distance_raise(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(knn_graph(data(60), 20))
+
+
+def test_command_line_knn_graph(tmp_path):
+    """A graph saved by scipy.sparse.save_npz embeds from its spectral start; --auc
+    is refused before the fit."""
+    X = data(100)
+    G = knn_graph(X, 35)
+    scipy.sparse.save_npz(tmp_path / "g.npz", G)
+    command = [sys.executable, "-m", "gpuembed.cli", "embed", str(tmp_path / "g.npz"), "-o",
+               str(tmp_path / "y.npy"), "--backend", "cpu", "--perplexity", "10", "--max-iter",
+               "20", "--random-state", "1", "--metric", "precomputed"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    expected = ge.TSNE(2, 10.0, max_iter=20, init="spectral", random_state=1, backend="cpu",
+                       metric="precomputed").fit_transform(G)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), expected)
+    auc = subprocess.run(command[:6] + [str(tmp_path / "z.npy")] + command[7:] + ["--auc"],
+                         capture_output=True, text=True, timeout=600)
+    assert auc.returncode == 1 and "--auc ranks every pair" in auc.stderr, auc.stderr
+    assert not (tmp_path / "z.npy").exists()

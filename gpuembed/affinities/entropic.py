@@ -65,7 +65,8 @@ def entropic_affinities(X=None, perplexity=30.0, *, n_neighbors=None, neighbors=
         ``neighbors_ivf.AUTO_APPROX_FROM`` points on, 50,000 on the CPU; "exact"
         below and on the GPU).
     metric : "euclidean" | "cosine": how the search compares X's rows, or
-        "precomputed": X an (N, N) distance matrix, each row sorted (see
+        "precomputed": X an (N, N) distance matrix, each row sorted, or a sparse
+        k-NN graph of distances, each row's stored entries (see
         :func:`gpuembed.knn`); given neighbours are distances already.
     method : "newton" | "halley" | "euler" | "bisection" (Algorithm 1).
     order : "dk" | "mst" | "msp" | "bounds" | "none" warm-start order, or a

@@ -23,7 +23,7 @@ from .._params import FeatureNamesIn, Params, TransformerOutput, fill_doc
 from ..affinities import entropic_affinities
 from ..affinities.entropic import checked_neighbors
 from ..backend import get_backend
-from ..neighbors import METRICS, metric_rows, search_metric
+from ..neighbors import METRICS, is_graph, metric_rows, search_metric
 from ..neighbors_ivf import SEARCHES, QuerySearch
 from ..optim.directions import connected_components
 from .embedding import points_suit_shift_invert, positive_degrees, spectral_embedding
@@ -51,7 +51,9 @@ metric : {"euclidean", "cosine", "precomputed"}, default "euclidean"
     the graph, sigma and the reconstruction weights are those of unit rows;
     "precomputed": X an (N, N) distance matrix and new points' rows their
     distances to the training points, whose reconstruction weights come from
-    distances alone (exact only: no landmarks).
+    distances alone (exact only: no landmarks); or X a sparse k-NN graph of
+    distances, each row's stored entries (fit only: the weights need the
+    distances between a new point's neighbours).
 n_landmarks : int or None
     None: the exact eigenproblem; L: Locally Linear Landmarks (Algorithm 3) with
     L landmarks, solving an L x L reduced problem.
@@ -273,6 +275,12 @@ class _SpectralBase(FeatureNamesIn, Params):
         the nearest training points (exact, and LLL with ``refine``), applied to
         their embedding."""
         check_fitted(self, hasattr(self, "_X"), method)
+        if is_graph(self._X, self.metric):
+            raise ValueError(f"{method} with metric='precomputed' needs the training points' "
+                             "full distance matrix (a new point's weights solve Gram systems "
+                             "of the distances between its nearest training points), and X "
+                             "was a sparse k-NN graph: fit the dense (N, N) matrix to map "
+                             "new points")
         cpu = get_backend("cpu")
         X_new = check_data(X_new, cpu, name="X_new", min_samples=1, sparse=True)
         check_features(X_new, self)
