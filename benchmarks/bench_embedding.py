@@ -71,6 +71,16 @@ scikit-learn's and openTSNE's t-SNE and UMAP on the same matrix, timed from it,
 with the KL under gpuembed's affinities and the 10-NN accuracy of the classes;
 written to embedding_precomputed_n<N>.json ("tsne_precomputed").
 
+``--graph N`` embeds N Fashion-MNIST images from their sparse k-NN graph of
+Euclidean distances, scikit-learn's pipeline for its t-SNE (KNeighborsTransformer:
+each point itself at distance 0 and its 91 nearest, the 3 * perplexity + 1 that
+scikit-learn's t-SNE asks for at perplexity 30; timed apart): gpuembed's t-SNE with
+metric="precomputed" and init="spectral" against scikit-learn's t-SNE, openTSNE's
+(the 90 nearest of each row as its PrecomputedNeighbors) and UMAP (on the graph
+made symmetric, which it requires, inside its timing) on the same graph, with the
+KL under gpuembed's affinities and the 10-NN accuracy; written to
+embedding_graph_n<N>.json ("tsne_graph").
+
 ``--text N`` embeds N synthetic documents of 20 topics (common.topic_documents,
 sparse TF-IDF rows): gpuembed's default t-SNE on the sparse matrix against
 scikit-learn's and openTSNE's t-SNE and UMAP on the same matrix, each timed from
@@ -367,6 +377,68 @@ def precomputed(n, backend="cpu"):
         pass
     return {"n": n, "distance": "cityblock", "distance_seconds": distance_seconds,
             "kl_engine": kl_engine, "runs": runs}
+
+
+def graph(n, backend="cpu", k=91):
+    """t-SNE of n Fashion-MNIST images from their sparse k-NN graph of Euclidean
+    distances (each row: the point itself and its k nearest), each library timed
+    from the graph (each one's own start)."""
+    from sklearn.neighbors import KNeighborsTransformer
+
+    be = ge.get_backend(backend)
+    X, y = ge.datasets.fashion_mnist()
+    X, y = X[:n].astype(np.float32), y[:n]
+
+    def knn_graph(X):
+        G = KNeighborsTransformer(n_neighbors=k, mode="distance",
+                                  n_jobs=2).fit_transform(X).astype(np.float64)
+        G.setdiag(0.0)        # the self entries, float32's rounding (1e-6) that UMAP refuses
+        return G
+
+    start = time.perf_counter()
+    G = knn_graph(X)
+    graph_seconds = time.perf_counter() - start
+    ge.TSNE(max_iter=5, metric="precomputed", init="spectral", backend=be).fit(
+        knn_graph(X[:600]))                                                     # compile
+    timed, kl_engine = timer(be, ge.entropic_affinities(G, 30.0, metric="precomputed",
+                                                        backend=be).P, y)
+    runs = [timed("gpuembed TSNE (metric='precomputed', init='spectral')", lambda: ge.TSNE(
+        metric="precomputed", init="spectral", random_state=0, backend=be).fit_transform(G))]
+    try:
+        from sklearn.manifold import TSNE as SkTSNE
+        runs.append(timed("scikit-learn TSNE", lambda: SkTSNE(
+            metric="precomputed", init="random", random_state=0, n_jobs=2).fit_transform(G)))
+    except ImportError:
+        pass
+    try:
+        import openTSNE
+        from openTSNE.nearest_neighbors import PrecomputedNeighbors
+
+        def opentsne_fit():
+            rows = G.indptr[:-1, None] + np.arange(k + 1)
+            others = G.indices[rows] != np.arange(n)[:, None]      # each row but itself
+            columns = G.indices[rows][others].reshape(n, k)
+            distances = G.data[rows][others].reshape(n, k)
+            nearest = np.argsort(distances, axis=1, kind="stable")[:, :90]   # its 3K
+            neighbors = PrecomputedNeighbors(np.take_along_axis(columns, nearest, 1),
+                                             np.take_along_axis(distances, nearest, 1))
+            affinities = openTSNE.affinity.PerplexityBasedNN(
+                perplexity=30, knn_index=neighbors, n_jobs=2, random_state=0)
+            return openTSNE.TSNE(n_jobs=2, random_state=0).fit(
+                affinities=affinities, initialization="spectral")
+        runs.append(timed("openTSNE", opentsne_fit))
+    except ImportError:
+        pass
+    try:
+        import umap
+        symmetric = lambda G: G.maximum(G.T)          # UMAP refuses a one-sided graph
+        umap.UMAP(metric="precomputed", n_jobs=2).fit(symmetric(knn_graph(X[:600])))  # compile
+        runs.append(timed("UMAP", lambda: umap.UMAP(metric="precomputed",
+                                                    n_jobs=2).fit_transform(symmetric(G))))
+    except ImportError:
+        pass
+    return {"n": n, "k": k, "graph_seconds": graph_seconds, "kl_engine": kl_engine,
+            "runs": runs}
 
 
 def coil(n_objects, backend="cpu"):
@@ -759,6 +831,8 @@ def main(argv=None):
     parser.add_argument("--text", type=int, help="only the sparse-documents part, N documents")
     parser.add_argument("--precomputed", type=int,
                         help="only the t-SNE of N images' city-block distance matrix")
+    parser.add_argument("--graph", type=int,
+                        help="only the sparse k-NN graph part, N Fashion-MNIST images")
     parser.add_argument("--shifted", type=int,
                         help="only the default t-SNE of N shifted Fashion-MNIST images")
     parser.add_argument("--coil", type=int, help="only the rotating-objects part, K objects")
@@ -774,7 +848,7 @@ def main(argv=None):
                         help="only the sd vs classic accuracy comparison on this many subsets "
                              "(of --large points: the default fits)")
     args = parser.parse_args(argv)
-    parts = ("large", "text", "precomputed", "shifted", "coil", "clusters", "pairs",
+    parts = ("large", "text", "precomputed", "graph", "shifted", "coil", "clusters", "pairs",
              "tsne_pairs", "split")
     chosen = [f"--{p.replace('_', '-')}" for p in parts if getattr(args, p)]
     if chosen and (args.n, args.max_iter) != (None, None):
@@ -824,6 +898,10 @@ def main(argv=None):
         write_result("embedding", {"tsne_precomputed": precomputed(args.precomputed,
                                                                    args.backend)},
                      args.suffix or f"_precomputed_n{args.precomputed}", merge=True)
+        return
+    if args.graph:
+        write_result("embedding", {"tsne_graph": graph(args.graph, args.backend)},
+                     args.suffix or f"_graph_n{args.graph}", merge=True)
         return
     if args.large:
         write_result("embedding", {"tsne_large": large(args.large, args.backend)},

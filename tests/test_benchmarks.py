@@ -44,6 +44,8 @@ RUNS = [
     (["bench_embedding.py", "--coil", "1"], "embedding_coil1", ["coil"], []),
     (["bench_embedding.py", "--precomputed", "700"], "embedding_precomputed_n700",
      ["tsne_precomputed"], ["fashion_mnist"]),
+    (["bench_embedding.py", "--graph", "700"], "embedding_graph_n700", ["tsne_graph"],
+     ["fashion_mnist"]),
 ]
 
 
