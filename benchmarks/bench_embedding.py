@@ -336,6 +336,39 @@ def text(n, backend="cpu"):
             "kl_engine": kl_engine, "runs": runs}
 
 
+def precomputed_runs(be, D, y, sample, label, opentsne_fit, umap_input=None, **tsne_params):
+    """The t-SNEs of distances D given with metric="precomputed", each timed from D
+    (compiled first on the same kind of input, ``sample``): gpuembed's (with
+    ``tsne_params``, named ``label``), scikit-learn's (random start, as it requires),
+    openTSNE's by ``opentsne_fit(openTSNE)`` and UMAP's (of ``umap_input(D)``, made
+    inside its timing), with kl_engine."""
+    ge.TSNE(max_iter=5, metric="precomputed", backend=be, **tsne_params).fit(sample)
+    timed, kl_engine = timer(be, ge.entropic_affinities(D, 30.0, metric="precomputed",
+                                                        backend=be).P, y)
+    runs = [timed(label, lambda: ge.TSNE(metric="precomputed", random_state=0, backend=be,
+                                         **tsne_params).fit_transform(D))]
+    try:
+        from sklearn.manifold import TSNE as SkTSNE
+        runs.append(timed("scikit-learn TSNE", lambda: SkTSNE(
+            metric="precomputed", init="random", random_state=0, n_jobs=2).fit_transform(D)))
+    except ImportError:
+        pass
+    try:
+        import openTSNE
+        runs.append(timed("openTSNE", lambda: opentsne_fit(openTSNE)))
+    except ImportError:
+        pass
+    try:
+        import umap
+        umap_input = umap_input or (lambda D: D)
+        umap.UMAP(metric="precomputed", n_jobs=2).fit(umap_input(sample))       # compile
+        runs.append(timed("UMAP", lambda: umap.UMAP(metric="precomputed",
+                                                    n_jobs=2).fit_transform(umap_input(D))))
+    except ImportError:
+        pass
+    return runs, kl_engine
+
+
 def precomputed(n, backend="cpu"):
     """t-SNE of n Fashion-MNIST images from their (n, n) matrix of city-block (L1)
     distances, which no Euclidean search gives: gpuembed's default with
@@ -350,31 +383,10 @@ def precomputed(n, backend="cpu"):
     start = time.perf_counter()
     D = cdist(X, X, "cityblock")
     distance_seconds = time.perf_counter() - start
-    ge.TSNE(max_iter=5, metric="precomputed", backend=be).fit(D[:600, :600])   # compile
-    timed, kl_engine = timer(be, ge.entropic_affinities(D, 30.0, metric="precomputed",
-                                                        backend=be).P, y)
-    runs = [timed("gpuembed TSNE (default, metric='precomputed')", lambda: ge.TSNE(
-        metric="precomputed", random_state=0, backend=be).fit_transform(D))]
-    try:
-        from sklearn.manifold import TSNE as SkTSNE
-        runs.append(timed("scikit-learn TSNE", lambda: SkTSNE(
-            metric="precomputed", init="random", random_state=0, n_jobs=2).fit_transform(D)))
-    except ImportError:
-        pass
-    try:
-        import openTSNE
-        runs.append(timed("openTSNE", lambda: openTSNE.TSNE(
-            metric="precomputed", initialization="spectral", n_jobs=2,
-            random_state=0).fit(D)))
-    except ImportError:
-        pass
-    try:
-        import umap
-        umap.UMAP(metric="precomputed", n_jobs=2).fit(D[:600, :600])   # compile
-        runs.append(timed("UMAP", lambda: umap.UMAP(metric="precomputed",
-                                                    n_jobs=2).fit_transform(D)))
-    except ImportError:
-        pass
+    runs, kl_engine = precomputed_runs(
+        be, D, y, D[:600, :600], "gpuembed TSNE (default, metric='precomputed')",
+        lambda openTSNE: openTSNE.TSNE(metric="precomputed", initialization="spectral",
+                                       n_jobs=2, random_state=0).fit(D))
     return {"n": n, "distance": "cityblock", "distance_seconds": distance_seconds,
             "kl_engine": kl_engine, "runs": runs}
 
@@ -398,45 +410,26 @@ def graph(n, backend="cpu", k=91):
     start = time.perf_counter()
     G = knn_graph(X)
     graph_seconds = time.perf_counter() - start
-    ge.TSNE(max_iter=5, metric="precomputed", init="spectral", backend=be).fit(
-        knn_graph(X[:600]))                                                     # compile
-    timed, kl_engine = timer(be, ge.entropic_affinities(G, 30.0, metric="precomputed",
-                                                        backend=be).P, y)
-    runs = [timed("gpuembed TSNE (metric='precomputed', init='spectral')", lambda: ge.TSNE(
-        metric="precomputed", init="spectral", random_state=0, backend=be).fit_transform(G))]
-    try:
-        from sklearn.manifold import TSNE as SkTSNE
-        runs.append(timed("scikit-learn TSNE", lambda: SkTSNE(
-            metric="precomputed", init="random", random_state=0, n_jobs=2).fit_transform(G)))
-    except ImportError:
-        pass
-    try:
-        import openTSNE
+
+    def opentsne_fit(openTSNE):
         from openTSNE.nearest_neighbors import PrecomputedNeighbors
 
-        def opentsne_fit():
-            rows = G.indptr[:-1, None] + np.arange(k + 1)
-            others = G.indices[rows] != np.arange(n)[:, None]      # each row but itself
-            columns = G.indices[rows][others].reshape(n, k)
-            distances = G.data[rows][others].reshape(n, k)
-            nearest = np.argsort(distances, axis=1, kind="stable")[:, :90]   # its 3K
-            neighbors = PrecomputedNeighbors(np.take_along_axis(columns, nearest, 1),
-                                             np.take_along_axis(distances, nearest, 1))
-            affinities = openTSNE.affinity.PerplexityBasedNN(
-                perplexity=30, knn_index=neighbors, n_jobs=2, random_state=0)
-            return openTSNE.TSNE(n_jobs=2, random_state=0).fit(
-                affinities=affinities, initialization="spectral")
-        runs.append(timed("openTSNE", opentsne_fit))
-    except ImportError:
-        pass
-    try:
-        import umap
-        symmetric = lambda G: G.maximum(G.T)          # UMAP refuses a one-sided graph
-        umap.UMAP(metric="precomputed", n_jobs=2).fit(symmetric(knn_graph(X[:600])))  # compile
-        runs.append(timed("UMAP", lambda: umap.UMAP(metric="precomputed",
-                                                    n_jobs=2).fit_transform(symmetric(G))))
-    except ImportError:
-        pass
+        rows = G.indptr[:-1, None] + np.arange(k + 1)
+        others = G.indices[rows] != np.arange(n)[:, None]          # each row but itself
+        columns = G.indices[rows][others].reshape(n, k)
+        distances = G.data[rows][others].reshape(n, k)
+        nearest = np.argsort(distances, axis=1, kind="stable")[:, :90]       # its 3K
+        neighbors = PrecomputedNeighbors(np.take_along_axis(columns, nearest, 1),
+                                         np.take_along_axis(distances, nearest, 1))
+        affinities = openTSNE.affinity.PerplexityBasedNN(
+            perplexity=30, knn_index=neighbors, n_jobs=2, random_state=0)
+        return openTSNE.TSNE(n_jobs=2, random_state=0).fit(
+            affinities=affinities, initialization="spectral")
+
+    runs, kl_engine = precomputed_runs(
+        be, G, y, knn_graph(X[:600]), "gpuembed TSNE (metric='precomputed', init='spectral')",
+        opentsne_fit, umap_input=lambda G: G.maximum(G.T),   # UMAP refuses a one-sided graph
+        init="spectral")
     return {"n": n, "k": k, "graph_seconds": graph_seconds, "kl_engine": kl_engine,
             "runs": runs}
 
