@@ -23,7 +23,7 @@ from ._checks import check_data, check_int, check_labels
 from ._sparse import BlockProducts, row_sqnorms, transposed
 from .backend import get_backend
 from .metrics_cpu import max_rank_counts
-from .neighbors import is_graph, knn, metric_rows, smallest_sorted
+from .neighbors import graph_smallest, is_graph, knn, metric_rows, smallest_sorted
 from .nbody.exact import centred, squared_distances
 
 __all__ = ["knn_accuracy", "clustering_error", "rnx", "auc_rnx", "log_k_auc", "coranking",
@@ -83,9 +83,6 @@ def _pair(X_high, X_low, be, metric):
     it is)."""
     X_high = metric_rows(be, check_data(X_high, be, name="X_high", min_samples=3, sparse=True),
                          metric, "X_high")
-    if is_graph(X_high, metric):
-        raise ValueError("metric='precomputed': the ranks need every pair's distance, and "
-                         "X_high is a sparse k-NN graph; give the dense (N, N) matrix")
     X_low = check_data(X_low, be, name="X_low", min_samples=3)
     if X_high.shape[0] != X_low.shape[0]:
         raise ValueError(f"X_high has {X_high.shape[0]} rows but X_low has {X_low.shape[0]}")
@@ -97,9 +94,12 @@ def _pair(X_high, X_low, be, metric):
 def _rank_blocks(X_high, X_low, k_max, be, metric):
     """Yield, per block of rows, the k_max nearest in high-D order and in low-D
     order (B, k_max each, column indices); with ``metric="precomputed"`` the
-    high-D order is that of X_high's rows of distances."""
+    high-D order is that of X_high's rows of distances (of a sparse graph, each
+    row's stored ones, all sorted at once)."""
     xp = be.xp
     n = X_high.shape[0]
+    if is_graph(X_high, metric):
+        graph_order = graph_smallest(be, X_high, k_max, True, asked="k_max")[1]
     # Each space's norms and right factor (sparse X_high: its feature split),
     # prepared once for all the blocks; None: the precomputed distances' rows.
     spaces = [None if metric == "precomputed" and X is X_high else
@@ -113,6 +113,9 @@ def _rank_blocks(X_high, X_low, k_max, be, metric):
             own = xp.arange(start, stop)
             orders = []
             for space in spaces:
+                if space is None and is_graph(X_high, metric):
+                    orders.append(graph_order[start:stop])
+                    continue
                 if space is None:
                     D = X_high[start:stop].copy()
                 else:
@@ -136,11 +139,20 @@ def rnx(X_high, X_low, k_max=None, *, metric="euclidean", backend="cpu"):
     better than chance the K-neighbourhoods of the rows of ``X_high`` (N, D; dense or
     sparse; ``metric`` "euclidean", "cosine" or "precomputed", X_high then the
     (N, N) distances, as in :func:`gpuembed.knn`) are kept among those of ``X_low``
-    (N, d), computed on ``backend``."""
+    (N, d), computed on ``backend``.
+
+    A sparse k-NN graph of precomputed distances gives R_NX exactly up to k_max =
+    the fewest distances a row stores to other points (a pair counts for K once
+    both its ranks are at most K, so ranks beyond k_max never enter); k_max must
+    then be given."""
     be = get_backend(backend)
     xp = be.xp
     X_high, X_low = _pair(X_high, X_low, be, metric)
     n = X_high.shape[0]
+    if k_max is None and is_graph(X_high, metric):
+        raise ValueError("k_max=None asks for R_NX up to N - 2, which needs every pair's "
+                         "distance, and X_high is a sparse k-NN graph: give k_max, at most "
+                         "the distances each row stores to other points")
     k_max = n - 2 if k_max is None else check_int(k_max, "k_max", 1, n - 2)
     # counts[m]: pairs (i, j) whose larger rank max(rho_ij, r_ij) is m; such a pair is
     # in both K-ary neighbourhoods exactly when K >= m.
@@ -161,7 +173,13 @@ def rnx(X_high, X_low, k_max=None, *, metric="euclidean", backend="cpu"):
 def auc_rnx(X_high, X_low, *, metric="euclidean", backend="cpu"):
     """Area under R_NX(K) of ``X_high`` and ``X_low`` (as in :func:`rnx`, with
     ``metric``, on ``backend``) with log-K weighting (eq. 5.10), in [0, 1] for
-    embeddings better than random."""
+    embeddings better than random.  It needs R_NX up to N - 2, which a sparse
+    k-NN graph does not give: ``log_k_auc(rnx(G, X_low, k_max))`` is the area up
+    to k_max."""
+    if is_graph(X_high, metric):
+        raise ValueError("auc_rnx needs R_NX(K) up to K = N - 2, that is every pair's "
+                         "distance, and X_high is a sparse k-NN graph: take log_k_auc(rnx("
+                         "X_high, X_low, k_max)) for the area up to k_max")
     return log_k_auc(rnx(X_high, X_low, metric=metric, backend=backend))
 
 
@@ -183,6 +201,9 @@ def coranking(X_high, X_low, *, metric="euclidean", max_n=5000):
     points raise)."""
     be = get_backend("cpu")
     X_high, X_low = _pair(X_high, X_low, be, metric)
+    if is_graph(X_high, metric):
+        raise ValueError("coranking needs every pair's rank, and X_high is a sparse k-NN "
+                         "graph: give the dense (N, N) matrix, or take rnx with k_max")
     n = X_high.shape[0]
     if n > max_n:
         raise ValueError(f"coranking forms an (N-1)^2 matrix: N = {n} exceeds max_n = {max_n}; "

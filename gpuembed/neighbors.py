@@ -154,7 +154,7 @@ def _sorted_distances(be, D, k, exclude_self, block_bytes):
     on the CPU (neighbors_cpu.smallest_of_rows), by sorts of blocks of rows on
     the GPU."""
     if is_sparse(D):
-        return _graph_smallest(be, D, k, exclude_self, block_bytes)
+        return graph_smallest(be, D, k, exclude_self, block_bytes)
     if not be.is_gpu:
         from .neighbors_cpu import smallest_of_rows
 
@@ -179,12 +179,13 @@ def _sorted_distances(be, D, k, exclude_self, block_bytes):
     return sqdist, indices
 
 
-def _graph_smallest(be, D, k, exclude_self, block_bytes):
+def graph_smallest(be, D, k, exclude_self, block_bytes=None,
+                   asked="n_neighbors; for affinities ceil(3 * perplexity) by default"):
     """_sorted_distances of a sparse k-NN graph D (canonical CSR): each row's k
     smallest stored distances (an explicit zero is a distance 0, an entry not
     stored no distance), ties by column.  Rows go in blocks, each made dense with
     its stored values and inf beyond (the widest row's width), then as a dense
-    matrix's rows."""
+    matrix's rows.  ``asked``: what set k, named by the error of a row with fewer."""
     xp = be.xp
     n = D.shape[0]
     sqdist = xp.empty((n, k), dtype=D.dtype)
@@ -208,8 +209,7 @@ def _graph_smallest(be, D, k, exclude_self, block_bytes):
             raise ValueError(
                 f"metric='precomputed': row {start + row} of the sparse k-NN graph holds "
                 f"{int(counts[row])} distance(s) to other points, fewer than the {k} "
-                f"neighbours asked for (n_neighbors; for affinities ceil(3 * perplexity) "
-                f"by default): store at least {k} per row, e.g. scikit-learn's "
+                f"neighbours asked for ({asked}): store at least {k} per row, e.g. scikit-learn's "
                 f"kneighbors_graph(X, {k}, mode='distance'), or ask for fewer")
         position = xp.arange(rows.size) - (xp.cumsum(counts) - counts)[rows]
         block = xp.full((stop - start, width), xp.inf, dtype=D.dtype)

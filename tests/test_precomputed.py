@@ -318,7 +318,13 @@ def test_affinities_and_spectral_fits_of_a_knn_graph_are_those_of_the_points():
     (lambda G: ge.MultiscaleSNE(metric="precomputed").fit(G),
      r"init='pca'.*take init='random' or an"),
     (lambda G: ge.metrics.rnx(G, np.zeros((60, 2)), metric="precomputed"),
-     "X_high is a sparse k-NN graph"),
+     "k_max=None asks for R_NX up to N - 2.*give k_max"),
+    (lambda G: ge.metrics.rnx(G, np.zeros((60, 2)), 21, metric="precomputed"),
+     r"holds 20 distance\(s\).*fewer than the 21 neighbours asked for \(k_max\)"),
+    (lambda G: ge.metrics.auc_rnx(G, np.zeros((60, 2)), metric="precomputed"),
+     r"auc_rnx needs R_NX\(K\) up to K = N - 2.*log_k_auc"),
+    (lambda G: ge.metrics.coranking(G, np.zeros((60, 2)), metric="precomputed"),
+     "coranking needs every pair's rank"),
     (lambda G: ge.LaplacianEigenmaps(2, n_neighbors=5, metric="precomputed").fit(G).transform(
         G[:2]), "transform with metric='precomputed' needs the training points' full"),
     (lambda G: ge.SpectralClustering(2, n_neighbors=5, metric="precomputed").fit(G).predict(
@@ -327,6 +333,27 @@ def test_affinities_and_spectral_fits_of_a_knn_graph_are_those_of_the_points():
 def test_graph_uses_that_need_every_distance_raise(call, match):
     with pytest.raises(ValueError, match=match):
         call(knn_graph(data(60), 20))
+
+
+def test_rnx_of_a_graph_is_that_of_its_distances_up_to_its_depth(backend):
+    """R_NX from each row's 25 smallest distances (plus 10 stored at random among
+    the farther ones, which rank beyond) equals R_NX of the full matrix for K up
+    to 25, on each backend: a pair enters Q_NX(K) only with both ranks <= K."""
+    rng = np.random.default_rng(6)
+    X = data(120)
+    D = cdist(X, X)
+    Y = X[:, :2] + 0.3 * rng.standard_normal((120, 2))
+    keep = np.zeros(D.shape, dtype=bool)
+    order = np.argsort(D + np.diag(np.full(120, np.inf)), axis=1)
+    np.put_along_axis(keep, order[:, :25], True, axis=1)
+    farther = np.take_along_axis(order, 30 + rng.integers(0, 80, (120, 10)), axis=1)
+    np.put_along_axis(keep, farther, True, axis=1)
+    G = scipy.sparse.csr_matrix(np.where(keep, D, 0.0))
+    G = backend.sparse.csr_matrix(G) if backend.is_gpu else G
+    expected = ge.metrics.rnx(D, Y, 25, metric="precomputed")
+    got = ge.metrics.rnx(G, Y, 25, metric="precomputed", backend=backend)
+    np.testing.assert_allclose(backend.to_host(got), expected, rtol=0, atol=1e-12)
+    assert 0.2 < expected[9] < 0.95                     # neither trivial nor random
 
 
 def test_command_line_knn_graph(tmp_path):
