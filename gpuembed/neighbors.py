@@ -142,7 +142,7 @@ def _checked_distances(be, D, name, square):
 
 def is_graph(X, metric):
     """Whether X is a sparse k-NN graph of precomputed distances, which holds only
-    some pairs' distances: what needs them all (classical MDS, R_NX, the Gram
+    some pairs' distances: what needs them all (classical MDS, R_NX's AUC, the Gram
     systems of LE's out-of-sample weights) refuses it."""
     return metric == "precomputed" and is_sparse(X)
 
