@@ -16,8 +16,8 @@ from . import __version__, datasets
 from ._checks import check_data, check_labels
 from .backend import BackendUnavailable, get_backend, kernel_dirs
 from .embedding import EE, SNE, SSNE, TSNE, MultiscaleSNE
-from .metrics import auc_rnx, knn_accuracy
-from .neighbors import is_graph
+from .metrics import auc_rnx, knn_accuracy, log_k_auc, rnx
+from .neighbors import graph_depth, is_graph
 from .optim import OPTIMIZERS
 from .spectral.lll import LANDMARK_METHODS
 
@@ -207,10 +207,18 @@ def _seconds_text(seconds, compiling):
 
 
 def _print_auc(args, X, Y):
-    if args.auc:
-        start = time.perf_counter()
-        auc = auc_rnx(X, Y, metric=args.metric)
-        print(f"R_NX AUC (log K) {auc:.4f} ({time.perf_counter() - start:.1f} s)")
+    """The log-K AUC of R_NX; of a sparse k-NN graph, up to the K that each of its
+    rows gives (R_NX is exact there: metrics.rnx)."""
+    if not args.auc:
+        return
+    start = time.perf_counter()
+    if is_graph(X, args.metric):
+        depth = min(graph_depth(get_backend("cpu"), X), X.shape[0] - 2)
+        auc = log_k_auc(rnx(X, Y, depth, metric=args.metric))
+        label = f"R_NX AUC (log K, K <= {depth}, the graph's depth)"
+    else:
+        auc, label = auc_rnx(X, Y, metric=args.metric), "R_NX AUC (log K)"
+    print(f"{label} {auc:.4f} ({time.perf_counter() - start:.1f} s)")
 
 
 def cmd_info(args):
@@ -344,10 +352,6 @@ def cmd_embed(args):
     if labels is not None and len(labels) != X.shape[0]:
         raise ValueError(f"--labels must be a 1-D array of one entry per row of INPUT "
                          f"({X.shape[0]}), got shape {labels.shape}")
-    if args.auc and is_graph(X, args.metric):
-        raise ValueError("--auc ranks every pair's distance, and INPUT is a sparse k-NN graph "
-                         "(--metric precomputed): give the dense N x N matrix, or leave out "
-                         "--auc")
     save = OUTPUT_FORMATS.get(_in_a_folder(args.output).suffix)
     if save is None:
         raise ValueError(f"--output must end in .npy or .csv, got {args.output}")
@@ -415,7 +419,8 @@ def _method_options(parser):
     parser.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--auc", action="store_true",
-                        help="also print the log-K AUC of R_NX (rank-based quality, O(N^2 log N))")
+                        help="also print the log-K AUC of R_NX (rank-based quality, O(N^2 log N); "
+                             "of a sparse k-NN graph INPUT, up to the K its rows give)")
 
 
 def build_parser():

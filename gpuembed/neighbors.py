@@ -147,6 +147,15 @@ def is_graph(X, metric):
     return metric == "precomputed" and is_sparse(X)
 
 
+def graph_depth(be, D):
+    """The fewest distances a row of the sparse graph D (canonical CSR) stores to
+    other points: the most neighbours every row can give."""
+    xp = be.xp
+    rows = xp.searchsorted(D.indptr, xp.arange(D.indices.size), side="right") - 1
+    own = xp.bincount(rows[D.indices == rows], minlength=D.shape[0])
+    return int((xp.diff(D.indptr) - own).min())
+
+
 def _sorted_distances(be, D, k, exclude_self, block_bytes):
     """The k smallest distances of each row of the precomputed D (squared, as the
     searches return them) and their columns, ties by index; ``exclude_self``

@@ -12,7 +12,7 @@ from scipy.spatial.distance import cdist
 
 import gpuembed as ge
 from gpuembed.embedding import _classical_mds, _pca
-from gpuembed.neighbors import knn_query
+from gpuembed.neighbors import graph_depth, knn_query
 from gpuembed.parametric import ParametricEmbedding
 
 CPU = ge.get_backend("cpu")
@@ -248,10 +248,13 @@ def test_graph_neighbours_are_each_rows_smallest_stored_distances():
 
 def test_graph_on_each_backend(backend):
     """The backend's selection from a graph's rows, whole and in blocks: the dense
-    reference's neighbours, in order."""
+    reference's neighbours, in order; its depth, each row's stored diagonal aside."""
     rng = np.random.default_rng(4)
     D = (np.round(rng.random((100, 100)) * 15) + 1).astype(np.float32)
-    G, dense = graph_of(D, rng.integers(10, 30, size=100), rng)
+    counts = rng.integers(10, 30, size=100)
+    G, dense = graph_of(D, counts, rng)
+    own = np.isfinite(np.diag(dense))
+    assert own.any() and graph_depth(backend, backend.sparse.csr_matrix(G)) == (counts - own).min()
     ref_sq, ref_idx = brute(dense, 9, True)
     for block_bytes in (None, 7 * 30 * 12):
         sq, idx = (backend.to_host(a) for a in ge.knn(
@@ -358,7 +361,8 @@ def test_rnx_of_a_graph_is_that_of_its_distances_up_to_its_depth(backend):
 
 def test_command_line_knn_graph(tmp_path):
     """A graph saved by scipy.sparse.save_npz embeds from its spectral start; --auc
-    is refused before the fit."""
+    gives the area of R_NX up to the graph's depth, 35 here (its stored diagonal
+    aside)."""
     X = data(100)
     G = knn_graph(X, 35)
     scipy.sparse.save_npz(tmp_path / "g.npz", G)
@@ -370,7 +374,10 @@ def test_command_line_knn_graph(tmp_path):
     expected = ge.TSNE(2, 10.0, max_iter=20, init="spectral", random_state=1, backend="cpu",
                        metric="precomputed").fit_transform(G)
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), expected)
-    auc = subprocess.run(command[:6] + [str(tmp_path / "z.npy")] + command[7:] + ["--auc"],
-                         capture_output=True, text=True, timeout=600)
-    assert auc.returncode == 1 and "--auc ranks every pair" in auc.stderr, auc.stderr
-    assert not (tmp_path / "z.npy").exists()
+    G.setdiag(0.0)                          # an explicit zero: no distance to another point
+    scipy.sparse.save_npz(tmp_path / "g.npz", G)
+    auc = subprocess.run(command + ["--auc"], capture_output=True, text=True, timeout=600)
+    assert auc.returncode == 0, auc.stderr
+    value = ge.metrics.log_k_auc(ge.metrics.rnx(G, expected, 35, metric="precomputed"))
+    assert f"R_NX AUC (log K, K <= 35, the graph's depth) {value:.4f}" in auc.stdout, auc.stdout
+    assert 0.3 < value < 0.95
