@@ -98,8 +98,8 @@ def _rank_blocks(X_high, X_low, k_max, be, metric):
     row's stored ones, all sorted at once)."""
     xp = be.xp
     n = X_high.shape[0]
-    if is_graph(X_high, metric):
-        graph_order = graph_smallest(be, X_high, k_max, True, asked="k_max")[1]
+    graph_order = (graph_smallest(be, X_high, k_max, True, asked="k_max")[1]
+                   if is_graph(X_high, metric) else None)
     # Each space's norms and right factor (sparse X_high: its feature split),
     # prepared once for all the blocks; None: the precomputed distances' rows.
     spaces = [None if metric == "precomputed" and X is X_high else
@@ -113,7 +113,7 @@ def _rank_blocks(X_high, X_low, k_max, be, metric):
             own = xp.arange(start, stop)
             orders = []
             for space in spaces:
-                if space is None and is_graph(X_high, metric):
+                if graph_order is not None and space is None:
                     orders.append(graph_order[start:stop])
                     continue
                 if space is None:

@@ -150,10 +150,20 @@ def is_graph(X, metric):
 def graph_depth(be, D):
     """The fewest distances a row of the sparse graph D (canonical CSR) stores to
     other points: the most neighbours every row can give."""
-    xp = be.xp
-    rows = xp.searchsorted(D.indptr, xp.arange(D.indices.size), side="right") - 1
-    own = xp.bincount(rows[D.indices == rows], minlength=D.shape[0])
-    return int((xp.diff(D.indptr) - own).min())
+    return int(_stored_entries(be.xp, D, 0, D.shape[0], True)[3].min())
+
+
+def _stored_entries(xp, D, start, stop, exclude_self):
+    """Rows start:stop of the sparse graph D as (row - start, column, value) of
+    their stored entries (``exclude_self``: each row's own column left out) and
+    the count of each row's."""
+    lo, hi = int(D.indptr[start]), int(D.indptr[stop])
+    rows = xp.searchsorted(D.indptr[start:stop + 1], xp.arange(lo, hi), side="right") - 1
+    columns, values = D.indices[lo:hi].astype(xp.int64), D.data[lo:hi]
+    if exclude_self:
+        other = columns != rows + start
+        rows, columns, values = rows[other], columns[other], values[other]
+    return rows, columns, values, xp.bincount(rows, minlength=stop - start)
 
 
 def _sorted_distances(be, D, k, exclude_self, block_bytes):
@@ -204,14 +214,7 @@ def graph_smallest(be, D, k, exclude_self, block_bytes=None,
     step = max(1, (block_bytes or DEFAULT_BLOCK_BYTES[be.name]) // per_row)
     for start in range(0, n, step):
         stop = min(n, start + step)
-        lo, hi = int(D.indptr[start]), int(D.indptr[stop])
-        entries = xp.arange(lo, hi)
-        rows = xp.searchsorted(D.indptr[start:stop + 1], entries, side="right") - 1
-        columns, values = D.indices[lo:hi].astype(xp.int64), D.data[lo:hi]
-        if exclude_self:
-            other = columns != rows + start
-            rows, columns, values = rows[other], columns[other], values[other]
-        counts = xp.bincount(rows, minlength=stop - start)
+        rows, columns, values, counts = _stored_entries(xp, D, start, stop, exclude_self)
         short = xp.flatnonzero(counts < k)
         if short.size:
             row = int(short[0])
