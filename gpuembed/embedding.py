@@ -159,9 +159,12 @@ _METHOD_PARAMS = """
       (M, N) distances to the training points, dense or sparse).
     - "sd": ``kappa``, the affinities each point keeps in L+ (default all of
       them up to 2,000 points, 15 beyond, doubled until the kept graph is as
-      connected as the whole); ``sd_solver``, "auto", "cholesky" or "cg";
+      connected as the whole); ``sd_solver``, "auto", "cholesky", "cg" or
+      "twolevel" (CPU: an additive two-level approximation of B's inverse,
+      refreshed every 25 iterations for t-SNE);
       ``sd_refresh``, rebuild B from the current layout every R iterations
-      ("auto": 50 for t-SNE, never for the others; None: never);
+      ("auto": 50 for t-SNE, 25 with "twolevel", never for the others; None:
+      never);
       ``sd_memory`` and ``sd_memory_start``, L-BFGS curvature pairs on top of
       B, gathered after that many iterations (defaults per estimator, see
       Notes).  "lbfgs": ``lbfgs_memory`` (default 100).
@@ -1205,9 +1208,11 @@ class TSNE(_Embedding):
     On connected graphs SD takes 3 curvature pairs from iteration 51 on
     (SD_MEMORY, for ``sd_memory`` not given) where it solves by the Cholesky
     factor: the full L+ of up to 2,000 points on the CPU, or
-    ``sd_solver="cholesky"``.  On 15 sets of up to 2,000 points it ends lower than
-    plain SD on 12 and reaches plain SD's final KL 1.3-3.5x sooner, 0.01-0.5%
-    higher on 3 in less time (benchmarks/results/embedding_pairs.json,
+    ``sd_solver="cholesky"``; and by the two-level solve
+    (``sd_solver="twolevel"``, a fixed operator between refreshes as well).  On
+    15 sets of up to 2,000 points it ends lower than plain SD on 12 and reaches
+    plain SD's final KL 1.3-3.5x sooner, 0.01-0.5% higher on 3 in less
+    time (benchmarks/results/embedding_pairs.json,
     "tsne_curvature_pairs", 2-core Xeon VM).  The pairs need a fixed initial
     inverse Hessian, which CG's truncated solves are not: with CG they took
     Fashion-MNIST 10k and 20k longer to plain SD's KL (5.9 s against 5.6 s, 22.2 s
@@ -1228,7 +1233,7 @@ class TSNE(_Embedding):
         solver = p.get("sd_solver", "auto")
         if solver == "auto":
             solver = Spectral.auto_solver(P.shape[0], p.get("kappa"), True, be.is_gpu)
-        return super()._graph_params(P, be) if solver == "cholesky" else {}
+        return super()._graph_params(P, be) if solver in ("cholesky", "twolevel") else {}
 
 
 @_DOCUMENTED

@@ -5,7 +5,8 @@ entries with one ``np.lexsort`` over (row, -weight), 1.0 s for t-SNE's 2.7M
 affinities on Fashion-MNIST 20k, paid again for every mu of a MAC run, each of
 which builds its own direction.  ``csr_times`` is the CG's product with the
 SD matrix on all cores (SciPy's runs on one), ``jacobi_pcg`` SD's whole CG,
-``cholesky_solve`` the solve by a dense Cholesky factor.
+``cholesky_solve`` the solve by a dense Cholesky factor, ``aggregate`` and
+``smoothed_prolongator`` the coarse level of its two-level solve.
 """
 from __future__ import annotations
 
@@ -171,3 +172,54 @@ def cholesky_solve(U, G):
                 s -= row[j] * y[j]
             Y[c, i] = s / pivot
     return np.ascontiguousarray(Y.T)
+
+
+@njit(cache=True)
+def aggregate(indptr, indices, data, order, size):
+    """(labels, number of aggregates): greedy aggregation of the graph whose
+    off-diagonal CSR entries (SD's B: minus 4 times the weights) link the
+    points.  In ``order``, each point not yet taken starts an aggregate with up
+    to ``size`` - 1 of its free neighbours, the most strongly linked first (the
+    most negative entries; among equal ones the earlier stored)."""
+    n = indptr.shape[0] - 1
+    labels = np.full(n, -1, dtype=np.int64)
+    best = np.empty(max(size - 1, 1), dtype=data.dtype)
+    where = np.empty(max(size - 1, 1), dtype=np.int64)
+    m = 0
+    for i in order:
+        if labels[i] >= 0:
+            continue
+        labels[i] = m
+        k = 0
+        for e in range(indptr[i], indptr[i + 1]):
+            j = indices[e]
+            if j == i or labels[j] >= 0 or size == 1:
+                continue
+            v = -data[e]
+            if k == size - 1 and v <= best[k - 1]:
+                continue
+            t = k if k < size - 1 else size - 2
+            while t > 0 and best[t - 1] < v:
+                best[t], where[t] = best[t - 1], where[t - 1]
+                t -= 1
+            best[t], where[t] = v, j
+            k = min(k + 1, size - 1)
+        for t in range(k):
+            labels[where[t]] = m
+        m += 1
+    return labels, m
+
+
+@njit(parallel=True, cache=True)
+def smoothed_prolongator(indptr, indices, data, diag, labels, m, omega):
+    """The dense (N, m) prolongator (I - omega D^-1 B) R0 of smoothed
+    aggregation, R0 the aggregates' (N, m) indicator: row i is its own
+    aggregate's column minus omega / B_ii times B's row i summed per aggregate."""
+    n = indptr.shape[0] - 1
+    R = np.zeros((n, m))
+    for i in prange(n):
+        R[i, labels[i]] = 1.0
+        scale = omega / diag[i]
+        for e in range(indptr[i], indptr[i + 1]):
+            R[i, labels[indices[e]]] -= scale * data[e]
+    return R
