@@ -20,6 +20,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 # needs beyond the test extra: Fashion-MNIST, Pillow for scikit-learn's sample image)
 RUNS = [
     (["bench_factorization.py", "--n", "600"], "factorization", ["runs"], ["fashion_mnist"]),
+    (["bench_sd_solvers.py", "--datasets", "rotating_objects_p20", "--max-iter", "30"],
+     "sd_two_level", ["runs"], []),
     (["bench_entropic.py", "--n", "1500", "--no-sequential"], "entropic_n1500",
      ["cpu", "anchors", "fastest_cpu"], ["fashion_mnist"]),
     (["bench_knn.py", "--float64", "--n", "1500", "--repeat", "1"], "knn_float64_n1500", [],
