@@ -22,6 +22,7 @@ SOLVERS = ("cholesky", "twolevel")
 
 def datasets(names):
     sets = {
+        "rotating_objects_p5": lambda: (ge.datasets.rotating_objects()[0], 5.0),
         "rotating_objects_p10": lambda: (ge.datasets.rotating_objects()[0], 10.0),
         "rotating_objects_p20": lambda: (ge.datasets.rotating_objects()[0], 20.0),
         "rotating_objects_p30": lambda: (ge.datasets.rotating_objects()[0], 30.0),
@@ -69,9 +70,9 @@ def run(names, max_iter=400):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--datasets", default="rotating_objects_p10,rotating_objects_p20,"
-                        "rotating_objects_p30,rotating_objects_20,digits,fashion_mnist_1000,"
-                        "fashion_mnist_2000")
+    parser.add_argument("--datasets", default="rotating_objects_p5,rotating_objects_p10,"
+                        "rotating_objects_p20,rotating_objects_p30,rotating_objects_20,digits,"
+                        "fashion_mnist_1000,fashion_mnist_2000")
     parser.add_argument("--max-iter", type=int, default=400)
     args = parser.parse_args()
     write_result("sd_two_level", run(args.datasets.split(","), args.max_iter))

@@ -1029,8 +1029,19 @@ def test_two_level_solve_against_dense_formulas():
     R0 = np.zeros((n, m))
     R0[np.arange(n), labels] = 1.0
     R = (np.eye(n) - directions.PROLONGATOR_OMEGA * B.toarray() / d[:, None]) @ R0
-    np.testing.assert_allclose(smoothed_prolongator(B.indptr, B.indices, B.data, d, labels, m,
-                                                    directions.PROLONGATOR_OMEGA), R, atol=1e-12)
+    got = smoothed_prolongator(B.indptr, B.indices, B.data, d, labels, m,
+                               directions.PROLONGATOR_OMEGA)
+    np.testing.assert_allclose(scipy.sparse.csr_matrix(got[::-1], shape=(n, m)).toarray(), R,
+                               atol=1e-12)
+    # A row without its diagonal stored (here: point 0's) still gets its own column.
+    B0 = B.tolil()
+    B0[0, 0] = 0.0
+    B0 = B0.tocsr()
+    B0.eliminate_zeros()
+    got = smoothed_prolongator(B0.indptr, B0.indices, B0.data, d, labels, m, 0.5)
+    expected0 = (np.eye(n) - 0.5 * B0.toarray() / d[:, None]) @ R0
+    np.testing.assert_allclose(scipy.sparse.csr_matrix(got[::-1], shape=(n, m)).toarray(),
+                               expected0, atol=1e-12)
     G = np.random.default_rng(1).standard_normal((n, 2))
     G -= G.mean(axis=0)             # as SD's _split leaves it: nothing along 1, B's near-null
     expected = G / d[:, None] + R @ np.linalg.solve(R.T @ B.toarray() @ R, R.T @ G)
@@ -1050,6 +1061,21 @@ def test_two_level_solve_against_dense_formulas():
     error = lambda P: float(np.sqrt(((P - exact) * (chain @ (P - exact))).sum()))
     # Measured 14.3 against 17.2 (aggregates of 3 on a chain: its smoothest modes stay).
     assert error(directions.two_level_cpu(chain)(G)) < 0.9 * error(G / chain.diagonal()[:, None])
+
+
+def test_two_level_sparse_products_against_scipy():
+    """The two-level build's transpose and sparse-times-sparse product (dense
+    out) give SciPy's, for rows in any order and with empty rows."""
+    from gpuembed.optim.sparse_cpu import csr_times_csr_dense, csr_transpose
+    rng = np.random.default_rng(5)
+    A = scipy.sparse.random(40, 30, density=0.2, random_state=rng, format="csr")
+    R = scipy.sparse.random(30, 12, density=0.3, random_state=rng, format="csr")
+    T = scipy.sparse.csr_matrix(csr_transpose(A.indptr, A.indices, A.data, 30)[::-1],
+                                shape=(30, 40))
+    np.testing.assert_array_equal(T.toarray(), A.T.toarray())
+    np.testing.assert_allclose(
+        csr_times_csr_dense(A.indptr, A.indices, A.data, R.indptr, R.indices, R.data, 12),
+        (A @ R).toarray(), rtol=1e-13, atol=1e-15)
 
 
 @pytest.mark.gpu

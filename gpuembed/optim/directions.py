@@ -39,8 +39,8 @@ import scipy.sparse.csgraph
 import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
-from .sparse_cpu import (aggregate, cholesky_solve, csr_times, jacobi_pcg, largest_per_row,
-                         smoothed_prolongator)
+from .sparse_cpu import (aggregate, cholesky_solve, csr_times, csr_times_csr_dense,
+                         csr_transpose, jacobi_pcg, largest_per_row, smoothed_prolongator)
 from .sparse_gpu import CGWorkspace, connected_components_gpu, largest_per_row_gpu
 
 try:
@@ -400,16 +400,14 @@ def two_level_cpu(B):
     order = np.argsort(-diag, kind="stable")
     labels, m = aggregate(B.indptr, B.indices, B.data, order, AGGREGATE_SIZE)
     R = smoothed_prolongator(B.indptr, B.indices, B.data, diag, labels, m, PROLONGATOR_OMEGA)
-    C = R.T @ csr_times(B.indptr, B.indices, B.data, R)
+    RT = csr_transpose(*R, m)
+    C = csr_times(*RT, csr_times_csr_dense(B.indptr, B.indices, B.data, *R, m))
     U = np.ascontiguousarray(
         scipy.linalg.cho_factor((C + C.T) / 2.0, lower=True, check_finite=False)[0].T)
-    R = scipy.sparse.csr_matrix(R)
-    RT = R.T.tocsr()
     inverse_diag = (1.0 / diag)[:, None]
 
     def solve64(G):
-        coarse = cholesky_solve(U, csr_times(RT.indptr, RT.indices, RT.data, G))
-        return inverse_diag * G + csr_times(R.indptr, R.indices, R.data, coarse)
+        return inverse_diag * G + csr_times(*R, cholesky_solve(U, csr_times(*RT, G)))
 
     return _in_float64(solve64)
 
@@ -447,14 +445,17 @@ class Spectral(Direction):
 
     ``solver="twolevel"`` (CPU; never chosen by "auto"): :func:`two_level_cpu`'s
     additive two-level approximation of B^-1, B refreshed every
-    TWO_LEVEL_REFRESH iterations for t-SNE (its builds cost about 2.5 ms at 720
-    points against 5-8 ms for the dense factor, its solves 0.07 ms against 0.15-0.3).
-    For t-SNE of up to 2,000 points it reached gradient descent's 1,000-iteration
-    KL sooner on each of 7 connected sets (benchmarks/results/sd_two_level.json),
-    but ended higher on some (rotating objects at perplexity 10: KL 0.454 against
-    0.409 by the default stopping test), kept fewer of a ring graph's links (0.85
-    against over 0.95) and ended higher on six separated clusters (0.555 after 460
-    iterations against 0.535 after 220): the exact factor stays the default.
+    TWO_LEVEL_REFRESH iterations for t-SNE (at 720 points its build takes 1.6 ms
+    against 5-8 ms for the dense factor, its solve 0.04 ms against 0.15-0.3).
+    Over 15 connected t-SNE problems of up to 2,000 points (rotating objects at
+    perplexities 5-50, 20 objects, digits, Fashion-MNIST subsets; side runs,
+    benchmarks/README.md) it reached gradient descent's 1,000-iteration KL
+    sooner on all but one (median 13.3x gd's time against 6.0x), and default fits
+    took 12% less time, but their final KL was 0.9% higher on geometric mean,
+    22% on rotating objects at perplexity 5 (0.251 against 0.206); it ended
+    higher on six separated clusters (0.555 after 460 iterations against 0.535
+    after 220) and kept fewer of a ring graph's links as its two nearest (0.85
+    against 1.0, at a lower KL): the exact factor stays the default.
 
     ``refresh=R`` (``sd_refresh``): every R iterations B is rebuilt and
     refactorized from the attractive weights at the current layout, and where the

@@ -210,16 +210,67 @@ def aggregate(indptr, indices, data, order, size):
     return labels, m
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def smoothed_prolongator(indptr, indices, data, diag, labels, m, omega):
-    """The dense (N, m) prolongator (I - omega D^-1 B) R0 of smoothed
-    aggregation, R0 the aggregates' (N, m) indicator: row i is its own
-    aggregate's column minus omega / B_ii times B's row i summed per aggregate."""
+    """The CSR (indptr, indices, data) of smoothed aggregation's (N, m)
+    prolongator (I - omega D^-1 B) R0, R0 the aggregates' indicator: row i is
+    its own aggregate's column minus omega / B_ii times B's row i summed per
+    aggregate, one entry per aggregate its row reaches, in the order reached.
+    A row has at most one entry more than B's."""
     n = indptr.shape[0] - 1
-    R = np.zeros((n, m))
-    for i in prange(n):
-        R[i, labels[i]] = 1.0
+    out_ptr = np.zeros(n + 1, dtype=np.int64)
+    out_idx = np.empty(indices.shape[0] + n, dtype=np.int64)
+    out_val = np.empty(indices.shape[0] + n)
+    seen_in_row = np.full(m, -1, dtype=np.int64)
+    slot = np.empty(m, dtype=np.int64)
+    count = 0
+    for i in range(n):
         scale = omega / diag[i]
         for e in range(indptr[i], indptr[i + 1]):
-            R[i, labels[indices[e]]] -= scale * data[e]
-    return R
+            a = labels[indices[e]]
+            if seen_in_row[a] != i:
+                seen_in_row[a], slot[a] = i, count
+                out_idx[count], out_val[count] = a, 0.0
+                count += 1
+            out_val[slot[a]] -= scale * data[e]
+        a = labels[i]
+        if seen_in_row[a] != i:         # a row without its diagonal stored
+            seen_in_row[a], slot[a] = i, count
+            out_idx[count], out_val[count] = a, 0.0
+            count += 1
+        out_val[slot[a]] += 1.0
+        out_ptr[i + 1] = count
+    return out_ptr, out_idx[:count].copy(), out_val[:count].copy()
+
+
+@njit(cache=True)
+def csr_transpose(indptr, indices, data, n_cols):
+    """The CSR of the transpose of the CSR (indptr, indices, data) with
+    ``n_cols`` columns, each row's entries in the original's row order."""
+    counts = np.zeros(n_cols + 1, dtype=np.int64)
+    for e in range(indices.shape[0]):
+        counts[indices[e] + 1] += 1
+    out_ptr = np.cumsum(counts)
+    fill = out_ptr[:-1].copy()
+    out_idx = np.empty(indices.shape[0], dtype=np.int64)
+    out_val = np.empty(indices.shape[0], dtype=data.dtype)
+    for i in range(indptr.shape[0] - 1):
+        for e in range(indptr[i], indptr[i + 1]):
+            c = indices[e]
+            out_idx[fill[c]], out_val[fill[c]] = i, data[e]
+            fill[c] += 1
+    return out_ptr, out_idx, out_val
+
+
+@njit(parallel=True, cache=True)
+def csr_times_csr_dense(indptr, indices, data, r_ptr, r_idx, r_val, n_cols):
+    """The dense (N, n_cols) product of the CSR A = (indptr, indices, data) with
+    the CSR R = (r_ptr, r_idx, r_val): each row in stored order."""
+    n = indptr.shape[0] - 1
+    out = np.zeros((n, n_cols))
+    for i in prange(n):
+        for e in range(indptr[i], indptr[i + 1]):
+            j, w = indices[e], data[e]
+            for f in range(r_ptr[j], r_ptr[j + 1]):
+                out[i, r_idx[f]] += w * r_val[f]
+    return out
