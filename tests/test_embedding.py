@@ -181,10 +181,11 @@ def test_sd_cg_retries_a_climbing_warm_start_from_zero(backend, small, name, par
 
 def test_sd_auto_solver_factorizes_small_problems_only(small, monkeypatch):
     """Cholesky up to CHOLESKY_MAX_N points, CG beyond; where the curvature is
-    only a bound (t-SNE), Cholesky for the full L+ alone, CG for a sparsified
-    one (given kappa, or the default beyond FULL_LAPLACIAN_MAX_N points).  t-SNE's
-    B is refreshed every 25 iterations with the two-level solve (never chosen
-    by "auto"), every 50 with the others."""
+    only a bound (t-SNE), for the full L+ the two-level solve where P's rows hold
+    TWO_LEVEL_MIN_ROW_ENTRIES entries or more on average, else Cholesky, and CG
+    for a sparsified one (given kappa, or the default beyond
+    FULL_LAPLACIAN_MAX_N points).  t-SNE's B is refreshed every 25 iterations
+    with the two-level solve, every 50 with the others."""
     from gpuembed.optim import directions
     _, _, A = small
     Y = np.random.default_rng(0).standard_normal((120, 2))
@@ -198,6 +199,13 @@ def test_sd_auto_solver_factorizes_small_problems_only(small, monkeypatch):
     tsne = objectives.make_objective("tsne", A.P, be, np.float64)
     assert [directions.Spectral(tsne, Y, solver=solver).refresh
             for solver in ("auto", "twolevel", "cholesky", "cg")] == [50, 25, 50, 50]
+    per_row = A.P.nnz / 120
+    assert per_row < directions.Spectral.TWO_LEVEL_MIN_ROW_ENTRIES
+    monkeypatch.setattr(directions.Spectral, "TWO_LEVEL_MIN_ROW_ENTRIES", per_row)
+    assert chosen() == {"ee": "cholesky", "ssne": "cholesky", "tsne": "twolevel"}
+    assert directions.Spectral(tsne, Y).refresh == 25
+    monkeypatch.setattr(directions.Spectral, "TWO_LEVEL_MIN_ROW_ENTRIES", per_row * 1.001)
+    assert chosen()["tsne"] == "cholesky"
     monkeypatch.setattr(directions.Spectral, "FULL_LAPLACIAN_MAX_N", 100)
     assert chosen() == {"ee": "cholesky", "ssne": "cholesky", "tsne": "cg"}
     monkeypatch.setattr(directions.Spectral, "CHOLESKY_MAX_N", 100)
@@ -367,7 +375,9 @@ def test_tsne_sd_takes_curvature_pairs_with_the_factor(loops):
     0.636 (0.999) against 0.752 (0.978)."""
     X, y = loops
     A = ge.entropic_affinities(X, 30.0, backend="cpu")
-    fit = lambda **kw: ge.TSNE(affinities=A, random_state=0, backend="cpu", **kw).fit(X)
+    # The factor given: at perplexity 30 "auto" takes the two-level solve.
+    fit = lambda **kw: ge.TSNE(affinities=A, random_state=0, backend="cpu",
+                               sd_solver="cholesky", **kw).fit(X)
     default, plain = fit(), fit(sd_memory=0)
     objectives = lambda model: [h["objective"] for h in model.history_]
     assert objectives(default)[:52] == objectives(plain)[:52]
@@ -484,13 +494,16 @@ def test_tsne_sd_on_a_split_graph_exaggerates_and_keeps_pairs():
     fit = lambda **kw: ge.TSNE(affinities=A, random_state=0, backend="cpu", **kw).fit(X)
     default = fit()
     assert [h.get("exaggeration") for h in default.history_[1:202:200]] == [2.0, 1.0]
-    assert default._fit_params == ge.TSNE.SPLIT_GRAPH_PARAMS
+    # 80 entries per row, where "auto" would take the two-level solve: the factor
+    assert default._fit_params == {**ge.TSNE.SPLIT_GRAPH_PARAMS, "sd_solver": "cholesky"}
     plain = fit(sd_memory=0, early_exaggeration=1.0)       # 1: no exaggeration stage
     assert plain._fit_params["sd_memory"] == 0
     classic = fit(optimizer="tsne")
     assert default.objective_ < 0.95 * classic.objective_ < 0.9 * plain.objective_
     assert fit(sd_memory=3, max_iter=5)._fit_params == {**ge.TSNE.SPLIT_GRAPH_PARAMS,
-                                                         "sd_memory": 3}
+                                                         "sd_memory": 3, "sd_solver": "cholesky"}
+    assert fit(sd_solver="twolevel", max_iter=5)._fit_params == {**ge.TSNE.SPLIT_GRAPH_PARAMS,
+                                                                 "sd_solver": "twolevel"}
     free = ge.TSNE(affinities=A, max_iter=5, backend="cpu")._free_fit(X)
     assert free.direction_params["memory"] == 0
 
@@ -502,8 +515,12 @@ def test_tsne_split_graph_params_on_each_backend(backend, capsys):
     X, _ = ge.datasets.gaussian_clusters(600, 6, 5, random_state=0)
     model = ge.TSNE(perplexity=20.0, exaggeration_iter=3, max_iter=6, tol=0, random_state=0,
                     backend=backend, verbose=True).fit(X)
-    assert "sd, N-body engine exact, early_exaggeration=2, sd_memory=10" in capsys.readouterr().out
-    assert model._fit_params == {**ge.TSNE.SPLIT_GRAPH_PARAMS, "exaggeration_iter": 3}
+    out = capsys.readouterr().out
+    assert "sd, N-body engine exact, early_exaggeration=2, sd_memory=10" in out
+    # On the CPU the exact factor where "auto" would take the two-level solve.
+    solver = {"sd_solver": "cholesky"} if backend.name == "cpu" else {}
+    assert ("sd_solver=cholesky" in out) == bool(solver)
+    assert model._fit_params == {**ge.TSNE.SPLIT_GRAPH_PARAMS, "exaggeration_iter": 3, **solver}
     assert [h.get("exaggeration") for h in model.history_[3:5]] == [2.0, 1.0]
     assert model.n_iter_ == 6 and np.isfinite(model.embedding_).all()
 
@@ -529,6 +546,13 @@ def test_tsne_sd_on_a_connected_graph_keeps_its_defaults(small):
     Spectral = ge.optim.directions.Spectral
     assert fit(sd_solver="twolevel")._fit_params == {"sd_solver": "twolevel", **ge.TSNE.SD_MEMORY}
     assert [Spectral.auto_solver(n, None, True, False) for n in (2000, 2001)] == ["cholesky", "cg"]
+    assert [Spectral.auto_solver(2000, None, True, False, entries) for entries in (49.9, 50)] == [
+        "cholesky", "twolevel"]
+    assert Spectral.auto_solver(2001, None, True, False, 50) == "cg"
+    dense = ge.entropic_affinities(X, 30.0, backend="cpu")
+    assert dense.P.nnz / 300 >= Spectral.TWO_LEVEL_MIN_ROW_ENTRIES
+    model = ge.TSNE(affinities=dense, max_iter=5, backend="cpu").fit(X)
+    assert model._fit_params == ge.TSNE.SD_MEMORY       # the two-level solve takes the pairs
     assert Spectral.auto_solver(300, None, True, True) == "cg"
     X, _, split = small
     assert scipy.sparse.csgraph.connected_components(split.P)[0] == 3

@@ -441,21 +441,24 @@ class Spectral(Direction):
     its near-null modes (weakly linked groups) all the way and stalled once B was
     refreshed at a spread layout, where CG's truncated solve resolves the stiff
     modes first (100 rotating objects: KL 1.913 against 1.462; at d3ef4c5 that fit no
-    longer stalls, 1.398 against the default's 1.324: benchmarks/README.md).
+    longer stalls, 1.398 against the default's 1.324: benchmarks/README.md); and of
+    the full L+, the two-level solve where P's rows hold TWO_LEVEL_MIN_ROW_ENTRIES
+    or more entries on average, the factor on sparser graphs (TSNE also on split
+    ones).
 
-    ``solver="twolevel"`` (CPU; never chosen by "auto"): :func:`two_level_cpu`'s
-    additive two-level approximation of B^-1, B refreshed every
-    TWO_LEVEL_REFRESH iterations for t-SNE (at 720 points its build takes 1.6 ms
-    against 5-8 ms for the dense factor, its solve 0.04 ms against 0.15-0.3).
-    Over 15 connected t-SNE problems of up to 2,000 points (rotating objects at
-    perplexities 5-50, 20 objects, digits, Fashion-MNIST subsets; side runs,
-    benchmarks/README.md) it reached gradient descent's 1,000-iteration KL
-    sooner on all but one (median 13.3x gd's time against 6.0x), and default fits
-    took 12% less time, but their final KL was 0.9% higher on geometric mean,
-    22% on rotating objects at perplexity 5 (0.251 against 0.206); it ended
-    higher on six separated clusters (0.555 after 460 iterations against 0.535
-    after 220) and kept fewer of a ring graph's links as its two nearest (0.85
-    against 1.0, at a lower KL): the exact factor stays the default.
+    ``solver="twolevel"`` (CPU): :func:`two_level_cpu`'s additive two-level
+    approximation of B^-1, B refreshed every TWO_LEVEL_REFRESH iterations for
+    t-SNE (at 720 points its build takes 1.6 ms against 5-8 ms for the dense
+    factor, its solve 0.04 ms against 0.15-0.3).  Over 15 connected t-SNE
+    problems of up to 2,000 points (rotating objects at perplexities 5-50, 20
+    objects, digits, Fashion-MNIST subsets; side runs, benchmarks/README.md) it
+    reached gradient descent's 1,000-iteration KL sooner on all but one (median
+    13.3x gd's time against 6.0x), and default fits took 12% less time.  Their
+    final KL was 1.3% lower on geometric mean over the 10 problems with 59 or
+    more entries per row (4.8% lower to 1.4% higher), 5.6% higher over the 5
+    sparser ones (0.1% to 22%: rotating objects at perplexity 5, 0.251 against
+    0.206).  It also ended higher on six separated clusters (0.555 after 460
+    iterations against 0.535 after 220).
 
     ``refresh=R`` (``sd_refresh``): every R iterations B is rebuilt and
     refactorized from the attractive weights at the current layout, and where the
@@ -492,6 +495,12 @@ class Spectral(Direction):
     REFRESH = 50
     scaled_by_attractive_curvature = True
     TWO_LEVEL_REFRESH = 25
+    # "auto" takes the two-level solve for t-SNE's full L+ where P's rows hold this
+    # many entries on average (perplexity 15 and up with 3 perplexity neighbours:
+    # 59-64 entries per row; perplexity 10: 38-43).  An aggregate of 8 points is
+    # then a small part of each neighbourhood; on sparser graphs the exact factor
+    # ended lower (see solver="twolevel" above).
+    TWO_LEVEL_MIN_ROW_ENTRIES = 50
     SOLVERS = ("auto", "cholesky", "cg", "twolevel")
 
     def __init__(self, objective, X, kappa=None, solver="auto", cg_tol=CG_TOL,
@@ -508,8 +517,10 @@ class Spectral(Direction):
             kappa = self.AUTO_KAPPA
         self.kappa = kappa
         if solver == "auto":
+            P = objective.pairs.P
             solver = self.auto_solver(X.shape[0], self.kappa,
-                                      objective.attractive_curvature_is_bound, self.be.is_gpu)
+                                      objective.attractive_curvature_is_bound, self.be.is_gpu,
+                                      P.nnz / P.shape[0])
         elif solver == "twolevel" and self.be.is_gpu:
             raise ValueError("sd_solver='twolevel' runs on the CPU backend only; on the GPU "
                              "take 'cg' or 'cholesky'")
@@ -648,13 +659,16 @@ class Spectral(Direction):
         return P - self._per_point(self._component_mean(P)) + translation
 
     @classmethod
-    def auto_solver(cls, n, kappa, curvature_is_bound, is_gpu):
-        """The solver that ``solver="auto"`` takes for n points and ``kappa``
-        (None: the full L+ up to FULL_LAPLACIAN_MAX_N points)."""
+    def auto_solver(cls, n, kappa, curvature_is_bound, is_gpu, row_entries=0.0):
+        """The solver that ``solver="auto"`` takes for n points, ``kappa`` (None:
+        the full L+ up to FULL_LAPLACIAN_MAX_N points) and affinities with
+        ``row_entries`` stored entries per row on average."""
         if is_gpu:
             return "cg"
         if curvature_is_bound:
-            return "cholesky" if kappa is None and n <= cls.FULL_LAPLACIAN_MAX_N else "cg"
+            if kappa is not None or n > cls.FULL_LAPLACIAN_MAX_N:
+                return "cg"
+            return "twolevel" if row_entries >= cls.TWO_LEVEL_MIN_ROW_ENTRIES else "cholesky"
         return "cholesky" if n <= cls.CHOLESKY_MAX_N else "cg"
 
     def __call__(self, X, G):
