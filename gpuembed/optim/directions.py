@@ -40,7 +40,8 @@ import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
 from .sparse_cpu import (aggregate, cholesky_solve, csr_times, csr_times_csr_dense,
-                         csr_transpose, jacobi_pcg, largest_per_row, smoothed_prolongator)
+                         csr_transpose, jacobi_pcg, largest_per_row, smoothed_prolongator,
+                         two_level_apply)
 from .sparse_gpu import CGWorkspace, connected_components_gpu, largest_per_row_gpu
 
 try:
@@ -388,7 +389,8 @@ def two_level_cpu(B):
     D = diag(B), R the smoothed-aggregation prolongator of B's graph
     (sparse_cpu.aggregate, AGGREGATE_SIZE points per aggregate), C = R^T B R
     factorized dense.  Additive: no product with B per solve, so a solve costs
-    two sparse products with R and a triangular pair of order N / 8.
+    two sparse products with R and a triangular pair of order N / 8
+    (sparse_cpu.two_level_apply).
 
     The fine level is FP's diagonal; the coarse one moves groups of strongly
     linked points together by B's own curvature between them, the slow modes
@@ -404,12 +406,8 @@ def two_level_cpu(B):
     C = csr_times(*RT, csr_times_csr_dense(B.indptr, B.indices, B.data, *R, m))
     U = np.ascontiguousarray(
         scipy.linalg.cho_factor((C + C.T) / 2.0, lower=True, check_finite=False)[0].T)
-    inverse_diag = (1.0 / diag)[:, None]
-
-    def solve64(G):
-        return inverse_diag * G + csr_times(*R, cholesky_solve(U, csr_times(*RT, G)))
-
-    return _in_float64(solve64)
+    inverse_diag = 1.0 / diag
+    return _in_float64(lambda G: two_level_apply(inverse_diag, *R, *RT, U, G))
 
 
 class Spectral(Direction):
