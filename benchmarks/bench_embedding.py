@@ -543,10 +543,10 @@ TSNE_PAIRS_DATA = (("digits", ge.datasets.digits, 30.0),
 
 def tsne_curvature_pairs(backend="cpu"):
     """t-SNE by SD without curvature pairs and with 3 from iteration 51 on (its
-    default where SD solves by the Cholesky factor, TSNE.SD_MEMORY: the full L+ of
-    up to 2,000 points), each with the solver "auto" picks, and beyond 2,000 points
-    also with the factor (``sd_solver="cholesky"``): the figures of
-    :func:`curvature_pairs`."""
+    default where SD solves by the Cholesky factor or the two-level solve,
+    TSNE.SD_MEMORY: the full L+ of up to 2,000 points), each with the solver
+    "auto" picks, and where that is not the factor also with the factor
+    (``sd_solver="cholesky"``): the figures of :func:`curvature_pairs`."""
     be = ge.get_backend(backend)
     configurations = (("sd, sd_memory=0", {"sd_memory": 0}), DELAYED_PAIRS)
     factor = tuple((f"{label}, sd_solver=cholesky", {**extra, "sd_solver": "cholesky"})
@@ -554,12 +554,14 @@ def tsne_curvature_pairs(backend="cpu"):
     rows = []
     for name, load, perplexity in TSNE_PAIRS_DATA:
         X, y = load_labelled(load)
-        solver = ge.optim.directions.Spectral.auto_solver(X.shape[0], None, True, be.is_gpu)
+        A = ge.entropic_affinities(X, perplexity, backend=be)
+        solver = ge.optim.directions.Spectral.auto_solver(X.shape[0], None, True, be.is_gpu,
+                                                          A.P.nnz / X.shape[0])
         fits = [("TSNE", label, extra) for label, extra
-                in configurations + (factor if solver == "cg" else ())]
+                in configurations + (factor if solver != "cholesky" else ())]
         rows.append({"data": name, "n": X.shape[0], "perplexity": perplexity,
                      "auto_solver": solver,
-                     "runs": runs_against_plain(X, y, fits, be, perplexity)})
+                     "runs": runs_against_plain(X, y, fits, be, perplexity, A)})
     return rows
 
 
