@@ -5,8 +5,10 @@ entries with one ``np.lexsort`` over (row, -weight), 1.0 s for t-SNE's 2.7M
 affinities on Fashion-MNIST 20k, paid again for every mu of a MAC run, each of
 which builds its own direction.  ``csr_times`` is the CG's product with the
 SD matrix on all cores (SciPy's runs on one), ``jacobi_pcg`` SD's whole CG,
-``cholesky_solve`` the solve by a dense Cholesky factor, ``aggregate`` and
-``smoothed_prolongator`` the coarse level of its two-level solve.
+``cholesky_solve`` the solve by a dense Cholesky factor.  SD's two-level solve
+(directions.two_level_cpu): ``aggregate`` and ``smoothed_prolongator`` make its
+coarse level, ``csr_transpose`` and ``csr_times_csr_dense`` its coarse matrix,
+``two_level_apply`` the solve.
 """
 from __future__ import annotations
 
