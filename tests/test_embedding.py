@@ -1102,6 +1102,31 @@ def test_two_level_sparse_products_against_scipy():
         (A @ R).toarray(), rtol=1e-13, atol=1e-15)
 
 
+def test_laplacian_rows_against_scipy():
+    """SD's B on the CPU: scale (D - W) with the given diagonal, each row's columns
+    ascending, for W with stored diagonal entries and empty rows; the entries
+    are the array code's bits."""
+    from gpuembed.optim.sparse_cpu import laplacian_rows
+    rng = np.random.default_rng(6)
+    W = scipy.sparse.random(50, 50, density=0.1, random_state=rng, format="csr")
+    W = (W + W.T).tolil()
+    W[3, 3], W[7, :], W[:, 7] = 0.5, 0.0, 0.0
+    W = W.tocsr()
+    W.eliminate_zeros()
+    diag = rng.random(50)
+    got = scipy.sparse.csr_matrix(laplacian_rows(W.indptr, W.indices, W.data, 4.0, diag)[::-1],
+                                  shape=W.shape)
+    expected = (4.0 * directions_laplacian(W)).toarray()
+    expected[np.diag_indices(50)] = diag
+    np.testing.assert_array_equal(got.toarray(), expected)
+    assert got.has_sorted_indices and got.nnz == W.nnz - np.count_nonzero(W.diagonal()) + 50
+
+
+def directions_laplacian(W):
+    from gpuembed.optim import directions
+    return directions.laplacian(ge.get_backend("cpu"), W)
+
+
 @pytest.mark.gpu
 def test_two_level_solver_is_the_cpus():
     """sd_solver="twolevel" names the CPU in its error on the GPU backend."""

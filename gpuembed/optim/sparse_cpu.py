@@ -301,3 +301,33 @@ def two_level_apply(inverse_diag, r_ptr, r_idx, r_val, t_ptr, t_idx, t_val, U, G
                 total += r_val[f] * Y[r_idx[f], c]
             out[i, c] = total
     return out
+
+
+@njit(cache=True)
+def laplacian_rows(indptr, indices, data, scale, diag):
+    """The CSR of scale (D - W) with its diagonal replaced by ``diag``, W = the
+    CSR (indptr, indices, data) (each row's columns ascending), D its row sums:
+    W's entries times -scale, each row's diagonal entry (a stored one of W
+    merged into it) in column order."""
+    n = indptr.shape[0] - 1
+    out_ptr = np.zeros(n + 1, dtype=np.int64)
+    out_idx = np.empty(indices.shape[0] + n, dtype=np.int64)
+    out_val = np.empty(indices.shape[0] + n)
+    count = 0
+    for i in range(n):
+        placed = False
+        for e in range(indptr[i], indptr[i + 1]):
+            j = indices[e]
+            if j == i:
+                continue
+            if j > i and not placed:
+                out_idx[count], out_val[count] = i, diag[i]
+                count += 1
+                placed = True
+            out_idx[count], out_val[count] = j, -scale * data[e]
+            count += 1
+        if not placed:
+            out_idx[count], out_val[count] = i, diag[i]
+            count += 1
+        out_ptr[i + 1] = count
+    return out_ptr, out_idx[:count].copy(), out_val[:count].copy()
