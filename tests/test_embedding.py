@@ -1120,6 +1120,7 @@ def test_laplacian_rows_against_scipy():
     expected[np.diag_indices(50)] = diag
     np.testing.assert_array_equal(got.toarray(), expected)
     assert got.has_sorted_indices and got.nnz == W.nnz - np.count_nonzero(W.diagonal()) + 50
+    assert got.indices.dtype == got.indptr.dtype == W.indices.dtype == np.int32
 
 
 def directions_laplacian(W):

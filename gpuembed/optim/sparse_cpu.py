@@ -308,10 +308,11 @@ def laplacian_rows(indptr, indices, data, scale, diag):
     """The CSR of scale (D - W) with its diagonal replaced by ``diag``, W = the
     CSR (indptr, indices, data) (each row's columns ascending), D its row sums:
     W's entries times -scale, each row's diagonal entry (a stored one of W
-    merged into it) in column order."""
+    merged into it) in column order; W's index types (SciPy's int32 up to 2^31
+    entries: CG's products with B read its indices at every step)."""
     n = indptr.shape[0] - 1
-    out_ptr = np.zeros(n + 1, dtype=np.int64)
-    out_idx = np.empty(indices.shape[0] + n, dtype=np.int64)
+    out_ptr = np.zeros(n + 1, dtype=indptr.dtype)
+    out_idx = np.empty(indices.shape[0] + n, dtype=indices.dtype)
     out_val = np.empty(indices.shape[0] + n)
     count = 0
     for i in range(n):
