@@ -447,7 +447,7 @@ class Spectral(Direction):
     ``solver="twolevel"`` (CPU): :func:`two_level_cpu`'s additive two-level
     approximation of B^-1, B refreshed every TWO_LEVEL_REFRESH iterations for
     t-SNE (at 720 points its build takes 1.6 ms against 5-8 ms for the dense
-    factor, its solve 0.04 ms against 0.15-0.3).  Over 15 connected t-SNE
+    factor, its solve 0.07-0.11 ms against 0.15-0.3).  Over 15 connected t-SNE
     problems of up to 2,000 points (rotating objects at perplexities 5-50, 20
     objects, digits, Fashion-MNIST subsets; side runs, benchmarks/README.md) it
     reached gradient descent's 1,000-iteration KL sooner on all but one (median
