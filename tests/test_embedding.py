@@ -1106,6 +1106,7 @@ def test_laplacian_rows_against_scipy():
     """SD's B on the CPU: scale (D - W) with the given diagonal, each row's columns
     ascending, for W with stored diagonal entries and empty rows; the entries
     are the array code's bits."""
+    from gpuembed.optim import directions
     from gpuembed.optim.sparse_cpu import laplacian_rows
     rng = np.random.default_rng(6)
     W = scipy.sparse.random(50, 50, density=0.1, random_state=rng, format="csr")
@@ -1116,16 +1117,11 @@ def test_laplacian_rows_against_scipy():
     diag = rng.random(50)
     got = scipy.sparse.csr_matrix(laplacian_rows(W.indptr, W.indices, W.data, 4.0, diag)[::-1],
                                   shape=W.shape)
-    expected = (4.0 * directions_laplacian(W)).toarray()
+    expected = (4.0 * directions.laplacian(ge.get_backend("cpu"), W)).toarray()
     expected[np.diag_indices(50)] = diag
     np.testing.assert_array_equal(got.toarray(), expected)
     assert got.has_sorted_indices and got.nnz == W.nnz - np.count_nonzero(W.diagonal()) + 50
     assert got.indices.dtype == got.indptr.dtype == W.indices.dtype == np.int32
-
-
-def directions_laplacian(W):
-    from gpuembed.optim import directions
-    return directions.laplacian(ge.get_backend("cpu"), W)
 
 
 @pytest.mark.gpu

@@ -35,18 +35,26 @@ def largest_per_row(indptr, data, kappa):
         where = np.empty(kappa, dtype=np.int64)
         m = 0
         for e in range(lo, hi):
-            v = data[e]
-            if m == kappa and v <= best[m - 1]:
-                continue                   # ties go to the earlier entry already kept
-            j = m if m < kappa else kappa - 1
-            while j > 0 and best[j - 1] < v:
-                best[j], where[j] = best[j - 1], where[j - 1]
-                j -= 1
-            best[j], where[j] = v, e
-            m = min(m + 1, kappa)
+            m = _keep_largest(best, where, m, data[e], e)
         for j in range(kappa):
             keep[where[j]] = True
     return keep
+
+
+@njit(inline="always")
+def _keep_largest(best, where, m, v, item):
+    """Offer (v, item) to the descending buffer (best, where) holding m entries
+    (at most its length): it enters only if it beats the last kept value, ties
+    going to the entry already kept.  Returns the new count."""
+    capacity = best.shape[0]
+    if m == capacity and v <= best[m - 1]:
+        return m
+    j = m if m < capacity else capacity - 1
+    while j > 0 and best[j - 1] < v:
+        best[j], where[j] = best[j - 1], where[j - 1]
+        j -= 1
+    best[j], where[j] = v, item
+    return min(m + 1, capacity)
 
 
 @njit(parallel=True, cache=True)
@@ -185,8 +193,8 @@ def aggregate(indptr, indices, data, order, size):
     most negative entries; among equal ones the earlier stored)."""
     n = indptr.shape[0] - 1
     labels = np.full(n, -1, dtype=np.int64)
-    best = np.empty(max(size - 1, 1), dtype=data.dtype)
-    where = np.empty(max(size - 1, 1), dtype=np.int64)
+    best = np.empty(size - 1, dtype=data.dtype)
+    where = np.empty(size - 1, dtype=np.int64)
     m = 0
     for i in order:
         if labels[i] >= 0:
@@ -195,17 +203,8 @@ def aggregate(indptr, indices, data, order, size):
         k = 0
         for e in range(indptr[i], indptr[i + 1]):
             j = indices[e]
-            if j == i or labels[j] >= 0 or size == 1:
-                continue
-            v = -data[e]
-            if k == size - 1 and v <= best[k - 1]:
-                continue
-            t = k if k < size - 1 else size - 2
-            while t > 0 and best[t - 1] < v:
-                best[t], where[t] = best[t - 1], where[t - 1]
-                t -= 1
-            best[t], where[t] = v, j
-            k = min(k + 1, size - 1)
+            if j != i and labels[j] < 0 and size > 1:
+                k = _keep_largest(best, where, k, -data[e], j)
         for t in range(k):
             labels[where[t]] = m
         m += 1
