@@ -174,6 +174,19 @@ class Backend:
             return out.tocsr() if hasattr(out, "tocsr") else out
         return np.asarray(a)
 
+    def median(self, a):
+        """np.median of the 1-D float array ``a`` as a Python float, the same value.
+        On the CPU NumPy partitions around one index with SIMD code
+        (x86-simd-sort) but around the two middle ones of an even count without
+        it: 0.49 ms against 0.06 ms at 70,000 values, and 0.46-0.60 ms against
+        0.12-0.18 ms over t-SNE's 58,124 edges of rotating_objects (SD's refreshed
+        curvature, tsne.attractive_weights)."""
+        if self.is_gpu:
+            return float(self.xp.median(a))
+        k = a.size // 2
+        part = np.partition(a, k)
+        return float(part[k]) if a.size % 2 else float((part[:k].max() + part[k]) / 2)
+
     def serial_blas(self):
         """Context in which NumPy's BLAS runs on one thread (the CPU; no-op on the
         GPU), for loops that interleave small BLAS calls (dot products of N x d

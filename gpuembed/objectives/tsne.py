@@ -57,7 +57,7 @@ class TSNEObjective(Objective):
             return self.pairs.P
         xp = self.be.xp
         w = self.pairs.sqdist(X)
-        xp.minimum(w, REFRESH_SQDIST_CAP * float(xp.median(w)), out=w)
+        xp.minimum(w, REFRESH_SQDIST_CAP * self.be.median(w), out=w)
         w += 1.0
         return self.pairs.weights(xp.divide(self.pairs.p, w, out=w))
 
