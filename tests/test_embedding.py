@@ -1038,12 +1038,25 @@ def test_aggregation_against_a_loop(size):
     assert all(dense[seeds[labels[i]], i] < 0 for i in range(200) if seeds[labels[i]] != i)
 
 
+def _dropped(R, drop):
+    """R's rows without their entries below ``drop`` times the row's largest
+    magnitude, the rest scaled to the row's sum."""
+    R = R.copy()
+    for row in R:
+        small = np.abs(row) < drop * np.abs(row).max()
+        total = row.sum()
+        row[small] = 0.0
+        row *= total / row.sum()
+    return R
+
+
 def test_two_level_solve_against_dense_formulas():
     """two_level_cpu(B)(G) = D^-1 G + R (R^T B R)^-1 R^T G with R = (I - omega
-    D^-1 B) R0, R0 the aggregates' indicator, written densely; the operator is
-    symmetric positive definite (so -M G is a descent direction), keeps G's
-    dtype, and on a chain's Laplacian its error in B's norm is below the fine
-    level's alone (the coarse level carries slower modes)."""
+    D^-1 B) R0, R0 the aggregates' indicator, written densely, less its small
+    entries (PROLONGATOR_DROP); the operator is symmetric positive definite (so
+    -M G is a descent direction), keeps G's dtype, and on a chain's Laplacian
+    its error in B's norm is below the fine level's alone (the coarse level
+    carries slower modes)."""
     from gpuembed.optim import directions
     from gpuembed.optim.sparse_cpu import aggregate, smoothed_prolongator
     B = _random_sd_matrix(300, 0)
@@ -1052,11 +1065,18 @@ def test_two_level_solve_against_dense_formulas():
                           directions.AGGREGATE_SIZE)
     R0 = np.zeros((n, m))
     R0[np.arange(n), labels] = 1.0
-    R = (np.eye(n) - directions.PROLONGATOR_OMEGA * B.toarray() / d[:, None]) @ R0
+    smoothed = (np.eye(n) - directions.PROLONGATOR_OMEGA * B.toarray() / d[:, None]) @ R0
+    as_dense = lambda got: scipy.sparse.csr_matrix(got[::-1], shape=(n, m)).toarray()
     got = smoothed_prolongator(B.indptr, B.indices, B.data, d, labels, m,
                                directions.PROLONGATOR_OMEGA)
-    np.testing.assert_allclose(scipy.sparse.csr_matrix(got[::-1], shape=(n, m)).toarray(), R,
-                               atol=1e-12)
+    np.testing.assert_allclose(as_dense(got), smoothed, atol=1e-12)
+    # Dropping keeps each row's sum (1 here) and some rows lose entries.
+    R = _dropped(smoothed, directions.PROLONGATOR_DROP)
+    got = smoothed_prolongator(B.indptr, B.indices, B.data, d, labels, m,
+                               directions.PROLONGATOR_OMEGA, directions.PROLONGATOR_DROP)
+    np.testing.assert_allclose(as_dense(got), R, atol=1e-12)
+    assert got[1].size == np.count_nonzero(R) < np.count_nonzero(smoothed)
+    np.testing.assert_allclose(R.sum(axis=1), smoothed.sum(axis=1), rtol=1e-12)
     # A row without its diagonal stored (here: point 0's) still gets its own column.
     B0 = B.tolil()
     B0[0, 0] = 0.0
@@ -1064,12 +1084,11 @@ def test_two_level_solve_against_dense_formulas():
     B0.eliminate_zeros()
     got = smoothed_prolongator(B0.indptr, B0.indices, B0.data, d, labels, m, 0.5)
     expected0 = (np.eye(n) - 0.5 * B0.toarray() / d[:, None]) @ R0
-    np.testing.assert_allclose(scipy.sparse.csr_matrix(got[::-1], shape=(n, m)).toarray(),
-                               expected0, atol=1e-12)
+    np.testing.assert_allclose(as_dense(got), expected0, atol=1e-12)
     G = np.random.default_rng(1).standard_normal((n, 2))
     G -= G.mean(axis=0)             # as SD's _split leaves it: nothing along 1, B's near-null
     expected = G / d[:, None] + R @ np.linalg.solve(R.T @ B.toarray() @ R, R.T @ G)
-    solve = directions.two_level_cpu(B)
+    solve = directions.two_level_cpu(B, B.diagonal())
     # Up to a translation (B's near-null mode, which SD's _join removes).
     centred = lambda P: P - P.mean(axis=0)
     np.testing.assert_allclose(centred(solve(G)), centred(expected), rtol=1e-8,
@@ -1084,7 +1103,8 @@ def test_two_level_solve_against_dense_formulas():
     exact = scipy.sparse.linalg.spsolve(chain.tocsc(), G)[:, None]
     error = lambda P: float(np.sqrt(((P - exact) * (chain @ (P - exact))).sum()))
     # Measured 14.3 against 17.2 (aggregates of 3 on a chain: its smoothest modes stay).
-    assert error(directions.two_level_cpu(chain)(G)) < 0.9 * error(G / chain.diagonal()[:, None])
+    fine = error(G / chain.diagonal()[:, None])
+    assert error(directions.two_level_cpu(chain, chain.diagonal())(G)) < 0.9 * fine
 
 
 def test_two_level_sparse_products_against_scipy():
@@ -1105,9 +1125,10 @@ def test_two_level_sparse_products_against_scipy():
 def test_laplacian_rows_against_scipy():
     """SD's B on the CPU: scale (D - W) with the given diagonal, each row's columns
     ascending, for W with stored diagonal entries and empty rows; the entries
-    are the array code's bits."""
+    are the array code's bits; the degrees are SciPy's row sums less the
+    diagonal (to rounding: SciPy sums pairwise, degrees in stored order)."""
     from gpuembed.optim import directions
-    from gpuembed.optim.sparse_cpu import laplacian_rows
+    from gpuembed.optim.sparse_cpu import degrees, laplacian_rows
     rng = np.random.default_rng(6)
     W = scipy.sparse.random(50, 50, density=0.1, random_state=rng, format="csr")
     W = (W + W.T).tolil()
@@ -1122,6 +1143,8 @@ def test_laplacian_rows_against_scipy():
     np.testing.assert_array_equal(got.toarray(), expected)
     assert got.has_sorted_indices and got.nnz == W.nnz - np.count_nonzero(W.diagonal()) + 50
     assert got.indices.dtype == got.indptr.dtype == W.indices.dtype == np.int32
+    np.testing.assert_allclose(degrees(W.indptr, W.indices, W.data),
+                               np.asarray(W.sum(axis=1)).ravel() - W.diagonal(), rtol=1e-14)
 
 
 @pytest.mark.gpu

@@ -212,12 +212,14 @@ def aggregate(indptr, indices, data, order, size):
 
 
 @njit(cache=True)
-def smoothed_prolongator(indptr, indices, data, diag, labels, m, omega):
+def smoothed_prolongator(indptr, indices, data, diag, labels, m, omega, drop=0.0):
     """The CSR (indptr, indices, data) of smoothed aggregation's (N, m)
     prolongator (I - omega D^-1 B) R0, R0 the aggregates' indicator: row i is
     its own aggregate's column minus omega / B_ii times B's row i summed per
     aggregate, one entry per aggregate its row reaches, in the order reached.
-    A row has at most one entry more than B's."""
+    A row has at most one entry more than B's.  Entries below ``drop`` times
+    their row's largest magnitude are dropped and the rest scaled to keep the
+    row's sum (the coarse space keeps the constant vector)."""
     n = indptr.shape[0] - 1
     out_ptr = np.zeros(n + 1, dtype=np.int64)
     out_idx = np.empty(indices.shape[0] + n, dtype=np.int64)
@@ -240,8 +242,29 @@ def smoothed_prolongator(indptr, indices, data, diag, labels, m, omega):
             out_idx[count], out_val[count] = a, 0.0
             count += 1
         out_val[slot[a]] += 1.0
+        if drop > 0.0:
+            count = _drop_small(out_idx, out_val, out_ptr[i], count, drop)
         out_ptr[i + 1] = count
     return out_ptr, out_idx[:count].copy(), out_val[:count].copy()
+
+
+@njit(cache=True, inline="always")
+def _drop_small(idx, val, start, end, drop):
+    """Compacts the entries start:end of (idx, val) to those of magnitude at least
+    ``drop`` times the largest, scaled to the same sum; returns the new end."""
+    top, total = 0.0, 0.0
+    for e in range(start, end):
+        top, total = max(top, abs(val[e])), total + val[e]
+    kept, end_kept = 0.0, start
+    for e in range(start, end):
+        if abs(val[e]) >= drop * top:
+            idx[end_kept], val[end_kept] = idx[e], val[e]
+            kept += val[e]
+            end_kept += 1
+    scale = total / kept if kept != 0.0 else 1.0
+    for e in range(start, end_kept):
+        val[e] *= scale
+    return end_kept
 
 
 @njit(cache=True)
@@ -303,6 +326,24 @@ def two_level_apply(inverse_diag, r_ptr, r_idx, r_val, t_ptr, t_idx, t_val, U, G
 
 
 @njit(cache=True)
+def degrees(indptr, indices, data):
+    """Each row's sum of the CSR (indptr, indices, data) less its stored diagonal
+    entries: SciPy's W.sum(axis=1) - W.diagonal() (to rounding: summed in stored
+    order, SciPy's pairwise) without its two passes and temporaries (0.1-0.2 ms
+    at 58,000 entries)."""
+    n = indptr.shape[0] - 1
+    out = np.empty(n)
+    for i in range(n):
+        total, own = 0.0, 0.0
+        for e in range(indptr[i], indptr[i + 1]):
+            total += data[e]
+            if indices[e] == i:
+                own += data[e]
+        out[i] = total - own
+    return out
+
+
+@njit(cache=True)
 def laplacian_rows(indptr, indices, data, scale, diag):
     """The CSR of scale (D - W) with its diagonal replaced by ``diag``, W = the
     CSR (indptr, indices, data) (each row's columns ascending), D its row sums:
@@ -331,3 +372,4 @@ def laplacian_rows(indptr, indices, data, scale, diag):
             count += 1
         out_ptr[i + 1] = count
     return out_ptr, out_idx[:count].copy(), out_val[:count].copy()
+
