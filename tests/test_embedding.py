@@ -418,6 +418,34 @@ def test_sd_memory_is_bfgs_on_the_spectral_direction():
     assert np.vdot(G, d(X, G)) < 0
 
 
+@pytest.mark.parametrize("graph", ["3 components", "connected"])
+def test_component_moves_are_the_array_codes(small, graph):
+    """SD's moves of whole components on the CPU (compiled component_split and
+    component_join) against Spectral's array code (the GPU's), in both dtypes:
+    G less each component's total spread by curvature, and the solve's result
+    with its component means replaced by the FP translation."""
+    from gpuembed.optim import directions
+    X, _, A = small
+    P = A.P if graph == "3 components" else (A.P + 1e-3 * scipy.sparse.eye(120, k=1)
+                                             + 1e-3 * scipy.sparse.eye(120, k=-1)).tocsr()
+    be = ge.get_backend("cpu")
+    rng = np.random.default_rng(3)
+    for dtype, tol in ((np.float64, 1e-12), (np.float32, 2e-5)):
+        obj = objectives.make_objective("ee", P, be, dtype)
+        d = directions.Spectral(obj, X[:, :2].astype(dtype), solver="cg")
+        assert d.counts.shape[0] == (3 if graph == "3 components" else 1)
+        G, Q = (rng.standard_normal((120, 2)).astype(dtype) for _ in range(2))
+        (got, translation), (expected, per_point) = d._split(G), d._split_arrays(G)
+        assert got.dtype == translation.dtype == dtype
+        scale = np.abs(expected).max()
+        np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * scale)
+        np.testing.assert_allclose(translation[d.labels], np.broadcast_to(per_point, G.shape),
+                                   rtol=tol, atol=tol * np.abs(per_point).max())
+        joined, reference = d._join(Q, translation), d._join_arrays(Q, per_point)
+        assert joined.dtype == dtype
+        np.testing.assert_allclose(joined, reference, rtol=tol, atol=tol * np.abs(Q).max())
+
+
 @pytest.mark.gpu
 def test_gpu_component_sums_equal_the_cpu_ones(small):
     """SD's sums over a graph's components (3 in ``small``): on the GPU a product with

@@ -39,9 +39,10 @@ import scipy.sparse.csgraph
 import scipy.sparse.linalg
 
 from .._checks import check_choice, check_int
-from .sparse_cpu import (aggregate, cholesky_solve, csr_times, csr_times_csr_dense,
-                         csr_transpose, degrees, jacobi_pcg, laplacian_rows, largest_per_row,
-                         smoothed_prolongator, two_level_apply)
+from .sparse_cpu import (aggregate, cholesky_solve, component_join, component_split,
+                         csr_times, csr_times_csr_dense, csr_transpose, degrees, jacobi_pcg,
+                         laplacian_rows, largest_per_row, smoothed_prolongator,
+                         two_level_apply)
 from .sparse_gpu import CGWorkspace, connected_components_gpu, largest_per_row_gpu
 
 try:
@@ -683,12 +684,27 @@ class Spectral(Direction):
         drift apart where the objective is flat, at any distance for t-SNE, and
         parametric fits of such layouts came out worse (s-SNE + RBF network on 6
         clusters: P(F) 2.97 against 1.57)."""
+        if not self.be.is_gpu:
+            return component_split(G, self.labels, self.share, self.counts,
+                                   self.component_curvature)
+        return self._split_arrays(G)
+
+    def _split_arrays(self, G):
+        """:meth:`_split` by array code (the GPU's; the compiled CPU code's
+        reference), its translation per point."""
         total = self._component_sum(G)
         mean = (total / self.counts[:, None]).astype(G.dtype, copy=False)
         return (G - self.share[:, None] * self._per_point(total),
                 self._per_point(-mean / self.component_curvature[:, None]))
 
     def _join(self, P, translation):
+        """P moved by ``translation`` (:meth:`_split`'s) in place of its components'
+        means."""
+        if not self.be.is_gpu:
+            return component_join(P, self.labels, self.counts, translation)
+        return self._join_arrays(P, translation)
+
+    def _join_arrays(self, P, translation):
         return P - self._per_point(self._component_mean(P)) + translation
 
     @classmethod

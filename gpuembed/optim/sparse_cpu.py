@@ -8,7 +8,8 @@ SD matrix on all cores (SciPy's runs on one), ``jacobi_pcg`` SD's whole CG,
 ``cholesky_solve`` the solve by a dense Cholesky factor.  SD's two-level solve
 (directions.two_level_cpu): ``aggregate`` and ``smoothed_prolongator`` make its
 coarse level, ``csr_transpose`` and ``csr_times_csr_dense`` its coarse matrix,
-``two_level_apply`` the solve.
+``two_level_apply`` the solve.  ``component_split`` and ``component_join`` are
+its moves of whole components (Spectral._split, _join).
 """
 from __future__ import annotations
 
@@ -373,3 +374,44 @@ def laplacian_rows(indptr, indices, data, scale, diag):
         out_ptr[i + 1] = count
     return out_ptr, out_idx[:count].copy(), out_val[:count].copy()
 
+
+@njit(cache=True)
+def component_split(G, labels, share, counts, curvature):
+    """Spectral._split's array code in two passes over G (N, k): (G less each
+    component's total spread over its points by ``share``, each component's
+    translation -total / (count curvature), (components, k)), in G's dtype with
+    the totals in float64.  Its dozen NumPy calls took 40 us of a 180-us SD
+    direction at 720 points."""
+    n, k = G.shape
+    total = np.zeros((counts.shape[0], k))
+    for i in range(n):
+        for c in range(k):
+            total[labels[i], c] += G[i, c]
+    out = np.empty_like(G)
+    for i in range(n):
+        for c in range(k):
+            out[i, c] = G[i, c] - share[i] * total[labels[i], c]
+    translation = np.empty(total.shape, dtype=G.dtype)
+    for a in range(counts.shape[0]):
+        for c in range(k):
+            translation[a, c] = -total[a, c] / (counts[a] * curvature[a])
+    return out, translation
+
+
+@njit(cache=True)
+def component_join(P, labels, counts, translation):
+    """Spectral._join's array code in two passes: P less each component's mean
+    plus its ``translation`` (component_split's), in P's dtype."""
+    n, k = P.shape
+    mean = np.zeros((counts.shape[0], k))
+    for i in range(n):
+        for c in range(k):
+            mean[labels[i], c] += P[i, c]
+    for a in range(counts.shape[0]):
+        for c in range(k):
+            mean[a, c] = translation[a, c] - mean[a, c] / counts[a]
+    out = np.empty_like(P)
+    for i in range(n):
+        for c in range(k):
+            out[i, c] = P[i, c] + mean[labels[i], c]
+    return out
