@@ -462,12 +462,13 @@ class Spectral(Direction):
 
     ``solver="twolevel"`` (CPU): :func:`two_level_cpu`'s additive two-level
     approximation of B^-1, B refreshed every TWO_LEVEL_REFRESH iterations for
-    t-SNE (at 720 points its build takes 1.6 ms against 5-8 ms for the dense
-    factor, its solve 0.07-0.11 ms against 0.15-0.3).  Over 15 connected t-SNE
-    problems of up to 2,000 points (rotating objects at perplexities 5-50, 20
-    objects, digits, Fashion-MNIST subsets; side runs, benchmarks/README.md) it
-    reached gradient descent's 1,000-iteration KL sooner on all but one (median
-    13.3x gd's time against 6.0x), and default fits took 12% less time.  Their
+    t-SNE (at 720 points its build takes 1.5 ms against 5-8 ms for the dense
+    factor, its solve 0.02-0.04 ms against 0.15-0.3; with PROLONGATOR_DROP).
+    Over 15 connected t-SNE problems of up to 2,000 points (rotating objects at
+    perplexities 5-50, 20 objects, digits, Fashion-MNIST subsets; side runs at
+    d4fb4b5, benchmarks/README.md) it reached gradient descent's 1,000-iteration
+    KL sooner on all but one (median 13.3x gd's time against 6.0x; 21.6x since
+    PROLONGATOR_DROP), and default fits took 12% less time.  Their
     final KL was 1.3% lower on geometric mean over the 10 problems with 59 or
     more entries per row (4.8% lower to 1.4% higher), 5.6% higher over the 5
     sparser ones (0.1% to 22%: rotating objects at perplexity 5, 0.251 against
