@@ -930,6 +930,27 @@ def test_largest_per_row_equals_a_stable_sort_of_each_row(backend, rng, kappa):
         np.testing.assert_array_equal(backend.to_host(keep), expected)
 
 
+def test_cpu_connected_components_number_them_as_scipy(rng):
+    """The compiled union-find's components against SciPy's, labels included:
+    random sparse graphs with isolated points and a long path, one-sided
+    (directed) entries and stored zeros, which both count as links."""
+    from gpuembed.optim.sparse_cpu import connected_components
+    n = 3000
+    line = np.arange(999)
+    path = scipy.sparse.coo_matrix((np.ones(999), (line + 1, line)), shape=(n, n))
+    for density in (0.0, 2e-4, 5e-4, 2e-3):
+        A = scipy.sparse.random(n, n, density=density, random_state=rng.integers(1 << 30))
+        for G in (A + A.T, A, A + path):
+            G = scipy.sparse.csr_matrix(G)
+            if G.nnz:
+                G.data[::3] = 0.0                       # stored zeros stay links
+            expected = scipy.sparse.csgraph.connected_components(G, directed=False)
+            got = connected_components(G.indptr, G.indices)
+            assert got[0] == expected[0]
+            np.testing.assert_array_equal(got[1], expected[1])
+            assert got[1].dtype == np.int32
+
+
 @pytest.mark.gpu
 def test_connected_components_kernel_numbers_them_as_scipy(rng):
     """kernels/graph.cu's components against SciPy's, labels included: random

