@@ -590,8 +590,10 @@ class Spectral(Direction):
         else:
             # The array code's values (the degrees to rounding), B in one compiled
             # pass below (SciPy's Laplacian and sums took 0.8 ms of a 4-ms build at
-            # 720 points).
-            W.sort_indices()
+            # 720 points).  Sorted in a copy where it is not: W may share P's index
+            # arrays (PairSet.weights), which an in-place sort would scramble.
+            if not W.has_sorted_indices:
+                W = W.sorted_indices()
             self.diag = 4.0 * degrees(W.indptr, W.indices, W.data)
             if shift:
                 self.diag = self.diag + shift
