@@ -26,7 +26,8 @@ apart), with the seconds each gpuembed fit took to reach the others' final KL;
 written to embedding_n<N>.json ("tsne_large"; ``--suffix`` names another file).
 ``--large N --subsets K``: the default sd and classic fits alone on K disjoint
 subsets of N points, and their paired accuracy differences ("tsne_large_subsets"
-in the same file).
+in the same file); ``--repeats R`` adds R fits of the first subset with noise of
+float32 rounding's size, each optimizer's run-to-run spread.
 
 ``--coil K`` fits K rotating objects (72 views of 32 x 32 pixels each, a
 COIL-100-like set of many small loops) with t-SNE and EE by the default SD,
@@ -639,38 +640,52 @@ def fit_runs(X, y, fits, be, perplexity=30.0, affinities=None, curves=False):
     return runs
 
 
-def large_subsets(n, n_subsets, backend="cpu"):
+def large_subsets(n, n_subsets, backend="cpu", repeats=0):
     """The default fits (sd and the classic optimizer, default engine and stopping
     test) on ``n_subsets`` disjoint subsets of n Fashion-MNIST points: seconds,
-    iterations, KL (exact sums) and 10-NN accuracy, and the paired accuracy
-    differences (sd - classic).  A single run's accuracy moves by tenths of a
-    point with the last bits of its sums, so one subset cannot tell."""
+    iterations, KL (exact sums), 10-NN accuracy and its curve (every SNAPSHOT_EVERY
+    iterations), and the paired accuracy differences (sd - classic).  A single
+    run's accuracy moves by tenths of a point with the last bits of its sums, so one
+    subset cannot tell: ``repeats`` more fits of the first subset, its images plus
+    noise of 1e-6 (float32 rounding's size; seeds 1, 2, ...), give each optimizer's
+    run-to-run spread of accuracy, against which the differences are read."""
     be = ge.get_backend(backend)
     X_all, y_all = ge.datasets.fashion_mnist()
     warm_up_tsne(be, X_all, n)
     rows = []
-    for s in range(n_subsets):
+    runs = [(s, 0) for s in range(n_subsets)] + [(0, r) for r in range(1, repeats + 1)]
+    for s, seed in runs:
         X, y = X_all[s * n:(s + 1) * n], y_all[s * n:(s + 1) * n]
+        if seed:
+            noise = np.random.default_rng(seed).standard_normal(X.shape, np.float32)
+            X = X + np.float32(1e-6) * noise
         A = ge.entropic_affinities(X, 30.0, backend=be)
         exact = ge.objectives.make_objective("tsne", A.P, be, np.float64, nbody="exact")
-        row = {"subset": s}
+        row = {"subset": s, "noise_seed": seed}
         for label, optimizer in (("sd", "sd"), ("classic", "tsne")):
+            snapshots, keep = snapshotter(be)
             start = time.perf_counter()
             model = ge.TSNE(affinities=A, optimizer=optimizer, nbody="auto", backend=be,
-                            random_state=0).fit(X)
+                            random_state=0, callbacks=[keep]).fit(X)
             row[label] = {"seconds": time.perf_counter() - start, "iterations": model.n_iter_,
                           "kl": exact.value(be.asarray(model.embedding_, np.float64)),
                           "knn_accuracy": ge.metrics.knn_accuracy(model.embedding_, y,
-                                                                   backend=be)}
+                                                                   backend=be),
+                          "accuracy_curve": accuracy_curve(snapshots, y, be)}
         row["accuracy_difference"] = row["sd"]["knn_accuracy"] - row["classic"]["knn_accuracy"]
         rows.append(row)
-        print(row, flush=True)
-    diff = [r["accuracy_difference"] for r in rows]
-    summary = {"n": n, "subsets": n_subsets, "rows": rows,
+        print({k: ({m: f for m, f in v.items() if m != "accuracy_curve"}
+                   if isinstance(v, dict) else v) for k, v in row.items()}, flush=True)
+    diff = [r["accuracy_difference"] for r in rows if not r["noise_seed"]]
+    summary = {"n": n, "subsets": n_subsets, "repeats": repeats, "rows": rows,
                "accuracy_difference_mean": float(np.mean(diff)),
                "accuracy_difference_std": float(np.std(diff, ddof=1)) if len(diff) > 1 else None,
                **{f"{label}_seconds_mean": float(np.mean([r[label]["seconds"] for r in rows]))
                   for label in ("sd", "classic")}}
+    if repeats:
+        summary["first_subset_accuracy_std"] = {
+            label: float(np.std([r[label]["knn_accuracy"] for r in rows if r["subset"] == 0],
+                                ddof=1)) for label in ("sd", "classic")}
     print({k: v for k, v in summary.items() if k != "rows"}, flush=True)
     return summary
 
@@ -842,6 +857,9 @@ def main(argv=None):
     parser.add_argument("--subsets", type=int,
                         help="only the sd vs classic accuracy comparison on this many subsets "
                              "(of --large points: the default fits)")
+    parser.add_argument("--repeats", type=int, default=0,
+                        help="with --large and --subsets: this many more fits of the first "
+                             "subset, its images plus float32-rounding-sized noise")
     args = parser.parse_args(argv)
     parts = ("large", "text", "precomputed", "graph", "shifted", "coil", "clusters", "pairs",
              "tsne_pairs", "split")
@@ -849,12 +867,14 @@ def main(argv=None):
     if chosen and (args.n, args.max_iter) != (None, None):
         parser.error(f"--n and --max-iter set the default run and --subsets alone; "
                      f"{chosen[0]} fits data and iterations of its own")
+    if args.repeats and not (args.large and args.subsets):
+        parser.error("--repeats goes with --large and --subsets")
     args.n = 5000 if args.n is None else args.n
     args.max_iter = 1000 if args.max_iter is None else args.max_iter
     if args.subsets and args.large:
         write_result("embedding", {"tsne_large_subsets": large_subsets(
-            args.large, args.subsets, args.backend)}, args.suffix or f"_n{args.large}",
-            merge=True)
+            args.large, args.subsets, args.backend, args.repeats)},
+            args.suffix or f"_n{args.large}", merge=True)
         return
     if args.subsets:
         write_result("embedding", {"accuracy_subsets": accuracy_subsets(
