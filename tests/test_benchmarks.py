@@ -48,6 +48,8 @@ RUNS = [
      ["tsne_precomputed"], ["fashion_mnist"]),
     (["bench_embedding.py", "--graph", "700"], "embedding_graph_n700", ["tsne_graph"],
      ["fashion_mnist"]),
+    (["bench_embedding.py", "--large", "700", "--subsets", "1", "--repeats", "1"],
+     "embedding_n700", ["tsne_large_subsets"], ["fashion_mnist"]),
 ]
 
 
