@@ -1223,7 +1223,7 @@ class TSNE(_Embedding):
 
     On large sets the classic optimizer's layouts score slightly higher in 10-NN
     accuracy than SD's, though SD reaches a lower KL in less time (Fashion-MNIST
-    20k: 0.28 points below on average over six paired fits, in 0.39 of the
+    20k: 0.27 points below on average over six paired fits, in 0.39 of the
     classic's time; 70k: 0.8448 against 0.8455, 40 s against 77 s from the data;
     benchmarks/results/embedding_n20000.json and embedding_n70000.json, 2-core
     AMD EPYC VM).  The line-search minimizers (SD, L-BFGS) settle in other local
