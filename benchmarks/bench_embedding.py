@@ -50,9 +50,10 @@ default takes them from the start): seconds, iterations, objective (exact sums),
 written to embedding_pairs.json ("curvature_pairs").
 
 ``--tsne-pairs`` does the same for t-SNE (TSNE_PAIRS_DATA: small sets, where SD
-solves by the Cholesky factor and its default takes 3 pairs from iteration 51 on,
-and larger ones, where it solves by CG and takes none, there also with the
-factor), written to embedding_pairs.json ("tsne_curvature_pairs").
+solves by the Cholesky factor or the two-level solve and its default takes 3 pairs
+from B's first refresh on, iteration 51 or 26, and larger ones, where it solves by
+CG and takes none, there also with the factor), written to embedding_pairs.json
+("tsne_curvature_pairs").
 
 ``--split`` fits t-SNE to data whose affinity graph splits into components
 (SPLIT_CLUSTERS: Gaussian clusters; rotating objects at small perplexities) by
@@ -544,22 +545,25 @@ TSNE_PAIRS_DATA = (("digits", ge.datasets.digits, 30.0),
 
 def tsne_curvature_pairs(backend="cpu"):
     """t-SNE by SD without curvature pairs and with 3 from iteration 51 on (its
-    default where SD solves by the Cholesky factor or the two-level solve,
-    TSNE.SD_MEMORY: the full L+ of up to 2,000 points), each with the solver
-    "auto" picks, and where that is not the factor also with the factor
+    default where SD solves by the Cholesky factor, TSNE.SD_MEMORY: the full L+ of
+    up to 2,000 points), each with the solver "auto" picks; where that is the
+    two-level solve also the default, whose pairs start at B's first refresh
+    (iteration 26); where it is neither, also both with the factor
     (``sd_solver="cholesky"``): the figures of :func:`curvature_pairs`."""
     be = ge.get_backend(backend)
     configurations = (("sd, sd_memory=0", {"sd_memory": 0}), DELAYED_PAIRS)
     factor = tuple((f"{label}, sd_solver=cholesky", {**extra, "sd_solver": "cholesky"})
                    for label, extra in configurations)
+    start = ge.optim.directions.Spectral.TWO_LEVEL_REFRESH
+    two_level = ((f"sd (default: sd_memory=3, sd_memory_start={start})", {}),)
     rows = []
     for name, load, perplexity in TSNE_PAIRS_DATA:
         X, y = load_labelled(load)
         A = ge.entropic_affinities(X, perplexity, backend=be)
         solver = ge.optim.directions.Spectral.auto_solver(X.shape[0], None, True, be.is_gpu,
                                                           A.P.nnz / X.shape[0])
-        fits = [("TSNE", label, extra) for label, extra
-                in configurations + (factor if solver != "cholesky" else ())]
+        extra_fits = {"cholesky": (), "twolevel": two_level}.get(solver, factor)
+        fits = [("TSNE", label, extra) for label, extra in configurations + extra_fits]
         rows.append({"data": name, "n": X.shape[0], "perplexity": perplexity,
                      "auto_solver": solver,
                      "runs": runs_against_plain(X, y, fits, be, perplexity, A)})

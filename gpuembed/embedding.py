@@ -1208,8 +1208,9 @@ class TSNE(_Embedding):
     in 3.2 s / 1.267 in 5.2 s.  On connected graphs (Fashion-MNIST) SD reaches
     the classic's KL sooner without them.
 
-    On connected graphs SD takes 3 curvature pairs from iteration 51 on
-    (SD_MEMORY, for ``sd_memory`` not given) where it solves by the Cholesky
+    On connected graphs SD takes 3 curvature pairs from B's first refresh on
+    (SD_MEMORY, for ``sd_memory`` not given; iteration 51, or 26 where B is
+    refreshed every 25) where it solves by the Cholesky
     factor: the full L+ of up to 2,000 points on the CPU, or
     ``sd_solver="cholesky"``; and by the two-level solve
     (``sd_solver="twolevel"``, a fixed operator between refreshes as well).  On
@@ -1234,7 +1235,9 @@ class TSNE(_Embedding):
     objective_name = "tsne"
     optimizers = tuple(DIRECTIONS) + ("tsne",)
     SPLIT_GRAPH_PARAMS = {"early_exaggeration": 2.0, "exaggeration_iter": 200, "sd_memory": 10}
-    SD_MEMORY = {"sd_memory": 3, "sd_memory_start": 50}     # where SD solves by the factor
+    # Where SD solves by the factor or the two-level solve; from B's first refresh on
+    # (_first_refresh): sd_memory_start here where refreshes are off.
+    SD_MEMORY = {"sd_memory": 3, "sd_memory_start": Spectral.REFRESH}
 
     def _graph_params(self, P, be):
         if self.optimizer != "sd":
@@ -1251,7 +1254,22 @@ class TSNE(_Embedding):
                 # iterations, the factor at 0.535 after 220.
                 return {**self.SPLIT_GRAPH_PARAMS,
                         **({"sd_solver": "cholesky"} if solver == "twolevel" else {})}
-        return super()._graph_params(P, be) if solver in ("cholesky", "twolevel") else {}
+        if solver not in ("cholesky", "twolevel"):
+            return {}
+        chosen = super()._graph_params(P, be)
+        if chosen:
+            chosen["sd_memory_start"] = self._first_refresh(solver, p.get("sd_refresh", "auto"))
+        return chosen
+
+    @staticmethod
+    def _first_refresh(solver, refresh):
+        """The iteration of B's first refresh (``sd_refresh``; "auto": Spectral's
+        for ``solver``), after which SD gathers its default pairs: the pairs of B
+        at the start layout, whose curvature the first steps outgrow fast, stopped
+        fits higher (see Notes).  SD_MEMORY's start where refreshes are off."""
+        if refresh == "auto":
+            return Spectral.TWO_LEVEL_REFRESH if solver == "twolevel" else Spectral.REFRESH
+        return refresh or TSNE.SD_MEMORY["sd_memory_start"]
 
 
 @_DOCUMENTED

@@ -387,6 +387,26 @@ def test_tsne_sd_takes_curvature_pairs_with_the_factor(loops):
     assert ge.metrics.knn_accuracy(default.embedding_, y) >= 0.97
 
 
+def test_tsne_sd_takes_curvature_pairs_from_the_two_level_refresh(loops):
+    """With the two-level solve (rotating_objects at perplexity 20) the default
+    pairs start at B's first refresh, iteration 26: the first 26 iterations are
+    plain SD's, bit for bit, and it passes gradient descent's 1,000-iteration KL
+    (0.8174) sooner than the pairs from iteration 51 on (the factor's start):
+    measured at iteration 53 against 67 (plain SD 106)."""
+    X, _ = loops
+    A = ge.entropic_affinities(X, 20.0, backend="cpu")
+    fit = lambda **kw: ge.TSNE(affinities=A, random_state=0, backend="cpu", max_iter=120,
+                               tol=0, **kw).fit(X)
+    default, later, plain = fit(), fit(sd_memory_start=50), fit(sd_memory=0)
+    assert default._fit_params["sd_memory_start"] == 25
+    objectives = lambda model: [h["objective"] for h in model.history_]
+    assert objectives(default)[:27] == objectives(plain)[:27] != objectives(default)[:28]
+    passed = [next((h["iter"] for h in m.history_ if h["objective"] <= 0.818), None)
+              for m in (default, later, plain)]
+    print(f"iterations to KL 0.818 (default, from 51, plain): {passed}")
+    assert None not in passed and passed[0] < passed[1] < passed[2]
+
+
 def test_sd_memory_is_bfgs_on_the_spectral_direction():
     """With pairs (s_i, y_i) the direction is -H g for H the BFGS update of H0 =
     the SD solve's (linear) operator by each pair in turn, H_{i+1} = (I - rho s
@@ -554,9 +574,10 @@ def test_tsne_split_graph_params_on_each_backend(backend, capsys):
 
 
 def test_tsne_sd_on_a_connected_graph_keeps_its_defaults(small):
-    """One component: no exaggeration, and curvature pairs (3 from iteration 51 on,
-    TSNE.SD_MEMORY) only where SD solves by the Cholesky factor: the full L+ of up
-    to 2,000 points on the CPU, or sd_solver="cholesky".  With CG (a given kappa,
+    """One component: no exaggeration, and curvature pairs (3 from B's first refresh
+    on: iteration 51 with the factor, 26 with the two-level solve, TSNE.SD_MEMORY)
+    only where SD solves by the Cholesky factor or the two-level solve: the full L+
+    of up to 2,000 points on the CPU, or sd_solver="cholesky".  With CG (a given kappa,
     more points, the GPU) none: its truncated solves are no fixed initial inverse
     Hessian, and the pairs took t-SNE of Fashion-MNIST 20k longer to plain SD's
     KL.  The other optimizers never take them."""
@@ -572,7 +593,12 @@ def test_tsne_sd_on_a_connected_graph_keeps_its_defaults(small):
         "kappa": 10, "sd_solver": "cholesky", **ge.TSNE.SD_MEMORY}
     assert fit(sd_memory=1)._fit_params == {"sd_memory": 1}
     Spectral = ge.optim.directions.Spectral
-    assert fit(sd_solver="twolevel")._fit_params == {"sd_solver": "twolevel", **ge.TSNE.SD_MEMORY}
+    two_level = {**ge.TSNE.SD_MEMORY, "sd_memory_start": Spectral.TWO_LEVEL_REFRESH}
+    assert fit(sd_solver="twolevel")._fit_params == {"sd_solver": "twolevel", **two_level}
+    assert fit(sd_refresh=10)._fit_params == {**ge.TSNE.SD_MEMORY, "sd_refresh": 10,
+                                              "sd_memory_start": 10}
+    assert fit(sd_refresh=None)._fit_params == {**ge.TSNE.SD_MEMORY, "sd_refresh": None}
+    assert ge.TSNE.SD_MEMORY["sd_memory_start"] == Spectral.REFRESH
     assert [Spectral.auto_solver(n, None, True, False) for n in (2000, 2001)] == ["cholesky", "cg"]
     assert [Spectral.auto_solver(2000, None, True, False, entries) for entries in (49.9, 50)] == [
         "cholesky", "twolevel"]
@@ -580,7 +606,7 @@ def test_tsne_sd_on_a_connected_graph_keeps_its_defaults(small):
     dense = ge.entropic_affinities(X, 30.0, backend="cpu")
     assert dense.P.nnz / 300 >= Spectral.TWO_LEVEL_MIN_ROW_ENTRIES
     model = ge.TSNE(affinities=dense, max_iter=5, backend="cpu").fit(X)
-    assert model._fit_params == ge.TSNE.SD_MEMORY       # the two-level solve takes the pairs
+    assert model._fit_params == two_level               # the two-level solve takes the pairs
     assert Spectral.auto_solver(300, None, True, True) == "cg"
     X, _, split = small
     assert scipy.sparse.csgraph.connected_components(split.P)[0] == 3
