@@ -2003,17 +2003,27 @@ def test_trust_step_against_its_definition(backend, n, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_cpu_median_is_numpys(dtype):
-    """The CPU backend's median (one SIMD partition, then the largest below it; the
-    trust region's and t-SNE's refreshed curvature's) equals np.median for odd and
-    even counts, ties and any scale."""
+    """The CPU backend's median (radix selection, median_cpu.py; the trust region's
+    and t-SNE's refreshed curvature's) equals np.median for odd and even counts,
+    ties and any scale; where most values share their leading digits (selection
+    down to the last bits), where all are equal, where the two middle values lie in
+    different buckets of the last digit, and on strided columns."""
+    from gpuembed.median_cpu import FEW
     median = ge.get_backend("cpu").median
     rng = np.random.default_rng(0)
-    for n in (1, 2, 3, 4, 719, 720, 5001):
-        for trial in range(6):
+    for n in (1, 2, 3, 4, FEW, FEW + 1, 719, 720, 5001, 58124):
+        for trial in range(8):
             a = (rng.standard_normal(n) * 10.0 ** rng.uniform(-5, 5)).astype(dtype)
-            if trial % 2:
+            if trial % 4 == 1:
                 a = np.round(a, 1).astype(dtype)       # ties
+            elif trial % 4 == 2:                       # the same leading 40-odd bits
+                a = (1.0 + rng.integers(0, 1000, n) * np.finfo(dtype).eps).astype(dtype)
+            elif trial % 4 == 3:                       # a gap between the middle two
+                a = np.r_[np.zeros(n // 2), np.full(n - n // 2, 3.0)].astype(dtype)
             assert median(a) == float(np.median(a))
+        assert median(np.full(n, -2.5, dtype=dtype)) == -2.5
+    X = rng.standard_normal((720, 2)).astype(dtype)
+    assert median(X[:, 1]) == float(np.median(X[:, 1]))
 
 
 def test_trust_region_follows_the_bulk_of_the_layout(backend):
