@@ -63,7 +63,12 @@ def _middle_keys(bits, k):
         if x >> s == prefix:
             few[j] = x
             j += 1
-    few.sort()
+    for i in range(1, j):           # insertion sort: numba's sort took seconds to compile
+        x, t = few[i], i
+        while t > 0 and few[t - 1] > x:
+            few[t] = few[t - 1]
+            t -= 1
+        few[t] = x
     return few[k], few[max(k - 1, 0)], k > 0
 
 
@@ -82,7 +87,8 @@ def middle_values(values):
         for b in bits:
             x = _key(b)
             lo = max(lo, x * np.uint64(x < hi))
-    keys = np.array([lo, hi])
-    keys = np.where(keys & HIGH, keys ^ HIGH, ~keys)
+    keys = np.empty(2, dtype=np.uint64)
+    for i, x in enumerate((lo, hi)):    # back to the values' bits
+        keys[i] = x ^ HIGH if x & HIGH else ~x
     out = keys.view(np.float64)
     return out[0], out[1]
