@@ -1214,10 +1214,17 @@ class TSNE(_Embedding):
     factor: the full L+ of up to 2,000 points on the CPU, or
     ``sd_solver="cholesky"``; and by the two-level solve
     (``sd_solver="twolevel"``, a fixed operator between refreshes as well).  On
-    15 sets of up to 2,000 points it ends lower than plain SD on 12 and reaches
-    plain SD's final KL 1.3-3.5x sooner, 0.01-0.5% higher on 3 in less
-    time (benchmarks/results/embedding_pairs.json,
-    "tsne_curvature_pairs", 2-core Xeon VM).  The pairs need a fixed initial
+    15 sets of up to 2,000 points (12 by the two-level solve) it ends lower than
+    plain SD on 14 and reaches plain SD's final KL 2.2-5.3x sooner; on 10
+    rotating objects at perplexity 5 (by the factor) it stopped at KL 0.267
+    against plain SD's 0.206 after 1,000 iterations (0.205 against 0.207 on a
+    Xeon VM at 1c20538): such sparse graphs end in other minima either way
+    (benchmarks/results/embedding_pairs.json, "tsne_curvature_pairs", at cf77c12,
+    2-core AMD EPYC VM).  With the two-level solve the pairs from iteration 26 on
+    pass gradient descent's 1,000-iteration KL in up to a third fewer iterations
+    than those from 51 on (rotating_objects at perplexity 20: 53 against 67) and
+    end 1.6% lower to 0.4% higher (0.07% lower on geometric mean over the 12
+    sets), in the same time.  The pairs need a fixed initial
     inverse Hessian, which CG's truncated solves are not: with CG they took
     Fashion-MNIST 10k and 20k longer to plain SD's KL (5.9 s against 5.6 s, 22.2 s
     against 16.6 s).
