@@ -8,7 +8,10 @@ the accuracy curves cost no optimizer time.
 
 Writes results/embedding.json (after each fit, so a cut run keeps the fits it
 finished) and results/embedding_<dataset>_<objective>.png.  ``--datasets``
-narrows the datasets (the GPU session runs Fashion-MNIST alone).
+narrows the datasets (the GPU session runs Fashion-MNIST alone).  ``--paired K``
+adds K rounds per objective of a gd fit and an sd fit back to back, the target's
+ratio from each round ("paired_targets"), which a change in the machine's speed
+between the fits of the main run does not skew.
 
 ``--subsets K`` runs only the t-SNE accuracy comparison over K disjoint
 Fashion-MNIST subsets of ``--n`` points: sd against the classic optimizer on each
@@ -139,15 +142,17 @@ def warm_up(be):
 
 
 def run(n_fmnist=5000, max_iter=1000, backend="cpu", suffix="", names=DATASETS,
-        save=lambda figures: None):
-    """Every optimizer on each dataset; ``save(figures so far)`` after each fit."""
+        save=lambda figures: None, paired=0):
+    """Every optimizer on each dataset, then ``paired`` rounds of
+    :func:`paired_ratios` per objective; ``save(figures so far)`` after each fit."""
     be = ge.get_backend(backend)
     warm_up(be)
     runs = []
+    pairs = []
 
     def figures():
         return {"n_fashion_mnist": n_fmnist, "max_iter": max_iter, "runs": runs,
-                "targets": targets(runs)}
+                "targets": targets(runs), **({"paired_targets": pairs} if paired else {})}
     for name, X, y, perplexity in datasets(n_fmnist, names):
         A = ge.entropic_affinities(X, perplexity, backend=be)
         for objective, cls in (("ee", ge.EE), ("tsne", ge.TSNE)):
@@ -173,10 +178,35 @@ def run(n_fmnist=5000, max_iter=1000, backend="cpu", suffix="", names=DATASETS,
                 print(f"{name} {objective} {label}: {seconds:.1f} s, E = "
                       f"{r['final_objective']:.6g}, 10-NN {r['knn_accuracy']:.3f}", flush=True)
                 save(figures())
+            if paired:
+                pairs.append({"dataset": name, "objective": objective, **paired_ratios(
+                    cls, X, dict(perplexity=perplexity, affinities=A, max_iter=max_iter,
+                                 tol=0, init="pca", backend=be, nbody="exact"), paired)})
+                print(f"{name} {objective} paired ratios: {pairs[-1]}", flush=True)
+                save(figures())
         runs.append(opentsne(name, X, y, perplexity))
         runs[-1].pop("embedding", None)
     summarize(runs, suffix)
     return figures()
+
+
+def paired_ratios(cls, X, params, rounds):
+    """Issue 4's ratio ``rounds`` more times, each from a gd fit and an sd fit run
+    one after the other, so that both sides of a ratio share the machine's state
+    (on a shared VM its speed swings between runs of the whole benchmark): gd's
+    optimizer seconds over sd's to gd's final objective, sd stopped there by a
+    callback.  Neither fit keeps snapshots."""
+    ratios, sd_iterations = [], []
+    for _ in range(rounds):
+        gd = cls(optimizer="gd", **params).fit(X)
+        goal, gd_seconds = gd.history_[-1]["objective"], gd.history_[-1]["time"]
+        sd = cls(optimizer="sd", callbacks=[lambda it, t, e, Y: e <= goal], **params).fit(X)
+        hit = next((h for h in sd.history_ if h["objective"] <= goal), None)
+        ratios.append(None if hit is None else gd_seconds / hit["time"])
+        sd_iterations.append(None if hit is None else hit["iter"])
+    reached = sorted(r for r in ratios if r is not None)
+    return {"ratios": ratios, "sd_iterations": sd_iterations,
+            "median": float(np.median(reached)) if len(reached) == rounds else None}
 
 
 def snapshotter(be):
@@ -841,6 +871,9 @@ def main(argv=None):
     parser.add_argument("--suffix", default="")
     parser.add_argument("--datasets", default=",".join(DATASETS),
                         help=f"comma-separated, of {', '.join(DATASETS)}")
+    parser.add_argument("--paired", type=int, default=0,
+                        help="the default run: after each objective's fits, this many rounds "
+                             "of a gd fit and an sd fit one after the other (paired ratios)")
     parser.add_argument("--large", type=int, help="only the t-SNE-at-scale part, N points")
     parser.add_argument("--text", type=int, help="only the sparse-documents part, N documents")
     parser.add_argument("--precomputed", type=int,
@@ -873,6 +906,10 @@ def main(argv=None):
                      f"{chosen[0]} fits data and iterations of its own")
     if args.repeats and not (args.large and args.subsets):
         parser.error("--repeats goes with --large and --subsets")
+    if args.paired and (chosen or args.subsets):
+        parser.error("--paired goes with the default run (--datasets, --n, --max-iter)")
+    if args.paired < 0:
+        parser.error(f"--paired must be >= 0, got {args.paired}")
     args.n = 5000 if args.n is None else args.n
     args.max_iter = 1000 if args.max_iter is None else args.max_iter
     if args.subsets and args.large:
@@ -933,7 +970,7 @@ def main(argv=None):
 
     def save(figures):
         write_result("embedding", figures, args.suffix, merge=True)
-    figures = run(args.n, args.max_iter, args.backend, args.suffix, names, save)
+    figures = run(args.n, args.max_iter, args.backend, args.suffix, names, save, args.paired)
     for entry in figures["targets"]:
         print(entry)
     save(figures)

@@ -44,6 +44,8 @@ RUNS = [
      "mac", ["cost", "linear_ee_rotating_objects", "mlp_kernels"], []),
     (["bench_segmentation.py", "--step", "16"], "segmentation", ["pixels"], ["PIL"]),
     (["bench_embedding.py", "--coil", "1"], "embedding_coil1", ["coil"], []),
+    (["bench_embedding.py", "--datasets", "rotating_objects", "--max-iter", "20", "--paired",
+      "1"], "embedding", ["runs", "targets", "paired_targets"], []),
     (["bench_embedding.py", "--precomputed", "700"], "embedding_precomputed_n700",
      ["tsne_precomputed"], ["fashion_mnist"]),
     (["bench_embedding.py", "--graph", "700"], "embedding_graph_n700", ["tsne_graph"],
