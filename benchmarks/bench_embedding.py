@@ -204,9 +204,8 @@ def paired_ratios(cls, X, params, rounds):
         hit = next((h for h in sd.history_ if h["objective"] <= goal), None)
         ratios.append(None if hit is None else gd_seconds / hit["time"])
         sd_iterations.append(None if hit is None else hit["iter"])
-    reached = sorted(r for r in ratios if r is not None)
     return {"ratios": ratios, "sd_iterations": sd_iterations,
-            "median": float(np.median(reached)) if len(reached) == rounds else None}
+            "median": None if None in ratios else float(np.median(ratios))}
 
 
 def snapshotter(be):

@@ -545,8 +545,7 @@ class Spectral(Direction):
         self.solver = solver
         self.refresh = check_refresh(refresh)
         if self.refresh == "auto":
-            self.refresh = ((self.TWO_LEVEL_REFRESH if solver == "twolevel" else self.REFRESH)
-                            if objective.attractive_curvature_is_bound else None)
+            self.refresh = self.auto_refresh(solver, objective.attractive_curvature_is_bound)
         self.calls = self.built_at = 0
         self.renewing = False
         if cg_maxiter is None:
@@ -714,6 +713,14 @@ class Spectral(Direction):
 
     def _join_arrays(self, P, translation):
         return P - self._per_point(self._component_mean(P)) + translation
+
+    @classmethod
+    def auto_refresh(cls, solver, curvature_is_bound):
+        """The refresh period that ``refresh="auto"`` takes with ``solver``: None
+        where the attractive curvature does not depend on the layout."""
+        if not curvature_is_bound:
+            return None
+        return cls.TWO_LEVEL_REFRESH if solver == "twolevel" else cls.REFRESH
 
     @classmethod
     def auto_solver(cls, n, kappa, curvature_is_bound, is_gpu, row_entries=0.0):
