@@ -128,7 +128,7 @@ def cost(be, sizes, exact_max):
         Y, _ = ge.datasets.swiss_roll(n, random_state=0)
         Y = be.asarray(Y, dtype=dtype)
         P = ge.entropic_affinities(Y, 30, backend=be).P
-        Z = ge.embedding.initial_layout("pca", Y, 2, be, dtype, 5.0, 0)
+        Z = ge.initialization.initial_layout("pca", Y, 2, be, dtype, 5.0, 0)
         lin = LinearMapping().fit(Y, Z)
         timings = {}
         for engine in ("exact", "fgt"):

@@ -29,7 +29,7 @@ import numpy as np
 
 from common import RESULTS, best_time, device_sync, loglog_slope, pyplot, write_result
 import gpuembed as ge
-from gpuembed.embedding import initial_layout
+from gpuembed.initialization import initial_layout
 from gpuembed.objectives.msne import MultiscaleObjective, ld_precisions
 
 

@@ -47,7 +47,7 @@ from common import (RESULTS, best_time, device_sync, fashion_mnist_knn, loglog_s
                     write_result)
 import gpuembed as ge
 from gpuembed.backend import get_backend
-from gpuembed.embedding import initial_layout
+from gpuembed.initialization import initial_layout
 from gpuembed.nbody import engine_sums, fgt
 from gpuembed.nbody.barneshut import Tree
 from gpuembed.objectives import make_objective
@@ -211,7 +211,7 @@ def first_past(marks):
 def ee_fashion(be, n, budget, step):
     X, _, sqdist, indices = fashion_mnist_knn(90, n)
     P = ge.entropic_affinities(neighbors=(sqdist, indices), perplexity=30, backend=be).P
-    X0 = ge.embedding.initial_layout("pca", X.astype(np.float64), 2, be, be.default_float,
+    X0 = initial_layout("pca", X.astype(np.float64), 2, be, be.default_float,
                                      1.0, 0)
     reference = make_objective("ee", P, be, be.default_float, nbody="fgt")
     reference.accuracy = {"p": 12}

@@ -1,11 +1,10 @@
-"""Estimators TSNE, SSNE, EE and SNE (scikit-learn style).
+"""Estimators TSNE, SSNE, EE, SNE and MultiscaleSNE (scikit-learn style).
 
-``fit`` computes entropic affinities (unless given), an initial embedding, and
-minimizes the objective (objectives/) with the chosen optimizer (optim/).
-``transform`` maps new points with the training embedding fixed: each new point
-minimizes the objective restricted to its own terms (dissertation eq. 5.9 for
-EE; for the SNE family, KL between its affinities to the training points and
-the kernel distribution around it), all new points together.
+``fit`` computes entropic affinities (unless given), an initial embedding
+(initialization.py), and minimizes the objective (objectives/) with the chosen
+optimizer (optim/).  ``transform`` maps new points with the training embedding
+fixed (out_of_sample.py): each new point minimizes the objective restricted to
+its own terms, all new points together.
 """
 from __future__ import annotations
 
@@ -16,41 +15,28 @@ import types
 from typing import NamedTuple
 
 import numpy as np
-import scipy.linalg
 import scipy.sparse
-import scipy.sparse.linalg
 
 from ._checks import (check_bool, check_callbacks, check_choice, check_data, check_dtype,
                       check_features, check_fitted, check_float, check_int, check_random_state,
-                      check_verbose, make_rng, warn)
+                      check_verbose, warn)
 from ._params import Params, TransformerOutput, fill_doc
-from ._sparse import BlockProducts, is_sparse
 from .affinities import EntropicAffinities, entropic_affinities
 from .affinities.entropic import conditional_affinities
 from .backend import get_backend
-from .nbody import check_accuracy, engine_sums, resolve_method
-from .neighbors import METRICS, is_graph, knn_query, metric_rows, search_metric
+from .initialization import (INIT_STD, INITS, check_graph_init, check_init, initial_layout,
+                             warn_wide_classic_start)
+from .nbody import check_accuracy, resolve_method
+from .neighbors import METRICS, knn_query, metric_rows, search_metric
 from .neighbors_ivf import SEARCHES, QuerySearch
 from .objectives import OBJECTIVES, default_lambda, make_objective
 from .optim import (DIRECTIONS, Monitor, Result, accuracy_schedule, homotopy, homotopy_path,
                     minimize, tsne_classic)
 from .optim.directions import Spectral, check_refresh, connected_components
-from .optim.loop import TRUST_RADIUS
+from .out_of_sample import TRANSFORM_MAX_ITER, MultiscaleOutOfSample, OutOfSample, rms_radius
 
 __all__ = ["TSNE", "SSNE", "EE", "SNE", "MultiscaleSNE"]
 
-# Standard deviation of the first initial coordinate: openTSNE's 1e-4 for the
-# classic optimizer (its huge learning rate expands it at once); 0.1 for the
-# line-search optimizers, which otherwise start next to the X = 0 saddle of the
-# normalized objectives.
-INIT_STD = {"tsne": 1e-4, "default": 0.1}
-# The classic optimizer's fixed schedule pulls a wide given start together too slowly:
-# on 1,000 digits KL 0.552 from a PCA start of standard deviation 1e-4, 0.558 from
-# 10, 0.584 from 30, 0.713 from 100 and 1.688 (10-NN accuracy 0.74) from 1,000
-# (1,797 digits: 0.735, 0.746, 0.758, 0.857, 1.934).  Wider starts are warned of.
-CLASSIC_INIT_STD_MAX = 10.0
-# The named starts (MultiscaleSNE: the first two).
-INITS = ("pca", "random", "spectral")
 # tol="auto": AUTO_TOL below AUTO_TOL_LARGE_FROM points, AUTO_TOL_LARGE from there on.
 # The stopping test's tail costs little on small sets and can still improve them (10
 # rotating objects, t-SNE: KL 0.697 and 10-NN accuracy 0.983 at 1e-5 in 0.3 s, 0.745
@@ -77,9 +63,6 @@ OPTIMIZER_PARAMS = {"kappa": ("sd", "sd-"), "sd_memory": ("sd", "sd-"),
 DIRECTION_KEYWORDS = {"kappa": ("kappa", None), "sd_memory": ("memory", 0),
                       "sd_memory_start": ("memory_start", 0), "sd_solver": ("solver", "auto"),
                       "sd_refresh": ("refresh", "auto"), "lbfgs_memory": ("m", 100)}
-# Iterations of the out-of-sample mappings (TSNE & co.: method_params
-# ``transform_max_iter``).
-TRANSFORM_MAX_ITER = 200
 # The exaggerated stage's layout counts as collapsed below this fraction of the
 # start's RMS radius.
 COLLAPSED = 1e-3
@@ -219,10 +202,6 @@ class FreeFit(NamedTuple):
     metric: str                 # X is the data's rows as the metric compares them
 
 
-def _rms_radius(X):
-    return float(((X - X.mean(axis=0)) ** 2).sum(axis=1).mean()) ** 0.5
-
-
 class _Embedding(TransformerOutput, Params):
     objective_name = None
     extra_params = METHOD_PARAMS
@@ -283,7 +262,7 @@ class _Embedding(TransformerOutput, Params):
         check_verbose(self.verbose)
         init = check_init(self.init, n, d, be, INITS)
         if self.optimizer == "tsne" and not isinstance(init, str):
-            _warn_wide_classic_start(init)
+            warn_wide_classic_start(init)
         if X is None and isinstance(init, str) and init == "pca":
             raise ValueError("init='pca' needs the data X; to embed affinities alone "
                              "(fit(None)) take init='spectral', 'random' or an (N, "
@@ -435,7 +414,7 @@ class _Embedding(TransformerOutput, Params):
         objective.exaggeration = alpha
         monitor.extra = {"exaggeration": alpha}
         first = run(X0, stage, 0.0)
-        start, end = _rms_radius(X0), _rms_radius(first.X)
+        start, end = rms_radius(X0), rms_radius(first.X)
         if end < COLLAPSED * start:
             # Past some exaggeration X = 0 becomes a minimum of the exaggerated
             # objective, which a line search finds (5,000 documents of 20 topics:
@@ -520,7 +499,7 @@ class _Embedding(TransformerOutput, Params):
     # -- out-of-sample -----------------------------------------------------
     def transform(self, X_new):
         """Embed new points with the training embedding fixed (each point on its own,
-        all of them in one batch: see _OutOfSample.minimize)."""
+        all of them in one batch: see OutOfSample.minimize)."""
         check_fitted(self, hasattr(self, "_fitted"))
         be, X_train, Y_train, objective, n = self._fitted
         if X_train is None:
@@ -536,364 +515,9 @@ class _Embedding(TransformerOutput, Params):
         sqdist, idx = self._queries(X_new, k)
         W = conditional_affinities(sqdist, min(K, k - 0.5), backend=be).astype(Y_train.dtype)
         Y = (W[:, :, None] * Y_train[idx]).sum(axis=1)        # affinity-weighted mean
-        mapping = _OutOfSample(self.objective_name, Y_train, idx, W, objective, be)
+        mapping = OutOfSample(self.objective_name, Y_train, idx, W, objective, be)
         return be.to_host(mapping.minimize(Y, self._method_params.get("transform_max_iter",
                                                                       TRANSFORM_MAX_ITER)))
-
-
-class _OutOfSample:
-    """Per-point objective of new points x against the fixed training embedding:
-
-    EE:         sum_j (w_j / N) |x - y_j|^2 + lambda sum_n exp(-|x - y_n|^2)
-    SSNE, SNE:  sum_j w_j |x - y_j|^2 + log sum_n exp(-|x - y_n|^2)
-    t-SNE:      sum_j w_j log(1 + |x - y_j|^2) + (N + 1)/2 log(1 + 2 S(x) / Z),
-                S(x) = sum_n 1 / (1 + |x - y_n|^2), Z = sum_{n != m} 1 / (1 + |y_n - y_m|^2)
-
-    w: the new point's entropic affinities to its training neighbours j.
-
-    t-SNE's term is KL(P || Q) of the N + 1 points as a function of x alone
-    (dissertation eq. 5.9's construction), Q normalized over all pairs, the new
-    point's joint affinities w_j / (N + 1) (the row sum of a training point's):
-    its repulsion gradient scales by (N + 1) / (Z + 2 S), about 1 / S where S is
-    the layout's mean row sum Z / N.  With x's own normalization, log S(x), as
-    before 2026-11-27, the objective tends to log N far from the layout, below
-    its value near neighbours that the layout set apart: 1 of 500 held-out
-    Fashion-MNIST images walked off to 1.5e5 units from a 265-unit layout.
-    """
-
-    def __init__(self, name, Y_train, idx, W, objective, be):
-        self.name, self.Y, self.idx, self.W, self.be = name, Y_train, idx, W, be
-        self.lambda_ = getattr(objective, "lambda_", None)
-        self.n = Y_train.shape[0]
-        self.student = name == "tsne"
-        self.nbody, self.accuracy = objective.nbody, objective.accuracy
-        self.sources = {}           # the engine's structures of the fixed training layout
-        self.compiled = True        # attraction_cpu.out_of_sample_attraction; False: the array code
-        if self.student:            # Z of the training layout (the class docstring)
-            (S, _), = engine_sums(be, self.nbody, Y_train, ("student",), accuracy=self.accuracy)
-            self.Z = float(S.sum())
-
-    # The FGT expands all N training points at every call however few the targets
-    # (Barnes-Hut keeps its tree in ``sources``): calls for fewer new points than
-    # this, the line search's later trials, take the exact sums.  EE on
-    # Fashion-MNIST 10k: 1.4 ms per such call by the FGT, 0.07 ms exactly.
-    FGT_MIN_ROWS = 256
-
-    def sums(self, X, kernels):
-        """Sums over the training points at the new points X: O(M + N) with fgt / bh."""
-        nbody = "exact" if self.nbody == "fgt" and X.shape[0] < self.FGT_MIN_ROWS else self.nbody
-        return engine_sums(self.be, nbody, self.Y, kernels, Y=X, accuracy=self.accuracy,
-                           sources=self.sources)
-
-    def evaluate(self, X, rows, grad=True):
-        """Per-point objective (M,) of the new points ``rows`` at X (M, d); with
-        ``grad`` also the gradient (M, d) and the attractive curvature (M,) that
-        scales it (FP).  The line search's trials take the objective alone (t-SNE:
-        one Student-t sum instead of the pair)."""
-        xp = self.be.xp
-        terms = (self._compiled_attraction if self.compiled and not self.be.is_gpu
-                 else self._array_attraction)
-        attract, g_att, curvature = terms(X, rows, grad)
-        if self.student:
-            if not grad:
-                (S1, _), = self.sums(X, ("student",))
-                return attract + 0.5 * (self.n + 1) * xp.log1p(2.0 * S1 / self.Z)
-            (S1, _), (S2, SX2) = self.sums(X, ("student", "student2"))
-            scale = (self.n + 1) / (self.Z + 2.0 * S1)
-            return (attract + 0.5 * (self.n + 1) * xp.log1p(2.0 * S1 / self.Z),
-                    g_att - 2.0 * scale[:, None] * (S2[:, None] * X - SX2), curvature)
-        (S, SX), = self.sums(X, ("gaussian",))
-        ee = self.name == "ee"
-        value = attract / self.n + self.lambda_ * S if ee else attract + xp.log(S)
-        if not grad:
-            return value
-        if ee:
-            return (value, g_att / self.n - 2.0 * self.lambda_ * (S[:, None] * X - SX),
-                    curvature / self.n)
-        return value, g_att - 2.0 * (S[:, None] * X - SX) / S[:, None], curvature
-
-    def _array_attraction(self, X, rows, grad):
-        """(sum_j w_j phi(d_j^2), 2 sum_j w'_j (x - y_j), 2 sum_j w'_j) of ``rows`` at
-        X, phi = log(1 + d^2) and w' = w / (1 + d^2) for t-SNE, else d^2 and w: the
-        GPU path and the CPU's reference (no gradient without ``grad``)."""
-        xp = self.be.xp
-        W = self.W[rows]
-        diff = X[:, None, :] - self.Y[self.idx[rows]]          # (M, k, d)
-        d2 = (diff * diff).sum(axis=2)
-        if self.student:
-            attract = (W * xp.log1p(d2)).sum(axis=1)
-            if grad:
-                W = W / (1.0 + d2)
-        else:
-            attract = (W * d2).sum(axis=1)
-        if not grad:
-            return attract, None, None
-        return attract, 2.0 * (W[:, :, None] * diff).sum(axis=1), 2.0 * W.sum(axis=1)
-
-    def _compiled_attraction(self, X, rows, grad):
-        """:meth:`_array_attraction` by attraction_cpu.out_of_sample_attraction: one
-        compiled pass per row, where the array code's (M, k, d) temporaries took
-        most of a transform."""
-        from .objectives.attraction_cpu import out_of_sample_attraction
-
-        M, d = X.shape
-        attract, g, curvature = (np.empty(shape, X.dtype) for shape in (M, (M, d), M))
-        out_of_sample_attraction(np.ascontiguousarray(X), self.Y,
-                                 np.ascontiguousarray(self.idx[rows]),
-                                 np.ascontiguousarray(self.W[rows]), self.student, grad,
-                                 attract, g, curvature)
-        return (attract, g, curvature) if grad else (attract, None, None)
-
-    def minimize(self, X, max_iter, tol=1e-10, first=0):
-        """Quasi-Newton steps with a per-point Armijo backtracking line search:
-        each point keeps its own d x d BFGS inverse Hessian, started at the
-        inverse of its attractive curvature (FP's scaled gradient), and moves at
-        most the fit's trust radius (optim.loop.TRUST_RADIUS times the training
-        layout's RMS radius, at least 1) per iteration.  Each point
-        stops on its own relative change, so where it lands does not depend on
-        the other points transformed with it (one stopping test over all of them
-        moved the converged points on while the slowest converged).
-        The first trial of each search takes the gradient too, which the next
-        iteration then starts from (most first trials are accepted); later
-        trials take the objective alone, and a point accepted at one of them
-        gets its gradient at the next iteration's start.
-        X: the starts of new points ``first``, ``first + 1``, ..."""
-        xp = self.be.xp
-        X = X.copy()
-        n, d = X.shape
-        step = xp.ones(n, dtype=X.dtype)
-        grow = xp.ones(n, dtype=bool)
-        X_old, G_old = xp.zeros_like(X), xp.zeros_like(X)
-        rows = xp.arange(n)
-        floor = np.finfo(X.dtype).tiny              # 1e-300 would be 0 in float32
-        reach = TRUST_RADIUS * max(_rms_radius(self.Y), 1.0)
-        # Each point's objective and gradient at X; ``stale``: the gradient is not.
-        E_at, G_at, curvature = self.evaluate(X, rows + first)
-        inverse = (xp.eye(d, dtype=X.dtype) / curvature[:, None, None]).astype(X.dtype)
-        stale = xp.zeros(n, dtype=bool)
-        for it in range(max_iter):
-            if rows.size == 0:
-                break
-            redo = rows[stale[rows]]
-            if redo.size:
-                E_at[redo], G_at[redo], _ = self.evaluate(X[redo], redo + first)
-                stale[redo] = False
-            Xa, E, G = X[rows], E_at[rows], G_at[rows]
-            if it > 0:
-                inverse[rows] = _bfgs_update(xp, inverse[rows], Xa - X_old[rows], G - G_old[rows])
-            X_old[rows], G_old[rows] = Xa, G
-            P = -_batched_times(inverse[rows], G)
-            # At most ``reach`` long; written so that a zero step cannot overflow.
-            P *= (reach / xp.maximum(xp.sqrt((P * P).sum(axis=1)), reach))[:, None]
-            slope = (G * P).sum(axis=1)
-            # The last accepted step, doubled (up to 1) after a first trial that was
-            # accepted: always doubling made most points backtrack every iteration.
-            trial = xp.where(grow[rows], xp.minimum(2.0 * step[rows], 1.0), step[rows])
-            grow[rows] = False
-            X_new, E_new = Xa.copy(), E.copy()
-            # Each trial evaluates only the points still searching: one point's
-            # backtracks no longer cost an evaluation of all (4.5x fewer per point).
-            pending = xp.arange(rows.size)
-            for attempt in range(30):
-                t = trial[pending]
-                cand = Xa[pending] + t[:, None] * P[pending]
-                if attempt == 0:
-                    E_c, G_c, _ = self.evaluate(cand, rows[pending] + first)
-                else:
-                    E_c = self.evaluate(cand, rows[pending] + first, grad=False)
-                ok = E_c <= E[pending] + 1e-4 * t * slope[pending]
-                done = pending[ok]
-                X_new[done], E_new[done], step[rows[done]] = cand[ok], E_c[ok], t[ok]
-                if attempt == 0:
-                    grow[rows[done]] = True
-                    G_at[rows[done]] = G_c[ok]
-                else:
-                    stale[rows[done]] = True
-                pending = pending[~ok]
-                if pending.size == 0:
-                    break
-                trial[pending] *= 0.5
-            X[rows], E_at[rows] = X_new, E_new
-            rows = rows[xp.abs(E - E_new) / xp.maximum(xp.abs(E), floor) >= tol]
-        return X
-
-
-def _batched_times(A, v):
-    """A_i v_i for (M, d, d) and (M, d): elementwise products summed along the
-    last axis, which adds each row's terms in one order however many rows come
-    together (a stacked matmul promises no order), as batch independence needs."""
-    return (A * v[:, None, :]).sum(axis=2)
-
-
-def _bfgs_update(xp, inverse, s, y):
-    """BFGS updates of inverse Hessians (M, d, d) by steps s and gradient changes
-    y (M, d); a pair without positive curvature (s.y <= 1e-10 |s| |y|) leaves
-    its matrix as it is, so each stays positive definite."""
-    sy = (s * y).sum(axis=1)
-    ok = sy > 1e-10 * xp.sqrt((s * s).sum(axis=1) * (y * y).sum(axis=1))
-    rho = xp.where(ok, 1.0 / xp.where(ok, sy, 1.0), 0.0)[:, None, None]
-    Hy = _batched_times(inverse, y)
-    yHy = (y * Hy).sum(axis=1)[:, None, None]
-    ss = s[:, :, None] * s[:, None, :]
-    cross = Hy[:, :, None] * s[:, None, :]
-    return inverse + rho * (1.0 + rho * yHy) * ss - rho * (cross + cross.transpose(0, 2, 1))
-
-
-class _MultiscaleOutOfSample(_OutOfSample):
-    """Per-point multi-scale SNE cost of new points x against the fixed training
-    embedding Y (see MultiscaleSNE.transform): for the new point's affinities
-    sigma_j to its training neighbours j and s_j = (1/H) sum_h s_hj,
-    s_hj = e_hj / Z_h, e_hj = exp(-(p_h |x - y_j|^2 / 2 - m_h)), Z_h = sum_n e_hn
-    over all training points n (m_h: the shift by the nearest one),
-
-        gradient = sum_j G_j (x - y_j) - sum_h (p_h / H) rs_h (x - SX_h / Z_h),
-        G_j = sum_h (p_h / H) s_hj r_j,  rs_h = sum_j r_j s_hj,  SX_h = sum_n e_hn y_n,
-
-    r as msne.pattern_terms (the cost's constant derivative off the pattern
-    cancels); the scaling curvature is sum_j max(G_j, 0), for KL sum_j sigma_j
-    times the responsibility-weighted precision, SNE's 2 sum_j w_j at p = 2
-    (at least the coarsest precision)."""
-
-    # Neighbour entries (rows x k) per chunk of transform: H arrays of them.
-    CHUNK = 2**20
-    # Evaluations of fewer rows sum exactly (see evaluate).
-    FAST_ROWS = 1000
-
-    def __init__(self, Y_train, idx, W, fitted, be):
-        from .objectives.msne_cpu import squaring_plan
-
-        # In float64 (the fit's sums are; msne.py), the gradient in Y's dtype.
-        self.Y, self.dtype = Y_train.astype(np.float64), Y_train.dtype
-        self.idx, self.W, self.be = idx, W, be
-        self.p, self.cost, self.kappa = fitted.p, fitted.cost, fitted.kappa
-        self.nbody, self.accuracy = fitted.nbody, fitted.accuracy
-        self.n = Y_train.shape[0]
-        xp = be.xp
-        # KL's constant sum_j sigma_j log sigma_j, so that values are the cost itself.
-        self.entropy = (W * xp.log(xp.where(W > 0, W, 1.0))).sum(axis=1)
-        self.compiled = True        # msne_cpu.out_of_sample_rows; False: the array code
-        self.half_p = 0.5 * self.p
-        self.squarings = squaring_plan(self.half_p)     # the same for every evaluation
-        self.tree = None
-        if not be.is_gpu and Y_train.shape[1] <= 3:     # msne._Balls' k-d tree of Y
-            from scipy.spatial import cKDTree
-            self.tree = cKDTree(self.Y)
-
-    def evaluate(self, X, rows, grad=True):
-        from .objectives.msne import _Balls, _nearest_sqdist, js_value, shifted_row_sums
-
-        xp = self.be.xp
-        X = X.astype(np.float64, copy=False)        # as the fit's sums (msne.py)
-        # A fast engine pays O(N) per call however few the targets: the line
-        # search's trials and the last points to converge take the exact sums.
-        nbody = self.nbody if X.shape[0] >= self.FAST_ROWS else "exact"
-        balls = None if self.tree is None else _Balls(self.Y, X, self.tree)
-        nearest = (_nearest_sqdist(X, self.be, self.Y) if balls is None
-                   else balls.nearest_sqdist())
-        scales = []
-        for p in self.p:
-            c, m = math.sqrt(p / 2.0), 0.5 * p * nearest
-            Z, SX = shifted_row_sums(self.be, nbody, self.accuracy, self.Y * c, m, c,
-                                     balls, targets=X * c)
-            scales.append((p, Z, SX / c, m))
-        if self.compiled and not self.be.is_gpu:
-            value, mass, g, curvature = self._compiled_terms(X, rows, nearest, scales, grad)
-        else:
-            value, mass, g, curvature = self._array_terms(X, rows, scales, grad)
-        if self.cost == "kl":
-            value = value + self.entropy[rows]
-        else:
-            value = js_value(value, 1.0 - mass, self.kappa)
-        if not grad:
-            return value
-        # A point whose neighbours all sit on the floor (r = 0) has no attractive
-        # curvature: the coarsest scale's, p_min sum_j sigma_j, bounds it below.
-        curvature = xp.maximum(curvature, self.p.min())
-        return value, g.astype(self.dtype, copy=False), curvature
-
-    def _array_terms(self, X, rows, scales, grad):
-        """(pattern part of the cost, sum_j s_j, gradient, sum_j max(G_j, 0)) of
-        ``rows`` at X, in array code: the GPU path and the CPU's reference."""
-        from .objectives.msne import pattern_terms
-
-        xp, H = self.be.xp, len(self.p)
-        diff = X[:, None, :] - self.Y[self.idx[rows]]          # (M, k, d)
-        d2 = (diff * diff).sum(axis=2)
-        s_all, s = [], xp.zeros_like(d2)
-        for p, Z, _, m in scales:
-            s_all.append(xp.exp(m[:, None] - 0.5 * p * d2) / Z[:, None])
-            s += s_all[-1]
-        terms, r, s = pattern_terms(xp, self.W[rows], s / H, self.cost, self.kappa)
-        if not grad:
-            return terms.sum(axis=1), s.sum(axis=1), None, None
-        G, g = xp.zeros_like(d2), xp.zeros_like(X)
-        for (p, Z, SX, _), s_h in zip(scales, s_all):
-            G += (p / H) * s_h * r
-            g -= (p / H) * (r * s_h).sum(axis=1)[:, None] * (X - SX / Z[:, None])
-        g += (G[:, :, None] * diff).sum(axis=1)
-        return terms.sum(axis=1), s.sum(axis=1), g, xp.maximum(G, 0.0).sum(axis=1)
-
-    def _compiled_terms(self, X, rows, nearest, scales, grad):
-        """:meth:`_array_terms` by msne_cpu.out_of_sample_rows: one compiled pass
-        per row (the array code's temporaries took 65% of a transform)."""
-        from numba import get_num_threads
-
-        from .objectives.msne_cpu import out_of_sample_rows
-
-        M, k, d = X.shape[0], self.idx.shape[1], X.shape[1]
-        value, mass = np.empty(M), np.empty(M)
-        g, curvature = np.empty((M, d)), np.empty(M)
-        out_of_sample_rows(
-            np.ascontiguousarray(X), self.Y, np.ascontiguousarray(self.idx[rows]),
-            np.ascontiguousarray(self.W[rows]), self.half_p, self.squarings, nearest,
-            np.stack([Z for _, Z, _, _ in scales]),
-            np.stack([SX for _, _, SX, _ in scales]), self.cost != "kl", self.kappa, grad,
-            value, mass, g, curvature, np.empty((get_num_threads(), len(scales) + 3, k)))
-        return value, mass, g, curvature
-
-
-def check_graph_init(init, X, metric, inits):
-    """init="pca" refused, before the affinities, for a sparse k-NN graph of
-    precomputed distances: classical MDS needs every pair's distance."""
-    if isinstance(init, str) and init == "pca" and is_graph(X, metric):
-        others = " or ".join(repr(i) for i in inits if i != "pca")
-        raise ValueError("init='pca' with metric='precomputed' is classical MDS, which needs "
-                         "every pair's distance, and X is a sparse k-NN graph: take init="
-                         f"{others} or an (N, n_components) array")
-
-
-def initial_layout(init, X, d, be, dtype, std, random_state, extra=None, n=None,
-                   metric="euclidean"):
-    """Initial embedding (N, d) on the device: "pca", "random", a name in ``extra``
-    (a function returning the layout) scaled so its first coordinate has standard
-    deviation ``std``, or a given array used as it is (as check_init returns it).
-    ``n``: the number of points where X is None (affinities alone).  For a
-    precomputed distance matrix X "pca" is classical MDS, which gives Euclidean
-    distances' points their principal component scores."""
-    n = X.shape[0] if n is None else n
-    if isinstance(init, str):
-        pca = _classical_mds if metric == "precomputed" else _pca
-        builders = {"pca": lambda: pca(be.to_host(X), d),
-                    "random": lambda: make_rng(random_state).standard_normal((n, d)),
-                    **(extra or {})}
-        check_choice(init, "init", tuple(builders))
-        Y = builders[init]()
-        Y = Y / max(float(np.std(Y[:, 0])), 1e-300) * std
-        # A coordinate that is constant over all points never moves (its gradient is
-        # zero): PCA of data with fewer features than components or of collinear
-        # data gives one.  The leading eigenvectors of a graph of (nearly) separate
-        # clusters are (nearly) constant on each, so in float32 (the GPU's default)
-        # a spectral start's points can share one position, and points in one place
-        # never separate (EE on 5 clusters: 79.0 against 10.08 in float64).  A
-        # jitter of 1e-4 of the scale, as UMAP adds to its spectral start, frees
-        # both; a start without such ties is left as it is.
-        flat = np.std(Y, axis=0) <= 1e-12 * std
-        if flat.any() or (init == "spectral" and _has_duplicate_rows(Y.astype(dtype))):
-            seed = 0 if random_state is None else random_state
-            Y = Y + 1e-4 * std * make_rng(seed).standard_normal(Y.shape)
-    else:
-        Y = init
-    return be.asarray(Y, dtype=dtype)
 
 
 def _check_search(neighbors):
@@ -927,41 +551,6 @@ def _given_matrix(A):
     return P
 
 
-def check_init(init, n, d, be, names):
-    """``init``: one of ``names``, or a dense finite (n, d) array, returned as
-    initial_layout takes it (an array on the host).  The estimators call it
-    before the affinities."""
-    if isinstance(init, str):
-        return check_choice(init, "init", names)
-    if is_sparse(init):
-        raise TypeError("init array is a sparse matrix; pass a dense (N, n_components) array")
-    Y = be.to_host(init) if hasattr(init, "shape") else np.asarray(init)
-    if Y.shape != (n, d):
-        raise ValueError(f"init array must have shape {(n, d)}, got {Y.shape}")
-    if not np.all(np.isfinite(Y)):
-        raise ValueError("init array contains NaN or infinite values")
-    # Every objective's gradient along a coordinate that is the same for all points
-    # is zero (its forces come from differences x_n - x_m): that column never moves,
-    # and an array of equal rows came back unchanged after 0 iterations.
-    flat = np.flatnonzero(np.all(Y == Y[:1], axis=0))
-    if flat.size:
-        raise ValueError(f"init array has the same value in every row of column(s) "
-                         f"{flat.tolist()}: the gradient along such a coordinate is zero, "
-                         f"so it never moves; give each column distinct values")
-    return Y
-
-
-def _warn_wide_classic_start(init):
-    """Warn where a given start is wider than the classic optimizer can pull
-    together in its schedule (CLASSIC_INIT_STD_MAX), as openTSNE warns."""
-    std = float(np.std(init, axis=0).max())
-    if std > CLASSIC_INIT_STD_MAX:
-        warn(f"init array has standard deviation {std:.3g}: the classic optimizer "
-             f"(optimizer='tsne') starts from {INIT_STD['tsne']:g}, as openTSNE and "
-             f"scikit-learn do, and from above {CLASSIC_INIT_STD_MAX:g} it ends at a higher "
-             f"KL; scale the array down (e.g. init / init[:, 0].std() * 1e-4)")
-
-
 def _stage(verbose, start, what):
     """With ``verbose``, one line saying what a stage of fit did and its seconds
     since ``start``; returns the time now (the next stage's start)."""
@@ -973,202 +562,6 @@ def _stage(verbose, start, what):
 
 def _init_name(init):
     return init if isinstance(init, str) else "given array"
-
-
-def _centred_operator(X, mean):
-    """X - mean as a LinearOperator, for sparse X."""
-    return scipy.sparse.linalg.LinearOperator(
-        X.shape, dtype=X.dtype,
-        matvec=lambda v: X @ v - mean @ v,
-        matmat=lambda V: X @ V - mean @ V,
-        rmatvec=lambda u: X.T @ u - mean * u.sum(),
-        rmatmat=lambda U: X.T @ U - np.outer(mean, U.sum(axis=0)))
-
-
-def _has_duplicate_rows(Y):
-    return np.unique(Y, axis=0).shape[0] < Y.shape[0]
-
-
-# PCA of data with more than 2,000 features (_subspace_scores): the columns the
-# subspace keeps beyond the d components, the relative change of the singular
-# values that ends the iterations, and their most (fewer where the Gram matrix's
-# eigenvectors cost less, _gram_budget, which then take over).
-PCA_OVERSAMPLING = 10
-PCA_TOL = 1e-10
-PCA_MAX_ITERATIONS = 100
-# Dense rows are centred this many bytes at a time (on each thread) for PCA's
-# scatter matrix and scores: the centred copy of all of them (2.9 GB for 10^6
-# Fashion-MNIST images in float32) set the peak memory of the default t-SNE fit,
-# 12.4 GB.
-PCA_BLOCK_BYTES = 2**23
-
-
-def _pca(X, d):
-    """Top-d principal component scores of host data X (signs fixed); columns
-    beyond the number of features are zero.  Sparse X is centred implicitly
-    (its centred copy would be dense), dense X up to 2,000 features a block of
-    rows at a time (the scatter matrix summed in float64); beyond 2,000 features
-    by subspace iteration, or where that does not settle within what the Gram
-    matrix costs, from the Gram matrix's eigenvectors."""
-    n, D = X.shape
-    if D < d:
-        return np.hstack([_pca(X, D), np.zeros((n, d - D))])
-    mean = np.asarray(X.mean(axis=0)).ravel()
-    if D > 2000:
-        # Dense rows centred in float64 once: the products with the float64
-        # subspace had cast float32 rows anew each time, at twice the time.
-        Xc = (_centred_operator(X, mean) if is_sparse(X)
-              else np.subtract(X, mean, dtype=np.float64))
-        # One BLAS thread: the products of few columns gave other last bits on 1
-        # and 2 OpenBLAS threads (as the scores below did), and on one thread they
-        # do not wake OpenBLAS's workers, whose busy-waiting held up the
-        # optimizer's first numba sweeps.
-        with get_backend("cpu").serial_blas():
-            # The Gram matrix after its budget of iterations only where both cost
-            # no more than the most iterations (at 5,000 x 50,000 they would have
-            # cost 1.3 times as much).
-            budget = _gram_budget(n, D, min(d + PCA_OVERSAMPLING, n, D))
-            gram_after = 2 * budget <= PCA_MAX_ITERATIONS
-            scores, settled = _subspace_scores(Xc, d,
-                                               budget if gram_after else PCA_MAX_ITERATIONS)
-            if not settled and gram_after:
-                scores = _gram_scores(_centred_gram(X, Xc, mean), d)
-            return _fixed_signs(scores)
-    if is_sparse(X):
-        scatter = (X.T @ X).toarray() - n * np.outer(mean, mean)
-    else:
-        scatter = _scatter_matrix(X, mean)
-    # The eigenvectors and scores on one BLAS thread: LAPACK's eigensolver and the
-    # scores' product (N x D times D x d) gave other last bits on 1 and 2 OpenBLAS
-    # threads (as the scatter matrix of float32 rows did), and so did every fit from
-    # this start.  On Fashion-MNIST (784 features) the eigensolver takes 0.1 s.
-    with get_backend("cpu").serial_blas():
-        V = np.linalg.eigh(scatter)[1][:, ::-1][:, :d]
-        if is_sparse(X):
-            return _fixed_signs(X @ V - mean @ V)
-        Y = np.empty((n, d))
-        for rows, block in _centred_blocks(X, mean):
-            Y[rows] = block @ V
-    return _fixed_signs(Y)
-
-
-def _classical_mds(D, d):
-    """Classical (Torgerson) MDS of the distance matrix D (N x N): the top-d
-    eigenvectors of B = -J S J / 2, S the squared distances made symmetric, J the
-    centring, scaled by the square roots of their eigenvalues (0 for a negative
-    one, which distances that no Euclidean points have can give).  For the
-    distances of points X these are X's principal component scores.  By ARPACK
-    from a fixed start on one BLAS thread (the same vectors at every call), B
-    applied as products with S, which is never centred."""
-    n = D.shape[0]
-    S = np.square(D, dtype=np.float64)
-
-    def centred(V):
-        return V - V.mean(axis=0)
-
-    def times_b(V):
-        V = centred(V)
-        return -0.25 * centred(S @ V + S.T @ V)
-    op = scipy.sparse.linalg.LinearOperator((n, n), matvec=times_b, matmat=times_b,
-                                            dtype=np.float64)
-    with get_backend("cpu").serial_blas():
-        values, V = scipy.sparse.linalg.eigsh(
-            op, k=d, which="LA", v0=np.random.default_rng(0).standard_normal(n))
-    top = np.argsort(values)[::-1]
-    return _fixed_signs(V[:, top] * np.sqrt(np.maximum(values[top], 0.0)))
-
-
-def _subspace_scores(Xc, d, max_iterations):
-    """The top-d principal component scores of centred Xc (an array or a
-    LinearOperator, N x D) by subspace iteration from a fixed random start: products
-    with Xc, then QR and a small eigh, all in one order.  ARPACK's svds, before,
-    gave other vectors at every call on an AMD EPYC VM, even on one BLAS thread:
-    rotating_objects' two leading singular values are equal, so every rotation of
-    that plane is a solution and the call's last bits chose one, and two fits of
-    one seed took other paths.  The iterations stop once the leading d singular
-    values of the subspace (of the small QR factor, whatever basis it takes for
-    equal ones) change by less than PCA_TOL (relative), or after
-    ``max_iterations``.  Returns the scores and whether the values settled."""
-    n, D = Xc.shape
-    b = min(d + PCA_OVERSAMPLING, n, D)
-    Q = np.random.default_rng(0).standard_normal((D, b))
-    values, settled = np.zeros(d), False
-    for _ in range(max_iterations):
-        Q = np.linalg.qr(Xc @ Q)[0]
-        Q, R = np.linalg.qr(Xc.T @ Q)
-        previous, values = values, np.linalg.svd(R, compute_uv=False)[:d]
-        settled = np.all(np.abs(values - previous) <= PCA_TOL * values[0])
-        if settled:
-            break
-    B = Xc @ Q                              # Xc on the subspace, (N, b)
-    V = np.linalg.eigh(B.T @ B)[1][:, ::-1][:, :d]
-    return B @ V, settled
-
-
-def _gram_budget(n, D, b):
-    """The subspace iterations (of b columns) that cost about as much as the
-    leading eigenvectors of the N x N Gram matrix (its product, N^2 D / 2 flops,
-    and LAPACK's reduction to tridiagonal form, 4 N^3 / 3), against the 4 N D b of
-    an iteration's two products; on one thread of a 2-core EPYC the three ran at
-    23-27 GFlop/s alike (600 x 50,000: the Gram matrix took the time of 5.7
-    iterations, 7 by this count; rotating_objects, 720 x 4,096, settles in 7
-    iterations of its 12)."""
-    return math.ceil((n * n * D / 2 + 4 * n**3 / 3) / (4 * n * D * b))
-
-
-def _centred_gram(X, Xc, mean):
-    """The Gram matrix (N x N, float64) of the centred rows Xc of X: Xc's own
-    product, or for sparse X (Xc an operator) X's less the mean's terms, in
-    float64 (float32 products left float32 rows' scores 4e-6 off)."""
-    if not is_sparse(X):
-        return Xc @ Xc.T
-    X, mean = X.astype(np.float64), mean.astype(np.float64)
-    inner = X @ mean
-    return (X @ X.T).toarray() - inner[:, None] - inner[None, :] + mean @ mean
-
-
-def _gram_scores(gram, d):
-    """The top-d principal component scores U S = U sqrt(eigenvalues) from the
-    leading eigenvectors of the Gram matrix of the centred rows: for few rows of a
-    spectrum too flat for subspace iteration to settle (600 x 50,000 Gaussian
-    noise: 0.9 s against 6.6 s for 100 iterations, which had not)."""
-    n = gram.shape[0]
-    values, U = scipy.linalg.eigh(gram, subset_by_index=[n - d, n - 1], driver="evr")
-    return U[:, ::-1] * np.sqrt(np.maximum(values[::-1], 0.0))
-
-
-def _block_rows(X):
-    """Slices of rows of dense X, PCA_BLOCK_BYTES each."""
-    step = max(1, PCA_BLOCK_BYTES // (X.shape[1] * X.itemsize))
-    return [slice(start, start + step) for start in range(0, X.shape[0], step)]
-
-
-def _centred_blocks(X, mean):
-    """(rows, X[rows] - mean) for the blocks of :func:`_block_rows`."""
-    for rows in _block_rows(X):
-        yield rows, X[rows] - mean
-
-
-def _scatter_matrix(X, mean):
-    """The scatter matrix (X - mean)^T (X - mean) of dense X: each block's product
-    (in X's dtype) on one BLAS thread, the blocks spread over numba's threads
-    (_sparse.BlockProducts), their products summed in float64 in block order.
-    OpenBLAS's threaded product of float32 rows gave other last bits on 1 and 2
-    threads (Fashion-MNIST), and so did every fit from this start."""
-    def centred_product(rows):
-        block = X[rows] - mean
-        return block.T @ block
-
-    scatter = np.zeros((X.shape[1], X.shape[1]))
-    with BlockProducts(get_backend("cpu")) as products:
-        for part in products.map(centred_product, _block_rows(X)):
-            scatter += part
-    return scatter
-
-
-def _fixed_signs(Y):
-    """Y with each column's largest entry (in magnitude) positive."""
-    return Y * np.sign(Y[np.argmax(np.abs(Y), axis=0), np.arange(Y.shape[1])])
 
 
 @_DOCUMENTED
@@ -1578,7 +971,7 @@ class MultiscaleSNE(TransformerOutput, Params):
         count) and s_xj = (1/H) sum_h exp(-p_h |x - y_j|^2 / 2) / Z_h(x), Z_h over
         all training points, at the final stage's precisions p_h; started at the
         affinity-weighted mean of its neighbours, stopping on its own test (see
-        _OutOfSample.minimize), in chunks of rows that bound the memory."""
+        OutOfSample.minimize), in chunks of rows that bound the memory."""
         check_fitted(self, hasattr(self, "_fitted"))
         be, X_train, Y_train, fitted = self._fitted
         X_new = check_data(X_new, be, name="X_new", dtype=X_train.dtype, min_samples=1,
@@ -1590,8 +983,8 @@ class MultiscaleSNE(TransformerOutput, Params):
         W = sum(conditional_affinities(sqdist, K, backend=be)
                 for K in self.perplexities_) / len(self.perplexities_)
         Y = (W[:, :, None] * Y_train[idx]).sum(axis=1).astype(Y_train.dtype)   # weighted mean
-        mapping = _MultiscaleOutOfSample(Y_train, idx, W, fitted, be)
-        step = max(1, _MultiscaleOutOfSample.CHUNK // k)
+        mapping = MultiscaleOutOfSample(Y_train, idx, W, fitted, be)
+        step = max(1, MultiscaleOutOfSample.CHUNK // k)
         return be.to_host(be.xp.concatenate([
             mapping.minimize(Y[a:a + step], TRANSFORM_MAX_ITER, first=a)
             for a in range(0, Y.shape[0], step)]))

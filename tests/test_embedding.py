@@ -1399,7 +1399,7 @@ def test_fit_from_float32_data_does_not_depend_on_the_number_of_threads(monkeypa
         pytest.skip("needs 2 of numba's threads")
     monkeypatch.setattr(_sparse, "TILE_ROWS", 96)
     monkeypatch.setattr(_sparse, "TILE_COLS", 320)
-    monkeypatch.setattr(ge.embedding, "PCA_BLOCK_BYTES", 200 * 300 * 4)
+    monkeypatch.setattr(ge.initialization, "PCA_BLOCK_BYTES", 200 * 300 * 4)
     X, _ = ge.datasets.gaussian_clusters(1500, 5, 300, random_state=3)
     X = X.astype(np.float32)
     threads = numba.get_num_threads()
@@ -1553,7 +1553,7 @@ def test_stopping_test_waits_while_the_objective_is_concave_along_the_step():
 def _pca_start(X, std):
     """The PCA start of X scaled to standard deviation ``std``, as an init array."""
     be = ge.get_backend("cpu")
-    return be.to_host(ge.embedding.initial_layout("pca", X, 2, be, np.float64, std, 0))
+    return be.to_host(ge.initialization.initial_layout("pca", X, 2, be, np.float64, std, 0))
 
 
 def _assert_left_the_start(model, y):
@@ -1626,7 +1626,7 @@ def test_classic_optimizer_warns_of_a_wide_start(small):
     The line-search optimizers and narrower starts do not."""
     import warnings
 
-    from gpuembed.embedding import CLASSIC_INIT_STD_MAX
+    from gpuembed.initialization import CLASSIC_INIT_STD_MAX
 
     X, _, A = small
     wide = np.random.default_rng(0).standard_normal((120, 2)) * 5 * CLASSIC_INIT_STD_MAX
@@ -2290,13 +2290,13 @@ def test_tsne_out_of_sample_objective_is_the_joint_kl_and_keeps_points_in_the_la
     units apart stays between them, at a minimum of that formula.  With the
     point's own normalization, log S, the objective is lower far away (it tends to
     log N) and the same point walked off."""
-    from gpuembed.embedding import TRANSFORM_MAX_ITER, _OutOfSample
+    from gpuembed.out_of_sample import TRANSFORM_MAX_ITER, OutOfSample
     Y = np.concatenate([rng.standard_normal((150, 2)) - [30, 0], rng.standard_normal((150, 2))
                         + [30, 0]])
     n = len(Y)
     idx, W = np.array([[0, 150]]), np.array([[0.5, 0.5]])
     objective = types.SimpleNamespace(nbody="exact", accuracy=None)
-    mapping = _OutOfSample("tsne", Y, idx, W, objective, ge.get_backend("cpu"))
+    mapping = OutOfSample("tsne", Y, idx, W, objective, ge.get_backend("cpu"))
     D = ((Y[:, None] - Y[None]) ** 2).sum(-1)
     Z = (1 / (1 + D)).sum() - n
 
@@ -2328,14 +2328,14 @@ def test_compiled_out_of_sample_terms_equal_the_array_code(rng, name, dtype):
     out_of_sample_attraction) against the array code, its reference and the GPU
     path: value, gradient and curvature of a subset of rows, with and without
     the gradient; a row's terms are the same bits alone or in a batch."""
-    from gpuembed.embedding import _OutOfSample
+    from gpuembed.out_of_sample import OutOfSample
     n, m, k = 300, 40, 12
     Y = (3 * rng.standard_normal((n, 2))).astype(dtype)
     idx = rng.integers(0, n, (m, k))
     W = rng.random((m, k))
     W = (W / W.sum(axis=1, keepdims=True)).astype(dtype)
     objective = types.SimpleNamespace(nbody="exact", accuracy=None, lambda_=0.5)
-    mapping = _OutOfSample(name, Y, idx, W, objective, ge.get_backend("cpu"))
+    mapping = OutOfSample(name, Y, idx, W, objective, ge.get_backend("cpu"))
     X, rows = (2 * rng.standard_normal((25, 2))).astype(dtype), rng.choice(m, 25, replace=False)
     rtol = 1e-10 if dtype == np.float64 else 1e-5
     for grad in (True, False):
@@ -2356,12 +2356,12 @@ def test_compiled_out_of_sample_terms_equal_the_array_code(rng, name, dtype):
 def test_out_of_sample_sums_of_few_points_are_exact_with_the_fgt(rng):
     """With the FGT, whose every call expands all training points, calls for fewer
     than FGT_MIN_ROWS new points sum exactly; larger ones take the FGT."""
-    from gpuembed.embedding import _OutOfSample
+    from gpuembed.out_of_sample import OutOfSample
     from gpuembed.nbody import engine_sums
     be = ge.get_backend("cpu")
     Y = 3 * rng.standard_normal((2000, 2))
     objective = types.SimpleNamespace(nbody="fgt", accuracy={"p": 3}, lambda_=0.5)
-    mapping = _OutOfSample("ee", Y, None, None, objective, be)
+    mapping = OutOfSample("ee", Y, None, None, objective, be)
     for m, method in ((mapping.FGT_MIN_ROWS - 1, "exact"), (mapping.FGT_MIN_ROWS, "fgt")):
         X = 3 * rng.standard_normal((m, 2))
         (S, SX), = mapping.sums(X, ("gaussian",))
@@ -2376,21 +2376,21 @@ def test_bfgs_update_of_the_out_of_sample_mapping(rng):
     """Each point's inverse Hessian update satisfies the secant condition H y = s,
     stays symmetric positive definite, and is left alone by a pair without
     positive curvature; on a quadratic the per-point BFGS reaches the minimum."""
-    from gpuembed.embedding import _bfgs_update
+    from gpuembed.out_of_sample import bfgs_update
     A = rng.standard_normal((5, 3, 3))
     H = A @ A.transpose(0, 2, 1) + 0.1 * np.eye(3)
     s, y = rng.standard_normal((5, 3)), rng.standard_normal((5, 3))
     y[:4] = np.abs(y[:4]) * np.sign(s[:4])            # s.y > 0 for the first four
     y[4] = -s[4]                                       # negative curvature
-    H1 = _bfgs_update(np, H.copy(), s, y)
+    H1 = bfgs_update(np, H.copy(), s, y)
     np.testing.assert_allclose((H1[:4] @ y[:4, :, None])[:, :, 0], s[:4], rtol=1e-10)
     np.testing.assert_allclose(H1, H1.transpose(0, 2, 1), rtol=1e-12)
     assert np.all(np.linalg.eigvalsh(H1[:4]) > 0)
     np.testing.assert_array_equal(H1[4], H[4])
 
-    from gpuembed.embedding import _OutOfSample
+    from gpuembed.out_of_sample import OutOfSample
 
-    class Quadratics(_OutOfSample):     # 1/2 (x - c)' A (x - c) per point, ill-conditioned
+    class Quadratics(OutOfSample):     # 1/2 (x - c)' A (x - c) per point, ill-conditioned
         def __init__(self):
             self.be, self.Y = ge.get_backend("cpu"), np.zeros((2, 3))
             self.A = np.array([[[100.0, 0, 0], [0, 1, 0], [0, 0, 0.01]]] * 5)
@@ -2421,9 +2421,9 @@ def test_out_of_sample_descent_reuses_only_gradients_of_accepted_first_trials(rn
     trial was: on quartics from far starts (first trials rejected at some
     iterations, accepted at others) it visits, with fewer evaluations, the points
     of the same descent that evaluates every gradient at its iteration's start."""
-    from gpuembed.embedding import _OutOfSample
+    from gpuembed.out_of_sample import OutOfSample
 
-    class Quartics(_OutOfSample):       # sum_k a_k (x_k - c_k)^4 + |x - c|^2 / 2 per point
+    class Quartics(OutOfSample):       # sum_k a_k (x_k - c_k)^4 + |x - c|^2 / 2 per point
         def __init__(self):
             self.be, self.Y = ge.get_backend("cpu"), np.zeros((2, 2))
             self.a, self.c = rng.random((6, 2)) + 0.5, rng.standard_normal((6, 2))
@@ -2443,7 +2443,7 @@ def test_out_of_sample_descent_reuses_only_gradients_of_accepted_first_trials(rn
         for it in range(max_iter):
             E, G, curvature = q.evaluate(X[rows], rows)
             H[rows] = (np.eye(2) / curvature[:, None, None] if it == 0 else
-                       _bfgs_update(np, H[rows], X[rows] - X_old[rows], G - G_old[rows]))
+                       bfgs_update(np, H[rows], X[rows] - X_old[rows], G - G_old[rows]))
             X_old[rows], G_old[rows] = X[rows], G
             P = -(H[rows] * G[:, None, :]).sum(axis=2)
             P *= (TRUST_RADIUS / np.maximum(np.linalg.norm(P, axis=1), TRUST_RADIUS))[:, None]
@@ -2458,7 +2458,7 @@ def test_out_of_sample_descent_reuses_only_gradients_of_accepted_first_trials(rn
             rows = rows[np.abs(E - q.evaluate(X[rows], rows, False)) >= 1e-10 * np.abs(E)]
         return X
 
-    from gpuembed.embedding import _bfgs_update
+    from gpuembed.out_of_sample import bfgs_update
     from gpuembed.optim.loop import TRUST_RADIUS    # the reach: Y's radius is below 1
 
     q = Quartics()
@@ -2759,7 +2759,7 @@ def test_pca_start_without_enough_directions(small):
     One feature raised IndexError."""
     X, _, _ = small
     for data in (X[:, :1], np.c_[X[:, 0], -2.0 * X[:, 0]]):
-        Y0 = ge.embedding.initial_layout("pca", data, 2, ge.get_backend("cpu"), np.float64,
+        Y0 = ge.initialization.initial_layout("pca", data, 2, ge.get_backend("cpu"), np.float64,
                                          0.1, None)
         assert Y0[:, 1].std() > 1e-6 * Y0[:, 0].std()
         model = ge.TSNE(max_iter=50, random_state=0, backend="cpu").fit(data)
@@ -2773,8 +2773,8 @@ def test_pca_in_blocks_equals_the_svd_of_the_centred_data(monkeypatch, dtype):
     U S up to each column's sign, which _pca fixes by the largest entry."""
     rng = np.random.default_rng(3)
     X = (rng.normal(size=(200, 6)) * [5.0, 3.0, 2.0, 1.0, 0.5, 0.1] + 40.0).astype(dtype)
-    monkeypatch.setattr(ge.embedding, "PCA_BLOCK_BYTES", 7 * 6 * X.itemsize)
-    Y = ge.embedding._pca(X, 3)
+    monkeypatch.setattr(ge.initialization, "PCA_BLOCK_BYTES", 7 * 6 * X.itemsize)
+    Y = ge.initialization.pca(X, 3)
     U, S, _ = np.linalg.svd(X.astype(np.float64) - X.astype(np.float64).mean(axis=0),
                             full_matrices=False)
     expected = U[:, :3] * S[:3]
@@ -2791,9 +2791,9 @@ def test_pca_of_wide_data_repeats_its_bits_and_spans_the_leading_subspace():
     two fits of one seed differed), scores in the leading singular subspace, and
     U S itself where the spectrum has gaps, for dense and sparse rows alike."""
     X, _ = ge.datasets.rotating_objects()                       # 720 x 4,096
-    first = ge.embedding._pca(X, 2)
+    first = ge.initialization.pca(X, 2)
     for _ in range(3):
-        np.testing.assert_array_equal(ge.embedding._pca(X, 2), first)
+        np.testing.assert_array_equal(ge.initialization.pca(X, 2), first)
     U, S, _ = np.linalg.svd(X - X.mean(axis=0), full_matrices=False)
     assert np.isclose(S[0], S[1], rtol=1e-12)          # any rotation of the plane is PCA
     outside = first - U[:, :2] @ (U[:, :2].T @ first)
@@ -2808,7 +2808,7 @@ def test_pca_of_wide_data_repeats_its_bits_and_spans_the_leading_subspace():
     for data in (W, scipy.sparse.csr_matrix(W)):
         # A start needs no more: the iterations stop on the singular values, which
         # settle before the vectors do.
-        np.testing.assert_allclose(ge.embedding._pca(data, 3), expected,
+        np.testing.assert_allclose(ge.initialization.pca(data, 3), expected,
                                    atol=1e-6 * np.abs(expected).max())
 
 
@@ -2822,11 +2822,11 @@ def test_pca_of_few_wide_rows_of_a_flat_spectrum_is_exact():
     U, S, _ = np.linalg.svd(X - X.mean(axis=0, dtype=np.float64), full_matrices=False)
     expected = U[:, :2] * S[:2]
     expected *= np.sign(expected[np.argmax(np.abs(expected), axis=0), np.arange(2)])
-    assert ge.embedding._gram_budget(300, 3000, 12) < ge.embedding.PCA_MAX_ITERATIONS
+    assert ge.initialization._gram_budget(300, 3000, 12) < ge.initialization.PCA_MAX_ITERATIONS
     for data in (X, scipy.sparse.csr_matrix(X)):
-        first = ge.embedding._pca(data, 2)
+        first = ge.initialization.pca(data, 2)
         np.testing.assert_allclose(first, expected, atol=1e-8 * np.abs(expected).max())
-        np.testing.assert_array_equal(ge.embedding._pca(data, 2), first)
+        np.testing.assert_array_equal(ge.initialization.pca(data, 2), first)
 
 
 def test_input_forms(small):

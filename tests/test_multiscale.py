@@ -389,7 +389,7 @@ def out_of_sample_case(rng, cost, kappa, nbody="exact", backend="cpu", precision
     some of them 0."""
     import types
 
-    from gpuembed.embedding import _MultiscaleOutOfSample
+    from gpuembed.out_of_sample import MultiscaleOutOfSample
     Y = np.concatenate([rng.standard_normal((300, 2)), rng.standard_normal((300, 2)) + 6.0])
     Y[0] = (40.0, -40.0)
     X = np.concatenate([rng.standard_normal((12, 2)) * 3.0, [[38.0, -41.0], [3.0, 3.0]]])
@@ -400,7 +400,7 @@ def out_of_sample_case(rng, cost, kappa, nbody="exact", backend="cpu", precision
     fitted = types.SimpleNamespace(p=PRECISIONS[precisions], cost=cost, kappa=kappa,
                                    nbody=nbody, accuracy={})
     be = ge.get_backend(backend)
-    mapping = _MultiscaleOutOfSample(be.asarray(Y), be.asarray(idx), be.asarray(W), fitted, be)
+    mapping = MultiscaleOutOfSample(be.asarray(Y), be.asarray(idx), be.asarray(W), fitted, be)
     return X, Y, idx, W, fitted.p, mapping
 
 

@@ -570,7 +570,7 @@ def test_ee_with_fgt_follows_the_exact_path():
     # 0.0004% and 0.3%); Barnes-Hut at theta = 0.5 within 3% (measured 1.7%).
     X, _ = ge.datasets.swiss_roll(2000, random_state=0)
     P = ge.entropic_affinities(X, 20, backend="cpu").P
-    X0 = ge.embedding.initial_layout("pca", X, 2, CPU, np.float64, 1.0, 0)
+    X0 = ge.initialization.initial_layout("pca", X, 2, CPU, np.float64, 1.0, 0)
     exact = _ee_final(P, X0, "exact")
     assert exact < 0.5 * make_objective("ee", P, CPU, np.float64).value(X0)   # it optimized
     assert abs(_ee_final(P, X0, "fgt") - exact) <= 1e-4 * exact

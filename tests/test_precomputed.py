@@ -11,7 +11,7 @@ import scipy.sparse
 from scipy.spatial.distance import cdist
 
 import gpuembed as ge
-from gpuembed.embedding import _classical_mds, _pca
+from gpuembed.initialization import classical_mds, pca
 from gpuembed.neighbors import graph_depth, knn_query
 from gpuembed.parametric import ParametricEmbedding
 
@@ -85,7 +85,7 @@ def test_classical_mds_gives_the_principal_component_scores():
     distances: the leading eigenpairs of B = -J S J / 2 (S squared and made
     symmetric), against a dense eigensolver, a negative eigenvalue's column 0."""
     X = data()
-    np.testing.assert_allclose(_classical_mds(cdist(X, X), 3), _pca(X, 3), rtol=1e-9,
+    np.testing.assert_allclose(classical_mds(cdist(X, X), 3), pca(X, 3), rtol=1e-9,
                                atol=1e-9 * np.abs(X).max())
     rng = np.random.default_rng(3)
     D = rng.random((60, 60))                    # no point set has these distances
@@ -93,7 +93,7 @@ def test_classical_mds_gives_the_principal_component_scores():
     J = np.eye(60) - 1 / 60
     values, vectors = np.linalg.eigh(-J @ S @ J / 2)
     assert values[0] < 0
-    Y = _classical_mds(D, 2)
+    Y = classical_mds(D, 2)
     for j in (0, 1):
         v = vectors[:, -1 - j]
         np.testing.assert_allclose(np.abs(Y[:, j] @ v), np.sqrt(values[-1 - j]), rtol=1e-8)
@@ -101,7 +101,7 @@ def test_classical_mds_gives_the_principal_component_scores():
     # the third column, of eigenvalue 0 (to rounding, either sign), is 0.
     D = np.ones((5, 5)) - np.eye(5)
     D[0, 1] = D[1, 0] = D[2, 3] = D[3, 2] = 10.0
-    Y = _classical_mds(D, 3)
+    Y = classical_mds(D, 3)
     np.testing.assert_allclose((Y[:, :2] ** 2).sum(axis=0), [50.0, 50.0], rtol=1e-10)
     assert np.all(np.abs(Y[:, 2]) < 1e-6)
 

@@ -6,7 +6,7 @@ import pytest
 import scipy.sparse
 
 import gpuembed as ge
-from gpuembed.embedding import _pca
+from gpuembed.initialization import pca
 from gpuembed.neighbors import knn_query
 from gpuembed.spectral.kmeans import kmeans
 from test_neighbors import assert_same_neighbours, brute_knn
@@ -133,7 +133,7 @@ def test_sparse_input_is_checked_and_left_alone():
 @pytest.mark.parametrize("d", [300, 2500])          # eigh of the scatter; svds beyond 2,000
 def test_sparse_pca_equals_dense_pca(d):
     X = sparse_data(n=200, d=d, density=0.05)
-    np.testing.assert_allclose(_pca(X, 3), _pca(X.toarray(), 3), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(pca(X, 3), pca(X.toarray(), 3), rtol=1e-8, atol=1e-10)
 
 
 def test_sparse_affinities_and_estimators_equal_dense():

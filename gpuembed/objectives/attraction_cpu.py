@@ -98,7 +98,7 @@ def edge_sqdist(indptr, indices, XT):
 
 @njit(parallel=True, fastmath=True, cache=True)
 def out_of_sample_attraction(X, Y, idx, W, student, grad_needed, value, grad, curvature):
-    """The attractive terms of new points (embedding._OutOfSample, whose array
+    """The attractive terms of new points (out_of_sample.OutOfSample, whose array
     code is the reference and the GPU path): row i of X (M, d) against its
     training neighbours Y[idx[i]] (idx (M, k)) with affinities W (M, k).  Fills
     ``value`` with sum_j W_ij phi(d_ij^2) and, with ``grad_needed``, ``grad``

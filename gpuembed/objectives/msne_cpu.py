@@ -318,7 +318,7 @@ def fused_exact(indptr, indices, XT, sigma, half_p, squarings, nearest, js, kapp
 @njit(parallel=True, fastmath=FLAGS, cache=True)
 def out_of_sample_rows(X, Y, idx, sigma, half_p, squarings, nearest, Z, SX, js, kappa,
                        grad_needed, value, mass, grad, curvature, scratch):
-    """The per-point terms of new points (embedding._MultiscaleOutOfSample, whose
+    """The per-point terms of new points (out_of_sample.MultiscaleOutOfSample, whose
     array code is the reference): row i of X (M, d) against its training
     neighbours Y[idx[i]] (idx (M, k)) with HD affinities sigma (M, k); per scale
     h, Z (H, M) and SX (H, M, d) of the sums over all training points shifted by
