@@ -2770,7 +2770,7 @@ def test_pca_start_without_enough_directions(small):
 def test_pca_in_blocks_equals_the_svd_of_the_centred_data(monkeypatch, dtype):
     """PCA's scores of dense data, centred a block of rows at a time (here blocks of
     7 rows, the last one short), against the SVD of the whole centred matrix:
-    U S up to each column's sign, which _pca fixes by the largest entry."""
+    U S up to each column's sign, which pca fixes by the largest entry."""
     rng = np.random.default_rng(3)
     X = (rng.normal(size=(200, 6)) * [5.0, 3.0, 2.0, 1.0, 0.5, 0.1] + 40.0).astype(dtype)
     monkeypatch.setattr(ge.initialization, "PCA_BLOCK_BYTES", 7 * 6 * X.itemsize)
