@@ -611,9 +611,10 @@ class TSNE(_Embedding):
     plain SD on 14 and reaches plain SD's final KL 2.2-5.3x sooner; on 10
     rotating objects at perplexity 5 (by the factor) it stopped at KL 0.267
     against plain SD's 0.206 after 1,000 iterations (0.205 against 0.207 on a
-    Xeon VM at 1c20538): such sparse graphs end in other minima either way
-    (benchmarks/results/embedding_pairs.json, "tsne_curvature_pairs", at cf77c12,
-    2-core AMD EPYC VM).  With the two-level solve the pairs from iteration 26 on
+    Xeon VM at 1c20538; 0.206-0.244, mean 0.213, over five fits of the data with
+    noise of 1e-6 of its spread in session 106): such sparse graphs end in other
+    minima, by the sums' last bits (benchmarks/results/embedding_pairs.json,
+    "tsne_curvature_pairs", at cf77c12, 2-core AMD EPYC VM).  With the two-level solve the pairs from iteration 26 on
     pass gradient descent's 1,000-iteration KL in up to a third fewer iterations
     than those from 51 on (rotating_objects at perplexity 20: 53 against 67) and
     end 1.6% lower to 0.4% higher (0.07% lower on geometric mean over the 12
