@@ -614,14 +614,14 @@ class TSNE(_Embedding):
     Xeon VM at 1c20538; 0.206-0.244, mean 0.213, over five fits of the data with
     noise of 1e-6 of its spread in session 106): such sparse graphs end in other
     minima, by the sums' last bits (benchmarks/results/embedding_pairs.json,
-    "tsne_curvature_pairs", at cf77c12, 2-core AMD EPYC VM).  With the two-level solve the pairs from iteration 26 on
-    pass gradient descent's 1,000-iteration KL in up to a third fewer iterations
-    than those from 51 on (rotating_objects at perplexity 20: 53 against 67) and
-    end 1.6% lower to 0.4% higher (0.07% lower on geometric mean over the 12
-    sets), in the same time.  The pairs need a fixed initial
-    inverse Hessian, which CG's truncated solves are not: with CG they took
-    Fashion-MNIST 10k and 20k longer to plain SD's KL (5.9 s against 5.6 s, 22.2 s
-    against 16.6 s).
+    "tsne_curvature_pairs", at cf77c12, 2-core AMD EPYC VM).  With the two-level
+    solve the pairs from iteration 26 on pass gradient descent's 1,000-iteration
+    KL in up to a third fewer iterations than those from 51 on (rotating_objects
+    at perplexity 20: 53 against 67) and end 1.6% lower to 0.4% higher (0.07%
+    lower on geometric mean over the 12 sets), in the same time.  The pairs need
+    a fixed initial inverse Hessian, which CG's truncated solves are not: with CG
+    they took Fashion-MNIST 10k and 20k longer to plain SD's KL (5.9 s against
+    5.6 s, 22.2 s against 16.6 s).
 
     On large sets the classic optimizer's layouts score slightly higher in 10-NN
     accuracy than SD's, though SD reaches a lower KL in less time (Fashion-MNIST
