@@ -84,6 +84,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy_cache
 [ -d .fmnist ] && export GPUEMBED_FASHION_MNIST=$PWD/.fmnist
 [ -f .cupycache/cupy_cache.tgz ] && tar xzf .cupycache/cupy_cache.tgz -C /tmp
 out=${OUT:-/tmp}
+mkdir -p "$out"                     # OUT=/tmp/o in the one-call line above
 export GPUEMBED_RESULTS_COPY=$out
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 
