@@ -195,13 +195,14 @@ def paired_ratios(cls, X, params, rounds):
     one after the other, so that both sides of a ratio share the machine's state
     (on a shared VM its speed swings between runs of the whole benchmark): gd's
     optimizer seconds over sd's to gd's final objective, sd stopped there by a
-    callback.  Neither fit keeps snapshots."""
+    callback (so its last record is the first at or below it, if any).  Neither fit
+    keeps snapshots."""
     ratios, sd_iterations = [], []
     for _ in range(rounds):
         gd = cls(optimizer="gd", **params).fit(X)
         goal, gd_seconds = gd.history_[-1]["objective"], gd.history_[-1]["time"]
         sd = cls(optimizer="sd", callbacks=[lambda it, t, e, Y: e <= goal], **params).fit(X)
-        hit = next((h for h in sd.history_ if h["objective"] <= goal), None)
+        hit = sd.history_[-1] if sd.history_[-1]["objective"] <= goal else None
         ratios.append(None if hit is None else gd_seconds / hit["time"])
         sd_iterations.append(None if hit is None else hit["iter"])
     return {"ratios": ratios, "sd_iterations": sd_iterations,
@@ -583,7 +584,7 @@ def tsne_curvature_pairs(backend="cpu"):
     configurations = (("sd, sd_memory=0", {"sd_memory": 0}), DELAYED_PAIRS)
     factor = tuple((f"{label}, sd_solver=cholesky", {**extra, "sd_solver": "cholesky"})
                    for label, extra in configurations)
-    start = ge.optim.directions.Spectral.TWO_LEVEL_REFRESH
+    start = ge.optim.directions.Spectral.auto_refresh("twolevel", True)
     two_level = ((f"sd (default: sd_memory=3, sd_memory_start={start})", {}),)
     rows = []
     for name, load, perplexity in TSNE_PAIRS_DATA:
