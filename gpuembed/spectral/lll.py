@@ -541,9 +541,9 @@ def _lobpcg(A, B, X, M, tol, maxiter, known=None):
     # took the cores from the parallel sparse ones (2.7 ms per product against 0.5).
     with warnings.catch_warnings(), get_backend("cpu").serial_blas():
         warnings.simplefilter("ignore", UserWarning)    # non-convergence: checked after
-        vals, vecs = scipy.sparse.linalg.lobpcg(_on_all_cores(A), X, B=_on_all_cores(B), M=M,
-                                                Y=known, largest=False, tol=tol,
-                                                maxiter=maxiter)
+        vals, vecs = scipy.sparse.linalg.lobpcg(_on_all_cores(A), X, B=_on_all_cores(B),
+                                                M=_operator(M, A.shape[0]), Y=known,
+                                                largest=False, tol=tol, maxiter=maxiter)
     order = np.argsort(vals)
     return vals[order], vecs[:, order]
 
@@ -552,9 +552,17 @@ def _on_all_cores(M):
     """V -> M V for LOBPCG by the compiled parallel product (SciPy's runs on one
     core), the same bits: at 3,000 landmarks of Fashion-MNIST 70k (230 nonzeros
     per row) LOBPCG's 156 products took 0.08 s against 0.17 s."""
-    return lambda V: csr_times(M.indptr, M.indices, M.data,
-                               np.ascontiguousarray(V, dtype=np.float64).reshape(len(V), -1)
-                               ).reshape(V.shape)
+    return _operator(lambda V: csr_times(M.indptr, M.indices, M.data,
+                                         np.ascontiguousarray(V, dtype=np.float64)),
+                     M.shape[0])
+
+
+def _operator(apply, n):
+    """``apply`` (V (n, k) -> (n, k)) as an n x n LinearOperator: SciPy's LOBPCG
+    takes bare callables from 1.10 on (1.9 raises "type not understood")."""
+    return scipy.sparse.linalg.LinearOperator(
+        (n, n), matvec=lambda v: apply(v.reshape(n, 1)).reshape(v.shape), matmat=apply,
+        dtype=np.float64)
 
 
 def _trailing_dense(A, B, ridge, d, skip):
