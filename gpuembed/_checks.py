@@ -162,8 +162,10 @@ def check_float(value, name, low=None, high=None, *, low_open=False, high_open=F
 
 def check_choice(value, name, choices):
     try:
-        known = value in choices
-    except (TypeError, ValueError):         # an array compares elementwise
+        # NumPy 1.x warns where an array meets a string in ``in``; 2.x compares
+        # elementwise and raises, as does CuPy.
+        known = not isinstance(value, np.ndarray) and value in choices
+    except (TypeError, ValueError):
         known = False
     if not known:                           # reprlib: an array's repr cut short
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {reprlib.repr(value)}")
