@@ -114,8 +114,10 @@ def test_bounds_equal_theorem_1_1_by_hand(K, first_term):
     d = np.array([[0.0, 1.0, 2.0, 4.0, 9.0], [0.0, 0.0, 0.5, 3.0, 6.0]])
     N = 5
     assert (N / (N - 1) * LOG(N / K) > np.sqrt(LOG(N / K))) == first_term
+    # Decreasing on [1/2, 1); the root is 3/4 itself where K >= sqrt(2N), as at K = 4,
+    # where a bracket from 3/4 holds it or not by rounding.
     p1 = brentq(lambda p: 2 * (1 - p) * LOG(N / (2 * (1 - p))) - LOG(min(np.sqrt(2 * N), K)),
-                0.75, 1 - 1e-15, xtol=1e-15)
+                0.5, 1 - 1e-15, xtol=1e-15)
     for row, (delta_n, delta_2) in zip(d, ((9.0, 1.0), (6.0, 0.5))):
         beta_l = max(N * LOG(N / K) / ((N - 1) * delta_n), np.sqrt(LOG(N / K) / delta_n ** 2))
         beta_u = LOG(p1 / (1 - p1) * (N - 1)) / delta_2
