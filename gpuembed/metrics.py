@@ -130,7 +130,8 @@ def _rank_blocks(X_high, X_low, k_max, be, metric):
 def _low_ranks(xp, order_l, n, k_max):
     """Every point's low-D rank (B, N), 1-based, k_max + 1 for 'beyond k_max'."""
     rank_l = xp.full((order_l.shape[0], n), k_max + 1, dtype=xp.int64)
-    xp.put_along_axis(rank_l, order_l, xp.arange(1, k_max + 1)[None, :], axis=1)
+    # Indexed, not put_along_axis, which CuPy has only from 14 on.
+    rank_l[xp.arange(order_l.shape[0])[:, None], order_l] = xp.arange(1, k_max + 1)[None, :]
     return rank_l
 
 

@@ -579,7 +579,8 @@ class Spectral(Direction):
         # Assembled in float64 whatever X's dtype: mu = 1e-10 min diag vanishes
         # against the diagonal in float32, and the factor of a Laplacian without
         # it is singular (CHOLMOD: "not positive definite").
-        W = W.astype(np.float64, copy=False)
+        if W.dtype != np.float64:               # CuPy 13's sparse astype has no copy=
+            W = W.astype(np.float64)
         shift = self.objective.curvature_shift
         if be.is_gpu:
             L4 = 4.0 * laplacian(be, W)
