@@ -15,8 +15,10 @@ would fail on a GPU:
   (``cupy.ndarray`` has ``__array__`` raising TypeError and no ``__index__``);
 - a name or keyword argument that CuPy lacks: every function, ndarray
   attribute, sparse matrix method and ``cupyx.scipy.sparse.linalg`` solver is
-  checked against tests/cupy_api.json, recorded from the CuPy release by
-  tests/record_cupy_api.py (parameter names wherever Python can read them).
+  checked against what both tests/cupy_api.json (a recent CuPy release) and
+  tests/cupy_api_oldest.json (the oldest pyproject.toml allows) have, each
+  recorded by tests/record_cupy_api.py (parameter names wherever Python can read
+  them).
 
 What CuPy accepts, this accepts: NumPy and Python scalars anywhere, host arrays
 and lists as indices, ``cupy.asarray(host)``, NumPy functions and ufuncs called
@@ -45,7 +47,52 @@ import numpy as np
 import scipy.sparse
 import scipy.sparse.linalg
 
-API = json.loads(Path(__file__).with_name("cupy_api.json").read_text())
+
+
+def _common_parameters(a, b):
+    """The calls both parameter lists take (None: unknown, so the other's): the
+    keywords both take (a list with ``**kwargs`` takes the other's), as many
+    positional arguments as the shorter takes (a slot the two name differently is
+    kept as "a|b", which no keyword matches; where the keywords outnumber the
+    slots, as many positional arguments as keywords pass), and ``*args`` or
+    ``**kwargs`` where both have it."""
+    if a is None or b is None:
+        return b if a is None else a
+    named = lambda params: [p for p in params if not p.startswith("*")]
+    star = lambda params, n: [p for p in params if p.count("*", 0, 2) == n][:1]
+    keywords = ([p for p in named(a) if p in named(b) or star(b, 2)]
+                + [p for p in named(b) if p not in named(a) and star(a, 2)])
+    slots = min(len(named(a)), len(named(b)))
+    placeholders = [f"{x}|{y}" for x, y in zip(named(a), named(b)) if x != y]
+    return (keywords + placeholders[:max(0, slots - len(keywords))]
+            + (star(a, 1) if star(b, 1) else []) + (star(a, 2) if star(b, 2) else []))
+
+
+def _common_api(apis):
+    """The API that every one of ``apis`` (recorded CuPy releases) has."""
+    first, *rest = apis
+    common = json.loads(json.dumps(first))
+    for api in rest:
+        for name, names in common["namespaces"].items():
+            other = api["namespaces"].get(name, {})
+            for attr in [a for a in names if a not in other]:
+                del names[attr]
+            for attr, entry in names.items():
+                entry["params"] = _common_parameters(entry["params"], other[attr]["params"])
+        for attrs, other in [(common["ndarray"], api["ndarray"]),
+                             *((common["sparse_classes"][c], api["sparse_classes"][c])
+                               for c in common["sparse_classes"])]:
+            for attr in [a for a in attrs if a not in other]:
+                del attrs[attr]
+            for attr in attrs:
+                attrs[attr] = _common_parameters(attrs[attr], other[attr])
+        common["ufunc"] = [u for u in common["ufunc"] if u in api["ufunc"]]
+    common["cupy_version"] = " and ".join(api["cupy_version"] for api in apis)
+    return common
+
+
+API = _common_api([json.loads(Path(__file__).with_name(name).read_text())
+                   for name in ("cupy_api_oldest.json", "cupy_api.json")])
 # Functions that take host data (the host-to-device copies).
 HOST_INPUT = {"asarray", "array", "asanyarray"}
 
@@ -182,7 +229,7 @@ def _check_parameters(where, params, args, kwargs):
         unknown = set(kwargs) - set(params)
         if unknown:
             raise TypeError(f"{where}() got unexpected keyword argument(s) {sorted(unknown)} "
-                            f"(CuPy {API['cupy_version']} takes {params})")
+                            f"(CuPy {API['cupy_version']} both take {params})")
     if not any(p.startswith("*") and not p.startswith("**") for p in params):
         if len(args) > len([p for p in params if not p.startswith("*")]):
             raise TypeError(f"{where}() takes at most {len(params)} arguments "

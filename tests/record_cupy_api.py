@@ -6,7 +6,13 @@ inspecting it touches no device), e.g.
     python -m venv /tmp/cupy && /tmp/cupy/bin/pip install cupy-cuda12x
     /tmp/cupy/bin/python tests/record_cupy_api.py
 
-It writes tests/cupy_api.json: the public names of cupy, cupy.linalg,
+and once for the oldest release pyproject.toml allows, into tests/cupy_api_oldest.json:
+
+    /tmp/cupy13/bin/pip install cupy-cuda12x==13.0.0 "numpy<2"
+    /tmp/cupy13/bin/python tests/record_cupy_api.py tests/cupy_api_oldest.json
+
+The emulator holds the code to what both take.  It writes tests/cupy_api.json (or
+the path given): the public names of cupy, cupy.linalg,
 cupy.random, cupyx.scipy.sparse and cupyx.scipy.sparse.linalg, the attributes
 of cupy.ndarray and of the sparse matrix classes, and the parameter names of
 every function whose signature Python can read (ufuncs and most ndarray
@@ -18,6 +24,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -109,8 +116,9 @@ def main():
         "sparse_classes": {name: class_attributes(getattr(cupyx.scipy.sparse, name))
                            for name in ("csr_matrix", "csc_matrix", "coo_matrix")},
     }
-    OUT.write_text(json.dumps(api, indent=0, sort_keys=True) + "\n")
-    print(f"wrote {OUT} (CuPy {cupy.__version__})")
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
+    out.write_text(json.dumps(api, indent=0, sort_keys=True) + "\n")
+    print(f"wrote {out} (CuPy {cupy.__version__})")
 
 
 if __name__ == "__main__":

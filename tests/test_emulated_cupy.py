@@ -73,6 +73,27 @@ def test_names_and_keywords_cupy_lacks_are_refused(a):
         emulated_cupy.sparse.csr_matrix(scipy.sparse.eye(3, format="csr")).resize((4, 4))
 
 
+def test_only_what_the_oldest_and_a_recent_cupy_both_have_is_taken(a):
+    """The API is the recorded releases' common part: CuPy 14's put_along_axis and
+    its sparse astype's copy= are refused (13.0 has neither: the default SD and
+    R_NX failed there), astype's dtype still passes by position."""
+    assert emulated_cupy.API["cupy_version"] == "13.0.0 and 14.2.0"
+    with pytest.raises(AttributeError, match="put_along_axis"):
+        xp.put_along_axis
+    M = emulated_cupy.sparse.csr_matrix(scipy.sparse.eye(3, format="csr"))
+    with pytest.raises(TypeError, match="copy"):
+        M.astype(np.float32, copy=False)
+    assert M.astype(np.float32).dtype == np.float32
+    common = emulated_cupy._common_parameters
+    assert common(["self", "t"], ["self", "dtype", "copy"]) == ["self", "t|dtype"]
+    assert common(["x", "bins", "weights", "density"], ["x", "bins", "density", "weights"]
+                  ) == ["x", "bins", "weights", "density"]
+    assert common(["a", "*v", "**kw"], ["a", "b", "*args", "**kwargs"]) == ["a", "b", "*v", "**kw"]
+    assert common(["a", "**kw"], ["a", "*args"]) == ["a"]
+    assert common(["*args", "**kwargs"], ["*args", "axes", "out"]) == ["axes", "out", "*args"]
+    assert common(None, ["a"]) == ["a"]
+
+
 def test_sparse_matrices_keep_data_on_the_device():
     host = scipy.sparse.random(6, 6, density=0.5, format="csr", random_state=0)
     M = emulated_cupy.sparse.csr_matrix(host)           # from SciPy: a copy to the device
