@@ -211,8 +211,7 @@ def first_past(marks):
 def ee_fashion(be, n, budget, step):
     X, _, sqdist, indices = fashion_mnist_knn(90, n)
     P = ge.entropic_affinities(neighbors=(sqdist, indices), perplexity=30, backend=be).P
-    X0 = initial_layout("pca", X.astype(np.float64), 2, be, be.default_float,
-                                     1.0, 0)
+    X0 = initial_layout("pca", X.astype(np.float64), 2, be, be.default_float, 1.0, 0)
     reference = make_objective("ee", P, be, be.default_float, nbody="fgt")
     reference.accuracy = {"p": 12}
     checkpoints_at = {0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000}

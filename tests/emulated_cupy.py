@@ -41,6 +41,7 @@ import json
 import os
 import sys
 import types
+from copy import deepcopy
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,7 @@ def _common_parameters(a, b):
 def _common_api(apis):
     """The API that every one of ``apis`` (recorded CuPy releases) has."""
     first, *rest = apis
-    common = json.loads(json.dumps(first))
+    common = deepcopy(first)
     for api in rest:
         for name, names in common["namespaces"].items():
             other = api["namespaces"].get(name, {})
