@@ -224,8 +224,8 @@ def procrustes_error(X_ref, X):
     X = check_data(X, be, name="X", min_samples=2)
     if X_ref.shape != X.shape:
         raise ValueError(f"X_ref and X must have the same shape, got {X_ref.shape} and {X.shape}")
-    A = X_ref - X_ref.mean(axis=0)
-    B = X - X.mean(axis=0)
+    A = X_ref - X_ref.mean(axis=0, dtype=np.float64)
+    B = X - X.mean(axis=0, dtype=np.float64)
     norm_a, norm_b = np.linalg.norm(A), np.linalg.norm(B)
     if norm_a == 0 or norm_b == 0:
         raise ValueError("procrustes_error needs point sets that are not all one point")

@@ -54,7 +54,8 @@ import numpy as np
 import scipy.sparse
 
 from ._checks import check_choice, check_data, check_int
-from ._sparse import BlockProducts, is_sparse, row_sqnorms, same_kind, transposed
+from ._sparse import (BlockProducts, column_means, is_sparse, row_sqnorms, same_kind,
+                      transposed)
 from .backend import get_backend
 from .metrics_cpu import ties_by_index
 
@@ -342,7 +343,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, poin
     # GEMM-based distances lose precision to.  Sparse rows stay uncentred: the
     # exact recomputation in _finish covers the larger rounding.
     keep = sparse or centred
-    mean = 0 if keep else (X.mean(axis=0) if points is None else points[3])
+    mean = 0 if keep else (column_means(xp, X) if points is None else points[3])
     if not be.is_gpu and not sparse and X.shape[1] <= TREE_MAX_DIM:
         Xc = X if keep else X - mean
         sqnorms = [row_sqnorms(xp, Xc)]

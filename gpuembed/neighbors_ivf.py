@@ -49,7 +49,7 @@ import math
 import numpy as np
 
 from ._checks import check_data, check_float, check_int, make_rng
-from ._sparse import BlockProducts, is_sparse, row_sqnorms
+from ._sparse import BlockProducts, column_means, is_sparse, row_sqnorms
 from .backend import get_backend
 from .neighbors import (CANDIDATE_MARGIN, DEFAULT_BLOCK_BYTES, TREE_MAX_DIM, _finish_all,
                         _knn, _select_cpu, _select_gpu, knn, knn_query, metric_rows,
@@ -178,7 +178,7 @@ class ListIndex:
         # nearest list: 9.0 s against the exact search's 7.0 s).
         order = rng.permutation(X.shape[0])
         self.order = order[np.argsort(self.lists[order], kind="stable")]
-        self.mean = X.mean(axis=0)
+        self.mean = column_means(be.xp, X)
         self.rows = X[be.asarray(self.order)]
         self.rows -= self.mean
         self.sq = row_sqnorms(be.xp, self.rows)

@@ -2784,6 +2784,20 @@ def test_pca_in_blocks_equals_the_svd_of_the_centred_data(monkeypatch, dtype):
     np.testing.assert_allclose(Y, expected, atol=tolerance * np.abs(expected).max())
 
 
+def test_pca_of_float32_rows_far_from_the_origin():
+    """The mean is summed in float64 and the rows centred on it from float64
+    differences: 20,000 integer rows moved 1e5 from the origin (exact in float32)
+    give the scores of the unmoved rows.  Centred on NumPy's float32 mean (up to
+    11 units off), they came out 0.70 off in Procrustes error."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, 20000)
+    X = (rng.integers(0, 4, (20000, 50)) + 2 * (labels[:, None] == np.arange(50) % 4)
+         ).astype(np.float64)
+    near = ge.initialization.pca(X, 2)
+    far = ge.initialization.pca((X + 1e5).astype(np.float32), 2)
+    np.testing.assert_allclose(far, near, atol=1e-6 * np.abs(near).max())
+
+
 def test_pca_of_wide_data_repeats_its_bits_and_spans_the_leading_subspace():
     """Data of more than 2,000 features take subspace iteration (_subspace_scores):
     the same bits at every call (ARPACK's svds gave other vectors at each call on

@@ -506,3 +506,22 @@ def test_knn_query_rejects_queries_beyond_the_dtypes_squared_distances(backend):
 def test_knn_query_bad_input():
     with pytest.raises(ValueError, match="features"):
         ge.neighbors.knn_query(np.zeros((3, 2)), np.zeros((10, 3)), 2, backend="cpu")
+
+
+def test_column_means_of_float32_rows_far_from_the_origin(backend):
+    """The centre of the k-NN searches' rows: NumPy sums a float32 array's rows one
+    after another in float32, and over 40,000 integer rows moved 1e5 from the
+    origin (exact in float32) its mean is more than a unit off, which the
+    centred rows' norms then carry (Fashion-MNIST moved 1e4: the exact 30-NN took
+    65 s instead of 24 s, the same neighbours).  column_means sums in float64 and
+    rounds once."""
+    from gpuembed._sparse import column_means
+
+    be = ge.get_backend(backend)
+    X = np.random.default_rng(0).integers(0, 4, (40000, 20)) + 1e5
+    exact = X.mean(axis=0)
+    X32 = X.astype(np.float32)
+    assert np.abs(X32.mean(axis=0) - exact).max() > 1.0         # the drift it avoids
+    means = be.to_host(column_means(be.xp, be.asarray(X32)))
+    assert means.dtype == np.float32
+    np.testing.assert_array_equal(means, exact.astype(np.float32))

@@ -39,6 +39,14 @@ def float_dtype(Y):
     return np.float32 if Y.dtype == np.float32 else np.float64
 
 
+def _moments(xp, A):
+    """A's column means and standard deviations (+ 1e-12), summed in float64 (a
+    float32 sum drifts: _sparse.column_means), in the mapping's dtype."""
+    dtype = float_dtype(A)
+    return (A.mean(axis=0, dtype=xp.float64).astype(dtype),
+            A.std(axis=0, dtype=xp.float64).astype(dtype) + 1e-12)
+
+
 def _with_bias(xp, Y):
     return xp.concatenate([Y, xp.ones((Y.shape[0], 1), dtype=Y.dtype)], axis=1)
 
@@ -515,8 +523,8 @@ class MLPMapping:
     def _init(self, xp, Y, Z):
         rng = make_rng(self.random_state)
         self._rng = rng
-        self.y_mean_, self.y_std_ = Y.mean(axis=0), Y.std(axis=0) + 1e-12
-        self.z_mean_, self.z_std_ = Z.mean(axis=0), Z.std(axis=0) + 1e-12
+        self.y_mean_, self.y_std_ = _moments(xp, Y)
+        self.z_mean_, self.z_std_ = _moments(xp, Z)
         self._sizes = (Y.shape[1],) + self.hidden + (Z.shape[1],)
         dtype = float_dtype(Y)      # integer weights of integer input would not train
         n_params = sum(a * b + b for a, b in zip(self._sizes[:-1], self._sizes[1:]))

@@ -111,7 +111,7 @@ def lda_lll(Y, labels, n_components, *, n_landmarks=None, kz=None, landmarks="ra
             raise ValueError(f"n_components must be at most n_classes - 1 = {len(classes) - 1}")
     Y, _, Z = _landmark_setup(Y, n_landmarks, kz, landmarks, random_state, d, backend,
                               basis, validate=validate)
-    Yc = Y - Y.mean(axis=0)
+    Yc = Y - Y.mean(axis=0, dtype=np.float64)      # float32 rows' own sum drifts (column_means)
     counts = np.bincount(codes)
     means = np.stack([Yc[codes == c].mean(axis=0) for c in range(len(classes))])
     S_b = (means * counts[:, None]).T @ means
