@@ -37,6 +37,13 @@ random rows, and the exact search of the first 140,000 on the CPU, of all N on t
 against the exact ``knn_query``, for 1,000 to 10,000 queries shifted by a shift
 the N images lack, and the recall (written to knn_approx_query_nN.json).
 
+``--offset C``: the float32 images moved C from the origin (1e4 by default: their
+pixels in [0, 1] then round to 1/1024), exact 90-NN and ``approx_knn`` (default probes)
+against the unmoved images, and with the searches' centre summed as NumPy sums
+float32 rows (in float32, one row after another; the code before 6de4899), whose
+offset from the mean the centred norms then carried: seconds, alternating, and the
+neighbours' agreement (written to knn_offset.json).
+
 ``--low-dim``: points of 2 to 10 coordinates (a layout, a point cloud, a few
 principal components), where gpuembed's CPU path is a k-d tree: against its own
 brute force and scikit-learn's KDTree (NearestNeighbors(algorithm="kd_tree")),
@@ -45,6 +52,7 @@ written to knn_lowdim.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from unittest import mock
 
@@ -209,6 +217,42 @@ def run_float64(n=None, ks=(90, 20), repeat=2):
             print(run, flush=True)
             figures["queries"].append(run)
     return figures
+
+
+def run_offset(n=None, offset=1e4, k=90, repeat=1):
+    """Exact and approximate k-NN of the images moved ``offset`` from the origin,
+    of the unmoved ones and of the moved ones centred on their float32 mean."""
+    X, _ = ge.datasets.fashion_mnist()
+    X = X[:n] if n else X
+    moved = X + np.float32(offset)
+    float32_mean = lambda xp, A: A.mean(axis=0)
+    ge.knn(X[:3000], k, backend="cpu")                  # compile + warm up
+    ge.approx_knn(X[:3000], k, backend="cpu")
+    cases = {"unmoved": (X, None), "moved": (moved, None), "moved, float32 mean": (moved,
+                                                                                 float32_mean)}
+    searches = {"exact": lambda Y: ge.knn(Y, k, backend="cpu"),
+                "approx": lambda Y: ge.approx_knn(Y, k, backend="cpu")}
+    seconds, found = {}, {}
+    for _ in range(repeat):              # alternate, so drifts in machine speed hit all
+        for search, fn in searches.items():
+            for case, (Y, mean) in cases.items():
+                with contextlib.ExitStack() as patches:
+                    for module in (neighbors, neighbors_ivf) if mean else ():
+                        patches.enter_context(mock.patch.object(module, "column_means", mean))
+                    t, (_, idx) = best_time(lambda: fn(Y))
+                seconds[search, case] = min(seconds.get((search, case), np.inf), t)
+                found[search, case] = idx
+    rows = [{"search": search, "data": case, "seconds": seconds[search, case],
+             "slowdown_vs_unmoved": seconds[search, case] / seconds[search, "unmoved"],
+             "index_agreement_with_unmoved": float(
+                 (found[search, case] == found[search, "unmoved"]).mean()),
+             "index_agreement_with_moved": float(
+                 (found[search, case] == found[search, "moved"]).mean())}
+            for search in searches for case in cases]
+    for row in rows:
+        print(row, flush=True)
+    return {"n": X.shape[0], "dim": X.shape[1], "k": k, "offset": offset, "dtype": "float32",
+            "runs": rows}
 
 
 LOW_DIM_CASES = ((70_000, 2, 10, "uniform"), (300_000, 3, 90, "uniform"),
@@ -481,9 +525,16 @@ def main(argv=None):
     parser.add_argument("--approx-query", type=int, metavar="N",
                         help="new points' k-NN among N shifted images on the CPU: a ListIndex "
                              "against the exact knn_query (knn_approx_query.json)")
+    parser.add_argument("--offset", type=float, nargs="?", const=1e4, default=None,
+                        help="the images moved this far from the origin (default 1e4): "
+                             "exact and approximate k-NN against the unmoved (knn_offset.json)")
     parser.add_argument("--backend", default="cpu", help="with --approx and --approx-large")
     parser.add_argument("--tsne-n", type=int, default=20_000, help="with --approx")
     args = parser.parse_args(argv)
+    if args.offset is not None:
+        write_result("knn_offset", run_offset(args.n, args.offset, repeat=args.repeat),
+                     suffix="" if args.n is None else f"_n{args.n}")
+        return
     if args.approx_query:
         write_result("knn_approx_query", run_approx_query(args.approx_query),
                      suffix=f"_n{args.approx_query}")

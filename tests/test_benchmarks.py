@@ -26,6 +26,8 @@ RUNS = [
      ["cpu", "anchors", "fastest_cpu"], ["fashion_mnist"]),
     (["bench_knn.py", "--float64", "--n", "1500", "--repeat", "1"], "knn_float64_n1500", [],
      ["fashion_mnist"]),
+    (["bench_knn.py", "--offset", "--n", "1500", "--repeat", "1"], "knn_offset_n1500", ["runs"],
+     ["fashion_mnist"]),
     (["bench_lll.py", "--n", "2000", "--d", "4", "--landmarks", "100", "200"], "lll_n2000",
      ["d4", "kmeans"], ["fashion_mnist"]),
     (["bench_lll.py", "--swiss-roll", "--n", "3000"], "lll_swiss_roll", ["exact_seconds", "runs"],

@@ -525,3 +525,28 @@ def test_column_means_of_float32_rows_far_from_the_origin(backend):
     means = be.to_host(column_means(be.xp, be.asarray(X32)))
     assert means.dtype == np.float32
     np.testing.assert_array_equal(means, exact.astype(np.float32))
+
+
+def test_recomputed_distances_are_taken_a_block_at_a_time(monkeypatch, rng):
+    """Candidates whose GEMM distances rounding could dominate are recomputed from
+    their coordinates' differences, at most about block_bytes of them at a time
+    (all at once, the 90-NN of Fashion-MNIST centred 9.9 off its mean asked for 21
+    GB); the same distances and neighbours as in one block.  Groups 2e3 apart
+    whose spread is 1e-3 send every pair within a group there (in float64, where
+    the GEMM still ranks them: float32 could not choose their candidates)."""
+    X = np.concatenate([c + 1e-3 * rng.standard_normal((150, 40)) for c in (1e3, -1e3)])
+    whole = ge.knn(X, 10, backend="cpu")
+    sizes = []
+    row_sqnorms = ge.neighbors.row_sqnorms
+
+    def spy(xp, A):
+        sizes.append(A.shape[0])
+        return row_sqnorms(xp, A)
+    monkeypatch.setattr(ge.neighbors, "row_sqnorms", spy)
+    block_bytes = 3 * 40 * 8 * 100                 # 100 pairs' differences
+    blocked = ge.knn(X, 10, backend="cpu", block_bytes=block_bytes)
+    pairs = [s for s in sizes if s != X.shape[0]]  # the rest: the points' own norms
+    assert len(pairs) > 10 and max(pairs) == 100
+    for a, b in zip(whole, blocked):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(blocked[1], brute_knn(X, 10)[1])
