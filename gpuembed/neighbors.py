@@ -650,8 +650,9 @@ def _finish(xp, Q, X, dist, sq_rows, sq_cand, cand, k, block_bytes):
     rounding could dominate; best k sorted by (distance, index).  sq_rows, sq_cand:
     the centred squared norms of the queries and the candidates.  The recomputed
     pairs' differences (D values each) are taken about ``block_bytes`` at a time:
-    all at once, the 90-NN of Fashion-MNIST moved 1e4 from the origin on a float32
-    mean of 9.9 off, which sent most pairs here, asked for 21 GB."""
+    all at once, the 90-NN of Fashion-MNIST moved 1e4 from the origin, centred on a
+    float32 mean 9.9 off, which sent most pairs here, was killed for memory at 24 GB
+    (6.9M pairs: three arrays of 21 GB each)."""
     rounding = np.sqrt(X.shape[1]) * np.finfo(X.dtype).eps / RTOL[X.dtype]
     r, c = xp.nonzero(dist <= rounding * (sq_rows[:, None] + sq_cand))
     step = max(1, block_bytes // (3 * X.shape[1] * X.dtype.itemsize))

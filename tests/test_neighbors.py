@@ -530,8 +530,8 @@ def test_column_means_of_float32_rows_far_from_the_origin(backend):
 def test_recomputed_distances_are_taken_a_block_at_a_time(monkeypatch, rng):
     """Candidates whose GEMM distances rounding could dominate are recomputed from
     their coordinates' differences, at most about block_bytes of them at a time
-    (all at once, the 90-NN of Fashion-MNIST centred 9.9 off its mean asked for 21
-    GB); the same distances and neighbours as in one block.  Groups 2e3 apart
+    (all at once, the 90-NN of Fashion-MNIST centred 9.9 off its mean was killed
+    for memory at 24 GB); the same distances and neighbours as in one block.  Groups 2e3 apart
     whose spread is 1e-3 send every pair within a group there (in float64, where
     the GEMM still ranks them: float32 could not choose their candidates)."""
     X = np.concatenate([c + 1e-3 * rng.standard_normal((150, 40)) for c in (1e3, -1e3)])
