@@ -228,8 +228,8 @@ def run_offset(n=None, offset=1e4, k=90, repeat=1):
     float32_mean = lambda xp, A: A.mean(axis=0)
     ge.knn(X[:3000], k, backend="cpu")                  # compile + warm up
     ge.approx_knn(X[:3000], k, backend="cpu")
-    cases = {"unmoved": (X, None), "moved": (moved, None), "moved, float32 mean": (moved,
-                                                                                 float32_mean)}
+    cases = {"unmoved": (X, None), "moved": (moved, None),
+             "moved, float32 mean": (moved, float32_mean)}
     searches = {"exact": lambda Y: ge.knn(Y, k, backend="cpu"),
                 "approx": lambda Y: ge.approx_knn(Y, k, backend="cpu")}
     seconds, found = {}, {}
