@@ -21,6 +21,17 @@ points come, and in what order, follows the rounding.  That finish runs once the
 all blocks are in, over large chunks of rows: per 268-row block of a 1e6-point
 k-NN its sorts and synchronization would be repeated 3,700 times.
 
+The margin is checked, row by row (_unsure_rows): where by the same estimate of
+the rounding a point left out could lie nearer than the k-th neighbour, the row
+is searched again (_settle), float32 points in float64 and float64 ones by every
+distance from the coordinates.  That happens where the points' spread about
+their mean is large against their neighbour distances, as for groups far apart:
+Fashion-MNIST's first 20,000 images (pixels in [0, 1], float32, 90-NN) with their
+halves moved 30 up and down had wrong neighbours in 2 of 200 rows checked, moved
+300 in every one; now none, in 15.1 and 15.7 s against 4.9 and 5.4 s (2-core
+Xeon VM).  Moved 10, 2.0x the time for the float64 search of rows that float32
+had right; moved 3, 45 rows and the same time; not moved, none.
+
 Float64 points on the CPU, when there are many, are searched in float32 and their
 candidates' distances recomputed in float64, with a bound that sends any row the
 float32 search cannot settle back to the float64 search (_mixed_precision_knn):
@@ -318,10 +329,9 @@ def knn_query(Q, X, n_neighbors, *, metric="euclidean", backend="auto", block_by
     return _knn(be, *same_kind(be, Q, X), k, False, block_bytes)
 
 
-def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, points=None):
+def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, points=None):
     """The k-NN search behind knn and knn_query; ``mixed``: float64 points may take
-    the float32 search (_mixed_precision_knn); ``centred``: Q and X are already
-    centred on X's mean (that search's float32 copies); ``points``: (Yp, perm, sq,
+    the float32 search (_mixed_precision_knn); ``points``: (Yp, perm, sq,
     mean), dense X's rows centred on its mean in the order perm, their squared
     norms and that mean (a ListIndex's), which the search of new points takes for
     its own copy of X, scaling the queries by -2 instead of them (the same
@@ -333,7 +343,7 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, poin
         block_bytes = DEFAULT_BLOCK_BYTES[be.name]
     block_bytes = check_int(block_bytes, "block_bytes", 1)
 
-    n_cand = min(n - 1 if exclude_self else n, k + CANDIDATE_MARGIN)
+    n_cand = _n_candidates(n, k, exclude_self)
     sparse = is_sparse(X)
     if (mixed and points is None and not be.is_gpu and not sparse and X.dtype == np.float64
             and X.shape[1] > TREE_MAX_DIM and n >= MIXED_MIN_RATIO * n_cand
@@ -341,16 +351,33 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, poin
         return _mixed_precision_knn(be, Q, X, k, exclude_self, block_bytes, n_cand)
     # Centring leaves distances unchanged but shrinks the norms, which is what
     # GEMM-based distances lose precision to.  Sparse rows stay uncentred: the
-    # exact recomputation in _finish covers the larger rounding.
-    keep = sparse or centred
-    mean = 0 if keep else (column_means(xp, X) if points is None else points[3])
+    # exact recomputation in _finish and the check of _unsure_rows cover the larger
+    # rounding.
+    mean = 0 if sparse else (column_means(xp, X) if points is None else points[3])
     if not be.is_gpu and not sparse and X.shape[1] <= TREE_MAX_DIM:
-        Xc = X if keep else X - mean
-        sqnorms = [row_sqnorms(xp, Xc)]
+        sqnorms = [row_sqnorms(xp, X - mean)]
         if not exclude_self:
-            sqnorms.append(row_sqnorms(xp, Q if keep else Q - mean))
+            sqnorms.append(row_sqnorms(xp, Q - mean))
         _check_spread(xp, X.dtype, sqnorms)
         return _tree_knn(Q, X, k, exclude_self, block_bytes)
+    sqdist, indices, unsure = _gemm_knn(be, Q, X, k, exclude_self, block_bytes, mean, sparse,
+                                        points)
+    return _settle(be, Q, X, k, exclude_self, block_bytes, sqdist, indices, unsure)
+
+
+def _n_candidates(n, k, exclude_self):
+    """Candidates kept per query among n points: k + CANDIDATE_MARGIN, at most all."""
+    return min(n - 1 if exclude_self else n, k + CANDIDATE_MARGIN)
+
+
+def _gemm_knn(be, Q, X, k, exclude_self, block_bytes, mean, keep, points):
+    """_knn's search by blocked GEMM (Q and X centred on ``mean`` unless ``keep``):
+    (sqdist, indices, unsure), the last the rows whose k-NN the GEMM's rounding
+    leaves uncertain (_unsure_rows)."""
+    xp = be.xp
+    n = X.shape[0]
+    n_cand = _n_candidates(n, k, exclude_self)
+    sparse = is_sparse(X)
     if points is None:
         # A fixed random column order keeps the improvements to the CPU's candidate
         # heaps few whatever the input's order.
@@ -374,7 +401,8 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, poin
         Qc, sq_q = None, xp.empty(Q.shape[0], dtype=Q.dtype)
     _check_spread(xp, X.dtype, [sq] if exclude_self or Qc is None else [sq, sq_q])
     if exclude_self and not be.is_gpu:
-        return _self_knn_cpu(X, Yp, sq, sq_q, perm, inv_perm, k, n_cand, block_bytes)
+        values, cand = _self_knn_cpu(Yp, sq, inv_perm, n_cand, block_bytes)
+        return _certified(xp, X, X, values, sq_q, sq, perm, cand, k, True, block_bytes)
     if sparse:
         right = transposed(-2 * Yp)       # for every block's product, prepared once
     else:
@@ -408,7 +436,60 @@ def _knn(be, Q, X, k, exclude_self, block_bytes, mixed=True, centred=False, poin
     if Qc is None and not exclude_self:
         _check_spread(xp, X.dtype, [sq_q])
     values += sq_q[:, None]
-    return _finish_all(xp, Q, X, values, sq_q, sq, perm, cand, k, block_bytes)
+    return _certified(xp, Q, X, values, sq_q, sq, perm, cand, k, exclude_self, block_bytes)
+
+
+def _certified(xp, Q, X, values, sq_q, sq, perm, cand, k, exclude_self, block_bytes):
+    """_finish_all's k-NN of the candidates ``values`` (the GEMM's), and the rows
+    that _unsure_rows cannot vouch for."""
+    last = values.max(axis=1)             # before _finish overwrites recomputed values
+    sqdist, indices = _finish_all(xp, Q, X, values, sq_q, sq, perm, cand, k, block_bytes)
+    n_left = X.shape[0] - values.shape[1] - int(exclude_self)
+    unsure = (_unsure_rows(xp, last, sq_q, sq.max(), sqdist[:, -1], X.shape[1])
+              if n_left > 0 else xp.zeros(Q.shape[0], dtype=bool))
+    return sqdist, indices, unsure
+
+
+def _unsure_rows(xp, last, sq_q, sq_max, kth, dim):
+    """Rows where a point the GEMM left out could lie nearer than the k-th neighbour.
+
+    A point left out came, by the GEMM, at least as far as the last candidate
+    (``last``); its distance carries a rounding error of about
+    ``sqrt(D) eps (|q| + |x|)^2`` (the module doc's estimate, with the cross term
+    at its largest), for any x at most ``sqrt(D) eps (|q| + max |x|)^2``.  Where
+    ``last`` less that does not exceed the k-th recomputed distance (``kth``, less
+    RTOL: a tie within RTOL may go either way), the row is unsure; a k-th
+    neighbour at distance 0 cannot be beaten.  On Fashion-MNIST (20,000 images,
+    float32, 90-NN) no row is; for its two halves moved 3 (of pixels in [0, 1])
+    up and down, 45 rows, and moved 30 every row (2 of 200 checked rows were
+    wrong)."""
+    dtype = kth.dtype
+    eps = float(np.finfo(dtype).eps)
+    reach = (xp.sqrt(sq_q.astype(np.float64)) + np.sqrt(float(sq_max))) ** 2
+    lowest = last.astype(np.float64) - np.sqrt(dim) * eps * reach
+    return (lowest < kth * (1.0 - RTOL[dtype])) & (kth > 0)
+
+
+def _settle(be, Q, X, k, exclude_self, block_bytes, sqdist, indices, unsure):
+    """sqdist, indices with the unsure rows searched again: float32 points in
+    float64 (_rows_in_float64, a float64 copy of X), float64 ones from every
+    point's distance computed from the coordinates (_rows_exactly)."""
+    xp = be.xp
+    rows = xp.flatnonzero(unsure)
+    if rows.size == 0:
+        return sqdist, indices
+    if X.dtype == np.float64:
+        again = _rows_exactly(xp, Q, X, rows, k, exclude_self, block_bytes)
+    elif exclude_self and 2 * rows.size > X.shape[0]:
+        # The search of all points takes half the products of as many queries.
+        rows, X64 = xp.arange(X.shape[0]), X.astype(np.float64)
+        again = _knn(be, X64, X64, k, True, block_bytes, mixed=False)
+    else:
+        X64 = X.astype(np.float64)
+        again = _rows_in_float64(be, X64 if Q is X else Q.astype(np.float64), X64, rows, k,
+                                 exclude_self, block_bytes)
+    sqdist[rows], indices[rows] = (a.astype(sqdist.dtype, copy=False) for a in again)
+    return sqdist, indices
 
 
 def _check_spread(xp, dtype, sqnorms):
@@ -431,8 +512,8 @@ def _mixed_precision_knn(be, Q, X, k, exclude_self, block_bytes, n_cand):
     the GEMM's time) and the float64 distances of its candidates, checked row by row.
 
     Both sets are centred on the points' mean and rounded to float32 in one pass
-    (neighbors_cpu.centred_float32), which the float32 search takes as they are
-    (``centred``: it centred its centred copy again, 0.08 s of float32 arithmetic
+    (neighbors_cpu.centred_float32), which the float32 search (_gemm_knn) takes as
+    they are (centring its centred copy again cost 0.08 s of float32 arithmetic
     and a 220 MB copy at 70,000 x 784); it returns each query's
     k + CANDIDATE_MARGIN nearest; their float64 distances are recomputed from the
     coordinates (_recomputed_best) and sorted by (distance, index).  A point left
@@ -456,7 +537,9 @@ def _mixed_precision_knn(be, Q, X, k, exclude_self, block_bytes, n_cand):
     (within RTOL[float64]).  The worst case is data spread about a million times
     its neighbour distances, where no row settles and all go back: 20 clusters
     of unit spread 1e6 apart (20,000 points in 50-D) took 6.5 s against 3.9 s
-    for the float64 search alone."""
+    for the float64 search alone.  Rows whose candidates the float32 GEMM's own
+    rounding leaves unsure (_unsure_rows) go back too: the bound above takes the
+    float32 distances as exact."""
     from .neighbors_cpu import centred_float32
 
     mean = X.mean(axis=0)
@@ -466,12 +549,13 @@ def _mixed_precision_knn(be, Q, X, k, exclude_self, block_bytes, n_cand):
     # so that its norms, rounded to float32, cannot fail that.
     if not 8.0 * max(sq_x.max(), sq_q.max()) < float(np.finfo(np.float32).max):
         return _knn(be, Q, X, k, exclude_self, block_bytes, mixed=False)
-    approx, cand = _knn(be, Q32, X32, n_cand, exclude_self, block_bytes, centred=True)
-    sqdist, indices = _recomputed_best(Q, X, cand, k)
+    approx, cand, unsettled = _gemm_knn(be, Q32, X32, n_cand, exclude_self, block_bytes, 0,
+                                        True, None)
+    sqdist, indices = _recomputed_best(np, Q, X, cand, k, block_bytes)
     slack = 2.0**-23 * (np.sqrt(sq_q) + np.sqrt(sq_x.max()))
     beyond = np.sqrt(approx[:, -1].astype(np.float64)
                      * (1.0 - 2.0 * RTOL[np.dtype(np.float32)])) - slack
-    unsure = np.flatnonzero(~(beyond > np.sqrt(sqdist[:, -1])))
+    unsure = np.flatnonzero(~(beyond > np.sqrt(sqdist[:, -1])) | unsettled)
     if unsure.size:
         sqdist[unsure], indices[unsure] = _rows_in_float64(be, Q, X, unsure, k, exclude_self,
                                                            block_bytes)
@@ -489,15 +573,40 @@ def _rows_in_float64(be, Q, X, rows, k, exclude_self, block_bytes):
         drop = cand == rows[:, None]
         drop[~drop.any(axis=1), -1] = True
         cand = cand[~drop].reshape(len(rows), m - 1)
-    return _recomputed_best(Q[rows], X, cand, k)
+    return _recomputed_best(be.xp, Q[rows], X, cand, k, block_bytes)
 
 
-def _recomputed_best(Q, X, cand, k):
+def _rows_exactly(xp, Q, X, rows, k, exclude_self, block_bytes):
+    """The k-NN of the queries Q[rows] among all points (but the row's own, with
+    ``exclude_self``) by every distance recomputed from the coordinates: no GEMM,
+    for points spread too far from their mean for even float64's.  Chunks of rows
+    whose (rows, N) candidates fit about ``block_bytes``."""
+    n = X.shape[0] - int(exclude_self)
+    sqdist = xp.empty((rows.size, k), dtype=X.dtype)
+    indices = xp.empty((rows.size, k), dtype=xp.int64)
+    step = max(1, block_bytes // (5 * 8 * n))
+    for start in range(0, rows.size, step):
+        own = rows[start:start + step]
+        cand = xp.tile(xp.arange(n), (own.size, 1))
+        if exclude_self:                # every column but the row's own
+            cand += cand >= own[:, None]
+        sqdist[start:start + step], indices[start:start + step] = _recomputed_best(
+            xp, Q[own], X, cand, k, block_bytes)
+    return sqdist, indices
+
+
+def _recomputed_best(xp, Q, X, cand, k, block_bytes):
     """The k best of each query's candidates by their distances recomputed from the
-    coordinates (neighbors_cpu.candidate_sqdist), sorted by (distance, index)."""
-    from .neighbors_cpu import candidate_sqdist
+    coordinates, sorted by (distance, index): dense on the CPU compiled
+    (neighbors_cpu.candidate_sqdist), else by _recompute."""
+    if xp is np and not is_sparse(X):
+        from .neighbors_cpu import candidate_sqdist
 
-    return _best_sorted(np, candidate_sqdist(Q, X, cand), cand, k)
+        return _best_sorted(np, candidate_sqdist(Q, X, cand), cand, k)
+    dist = xp.empty(cand.shape, dtype=X.dtype)
+    _recompute(xp, Q, X, cand, dist, *xp.divmod(xp.arange(cand.size), cand.shape[1]),
+               block_bytes)
+    return _best_sorted(xp, dist, cand, k)
 
 
 def _tree_knn(Q, X, k, exclude_self, block_bytes):
@@ -531,23 +640,22 @@ def _tree_knn(Q, X, k, exclude_self, block_bytes):
     return sqdist, indices
 
 
-def _self_knn_cpu(X, Yp, sq, sq_x, perm, inv_perm, k, n_cand, block_bytes):
-    """All points' k-NN on the CPU from the upper triangle of the distance matrix
-    (neighbors_cpu.offer_strip); Yp: the centred points in the random order, sq
-    their squared norms, sq_x the same in X's order."""
+def _self_knn_cpu(Yp, sq, inv_perm, n_cand, block_bytes):
+    """All points' n_cand nearest candidates (GEMM distances, positions in Yp) on the
+    CPU from the upper triangle of the distance matrix (neighbors_cpu.offer_strip);
+    Yp: the centred points in the random order, sq their squared norms."""
     from .neighbors_cpu import offer_strip
 
-    n = X.shape[0]
-    values = np.full((n, n_cand), np.inf, dtype=X.dtype)
+    n = Yp.shape[0]
+    values = np.full((n, n_cand), np.inf, dtype=Yp.dtype)
     cand = np.full((n, n_cand), -1, dtype=np.int64)
-    rows = _block_rows(n, n, X, block_bytes)
+    rows = _block_rows(n, n, Yp, block_bytes)
     with BlockProducts(get_backend("cpu")) as products:
         for start in range(0, n, rows):
             offer_strip(products(Yp[start:start + rows], transposed(Yp[start:])), sq, start,
                         values, cand)
     # Back to the caller's order: row r is Yp's row inv_perm[r].
-    return _finish_all(np, X, X, values[inv_perm], sq_x, sq, perm, cand[inv_perm], k,
-                       block_bytes)
+    return values[inv_perm], cand[inv_perm]
 
 
 def _block_rows(m, n, X, block_bytes):
@@ -655,11 +763,17 @@ def _finish(xp, Q, X, dist, sq_rows, sq_cand, cand, k, block_bytes):
     (6.9M pairs: three arrays of 21 GB each)."""
     rounding = np.sqrt(X.shape[1]) * np.finfo(X.dtype).eps / RTOL[X.dtype]
     r, c = xp.nonzero(dist <= rounding * (sq_rows[:, None] + sq_cand))
+    _recompute(xp, Q, X, cand, dist, r, c, block_bytes)
+    return _best_sorted(xp, dist, cand, k)
+
+
+def _recompute(xp, Q, X, cand, dist, r, c, block_bytes):
+    """dist[r, c] = |Q[r] - X[cand[r, c]]|^2 from the coordinates' differences (D
+    values each), taken about ``block_bytes`` at a time."""
     step = max(1, block_bytes // (3 * X.shape[1] * X.dtype.itemsize))
     for start in range(0, r.size, step):
         rows, cols = r[start:start + step], c[start:start + step]
         dist[rows, cols] = row_sqnorms(xp, Q[rows] - X[cand[rows, cols]])
-    return _best_sorted(xp, dist, cand, k)
 
 
 def _best_sorted(xp, dist, cand, k):

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import scipy.sparse
 import scipy.spatial
 
 import gpuembed as ge
@@ -257,11 +258,13 @@ def test_mixed_precision_searches_unsettled_rows_again(mixed_precision, rng):
     # Two groups 2e4 apart in 12-D: float32 rounds the centred coordinates (about
     # 1e4) by about 1e-3, the spread of the tight group, so float32 cannot rank
     # its points' neighbours, and the bound must send those rows (and only those)
-    # to the float64 search.  12 copies of one point, more than k + 1, put
-    # the row's own index beyond the k + 1 nearest for the later copies.
+    # to the float64 search: the loose group's spread, 1e3, is well above the
+    # float32 GEMM's rounding (about 2e3 in squared distances at these norms).  12
+    # copies of one point, more than k + 1, put the row's own index beyond the
+    # k + 1 nearest for the later copies.
     tight = 1e4 + 1e-3 * rng.standard_normal((60, 12))
     tight[48:] = tight[0]
-    loose = -1e4 + 10.0 * rng.standard_normal((140, 12))
+    loose = -1e4 + 1e3 * rng.standard_normal((140, 12))
     X = np.concatenate([tight, loose])
     k = 5
     ref_d, ref_i = brute_knn(X, k)
@@ -550,3 +553,89 @@ def test_recomputed_distances_are_taken_a_block_at_a_time(monkeypatch, rng):
     for a, b in zip(whole, blocked):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(blocked[1], brute_knn(X, 10)[1])
+
+
+@pytest.fixture
+def searched_again(monkeypatch):
+    """The rows the GEMM search could not vouch for, by the way they went again:
+    {"float64": [rows...], "exactly": [rows...]} (neighbors._settle)."""
+    calls = {"float64": [], "exactly": []}
+    for name, key in (("_rows_in_float64", "float64"), ("_rows_exactly", "exactly")):
+        def spy(*args, _key=key, _again=getattr(ge.neighbors, name)):
+            calls[_key].append(args[3].copy())
+            return _again(*args)
+        monkeypatch.setattr(ge.neighbors, name, spy, raising=False)
+    return calls
+
+
+def far_apart_groups(rng, offset, dtype, n=150, d=20):
+    """Two groups of unit spread ``offset`` from the origin on either side."""
+    return np.concatenate([c + rng.standard_normal((n, d)) for c in (offset, -offset)]
+                          ).astype(dtype)
+
+
+def test_float32_groups_far_apart_go_again_in_float64(backend, rng, searched_again):
+    """Groups 3e3 from their mean in 20-D: centred squared norms of 1.8e8, which
+    float32 resolves to about 2e1 (eps |x|^2), as much as the unit spread's squared
+    neighbour distances: the GEMM chose wrong neighbours (95% of them, up to 2.6
+    times as far as the true ones).  Every row's bound fails, and the float64
+    search of all points answers; for queries the float64 search of theirs."""
+    X = far_apart_groups(rng, 3e3, np.float32)
+    ref_d, ref_i = brute_knn(X, 10)
+    sqdist, idx = (backend.to_host(a) for a in ge.knn(backend.asarray(X), 10, backend=backend))
+    assert sqdist.dtype == np.float32
+    assert_same_neighbours(X, idx, ref_d, ref_i, np.float32)
+    np.testing.assert_allclose(sqdist, ref_d, rtol=1e-4)
+    assert searched_again == {"float64": [], "exactly": []}    # all of them: the self search
+    Q = X[::30] + np.float32(0.25)
+    sqdist, idx = ge.neighbors.knn_query(backend.asarray(Q), backend.asarray(X), 10,
+                                         backend=backend)
+    Q64, X64 = Q.astype(np.float64), X.astype(np.float64)
+    ref_d, order = best_by_distance_then_index(((Q64[:, None] - X64[None]) ** 2).sum(-1), 10)
+    np.testing.assert_array_equal(backend.to_host(idx), order)
+    np.testing.assert_allclose(backend.to_host(sqdist), ref_d, rtol=1e-4)
+    (rows,) = searched_again["float64"]
+    np.testing.assert_array_equal(backend.to_host(rows), np.arange(len(Q)))
+
+
+def test_float64_groups_far_apart_are_searched_exactly(backend, rng, searched_again):
+    """Groups 3e9 from their mean: float64 resolves their squared norms (1.8e20) to
+    about 4e4, and its GEMM chose wrong neighbours (94% of them).  No row settles;
+    every distance is then computed from the coordinates' differences, a few rows
+    at a time."""
+    X = far_apart_groups(rng, 3e9, np.float64, n=60)
+    ref_d, ref_i = brute_knn(X, 7)
+    block_bytes = 5 * 8 * 120 * 4               # four rows of the 120 points' distances
+    sqdist, idx = ge.knn(backend.asarray(X), 7, backend=backend, block_bytes=block_bytes)
+    np.testing.assert_array_equal(backend.to_host(idx), ref_i)
+    np.testing.assert_allclose(backend.to_host(sqdist), ref_d, rtol=1e-10)
+    (rows,) = searched_again["exactly"]
+    np.testing.assert_array_equal(backend.to_host(rows), np.arange(len(X)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ordinary_points_settle_in_their_first_search(rng, dtype, searched_again):
+    """Points whose spread is not small against their distance from the mean:
+    the bound vouches for every row, and nothing is searched again."""
+    X = (rng.standard_normal((2000, 20)) * 3 + 10).astype(dtype)
+    X[:40] += 30.0
+    ge.knn(X, 15, backend="cpu")
+    ge.neighbors.knn_query(X[:300] + 0.5, X, 15, backend="cpu")
+    assert searched_again == {"float64": [], "exactly": []}
+
+
+def test_sparse_float32_rows_far_from_the_origin(rng, searched_again):
+    """Sparse rows are searched uncentred, and stored as the far-apart groups above
+    (every value stored) float32's GEMM cannot rank them either: the float64
+    search of the sparse rows answers."""
+    X = scipy.sparse.csr_matrix(far_apart_groups(rng, 3e3, np.float32))
+    ref_d, ref_i = brute_knn(X.toarray(), 10)
+    sqdist, idx = ge.knn(X, 10, backend="cpu")
+    assert_same_neighbours(X.toarray(), idx, ref_d, ref_i, np.float32)
+    np.testing.assert_allclose(sqdist, ref_d, rtol=1e-4)
+    Q = X[::30]
+    sqdist, idx = ge.neighbors.knn_query(Q, X, 10, backend="cpu")
+    np.testing.assert_array_equal(idx[:, 0], np.arange(0, X.shape[0], 30))   # themselves
+    np.testing.assert_array_equal(idx[:, 1:], ref_i[::30, :9])
+    (rows,) = searched_again["float64"]
+    np.testing.assert_array_equal(rows, np.arange(Q.shape[0]))
