@@ -44,6 +44,12 @@ float32 rows (in float32, one row after another; the code before 6de4899), whose
 offset from the mean the centred norms then carried: seconds, alternating, and the
 neighbours' agreement (written to knn_offset.json).
 
+``--split C [C ...]``: the float32 images with their halves moved C up and down
+(two groups far apart; 0 3 10 30 300 by default), exact 90-NN with the rows the
+GEMM's rounding leaves unsure searched again (the default, neighbors._settle) and
+without (the code before): seconds, rows searched again, and rows wrong among 200
+checked against float64 (written to knn_split.json).
+
 ``--low-dim``: points of 2 to 10 coordinates (a layout, a point cloud, a few
 principal components), where gpuembed's CPU path is a k-d tree: against its own
 brute force and scikit-learn's KDTree (NearestNeighbors(algorithm="kd_tree")),
@@ -253,6 +259,50 @@ def run_offset(n=None, offset=1e4, k=90, repeat=1):
         print(row, flush=True)
     return {"n": X.shape[0], "dim": X.shape[1], "k": k, "offset": offset, "dtype": "float32",
             "runs": rows}
+
+
+def run_split(n=20_000, offsets=(0, 3, 10, 30, 300), k=90, repeat=1, checked=100):
+    """Exact k-NN of the images with their halves moved +-offset, with the unsure
+    rows searched again and without; ``checked`` rows of each half against float64."""
+    X, _ = ge.datasets.fashion_mnist()
+    X = X[:n]
+    half = X.shape[0] // 2
+    rows = np.r_[0:checked, half:half + checked]
+    ge.knn(X[:3000], k, backend="cpu")                  # compile + warm up
+    unsure_rows = neighbors._unsure_rows
+    settle = neighbors._settle
+    runs = []
+    for offset in offsets:
+        moved = X.copy()
+        moved[:half] += np.float32(offset)
+        moved[half:] -= np.float32(offset)
+        centred = moved.astype(np.float64) - moved.astype(np.float64).mean(axis=0)
+        sq = (centred ** 2).sum(axis=1)
+        true = np.sort(sq[rows, None] + sq - 2 * centred[rows] @ centred.T, axis=1)[:, 1:k + 1]
+        true = np.sqrt(np.maximum(true, 0))
+        for variant in ("searched again", "not searched again"):
+            unsure = []
+
+            def counted(*args):
+                mask = unsure_rows(*args)
+                unsure.append(int(mask.sum()))
+                return mask
+
+            def kept(be, Q, X_, k_, exclude_self, block_bytes, sqdist, indices, mask):
+                return sqdist, indices
+
+            with mock.patch.object(neighbors, "_unsure_rows", counted), \
+                    mock.patch.object(neighbors, "_settle",
+                                      kept if variant == "not searched again" else settle):
+                t, (sqdist, _) = best_time(lambda: ge.knn(moved, k, backend="cpu"), repeat)
+            error = np.abs(np.sqrt(sqdist[rows].astype(np.float64)) - true)
+            runs.append({"offset": offset, "variant": variant, "seconds": t,
+                         "rows_unsure": unsure[-1],
+                         "checked_rows_wrong": int((error > 1e-3 * true).any(axis=1).sum()),
+                         "checked_rows": len(rows),
+                         "largest_relative_error": float((error / true).max())})
+            print(runs[-1], flush=True)
+    return {"n": X.shape[0], "dim": X.shape[1], "k": k, "dtype": "float32", "runs": runs}
 
 
 LOW_DIM_CASES = ((70_000, 2, 10, "uniform"), (300_000, 3, 90, "uniform"),
@@ -528,11 +578,21 @@ def main(argv=None):
     parser.add_argument("--offset", type=float, nargs="?", const=1e4, default=None,
                         help="the images moved this far from the origin (default 1e4): "
                              "exact and approximate k-NN against the unmoved (knn_offset.json)")
+    parser.add_argument("--split", type=float, nargs="*", default=None, metavar="C",
+                        help="the images' halves moved C up and down (0 3 10 30 300 without "
+                             "C): exact k-NN with and without the unsure rows searched "
+                             "again (knn_split.json)")
     parser.add_argument("--backend", default="cpu", help="with --approx and --approx-large")
     parser.add_argument("--tsne-n", type=int, default=20_000, help="with --approx")
     args = parser.parse_args(argv)
     if args.offset is not None:
         write_result("knn_offset", run_offset(args.n, args.offset, repeat=args.repeat),
+                     suffix="" if args.n is None else f"_n{args.n}")
+        return
+    if args.split is not None:
+        offsets = tuple(args.split) or (0, 3, 10, 30, 300)
+        n = args.n or 20_000
+        write_result("knn_split", run_split(n, offsets, repeat=args.repeat),
                      suffix="" if args.n is None else f"_n{args.n}")
         return
     if args.approx_query:

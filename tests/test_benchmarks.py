@@ -28,6 +28,8 @@ RUNS = [
      ["fashion_mnist"]),
     (["bench_knn.py", "--offset", "--n", "1500", "--repeat", "1"], "knn_offset_n1500", ["runs"],
      ["fashion_mnist"]),
+    (["bench_knn.py", "--split", "0", "300", "--n", "1500", "--repeat", "1"], "knn_split_n1500",
+     ["runs"], ["fashion_mnist"]),
     (["bench_lll.py", "--n", "2000", "--d", "4", "--landmarks", "100", "200"], "lll_n2000",
      ["d4", "kmeans"], ["fashion_mnist"]),
     (["bench_lll.py", "--swiss-roll", "--n", "3000"], "lll_swiss_roll", ["exact_seconds", "runs"],
