@@ -28,9 +28,10 @@ distance from the coordinates.  That happens where the points' spread about
 their mean is large against their neighbour distances, as for groups far apart:
 Fashion-MNIST's first 20,000 images (pixels in [0, 1], float32, 90-NN) with their
 halves moved 30 up and down had wrong neighbours in 2 of 200 rows checked, moved
-300 in every one; now none, in 15.1 and 15.7 s against 4.9 and 5.4 s (2-core
-Xeon VM).  Moved 10, 2.0x the time for the float64 search of rows that float32
-had right; moved 3, 45 rows and the same time; not moved, none.
+300 in every one; now none, in 9.4 and 9.8 s against 3.8 and 3.7 s without the
+check (results/knn_split.json, 2-core VM).  Moved 10, 90% of the rows go
+again, 8.2 s against 3.5 s, where float32 had the checked rows right; moved 3,
+26 rows, 3.5 s against 3.3 s; not moved, none.
 
 Float64 points on the CPU, when there are many, are searched in float32 and their
 candidates' distances recomputed in float64, with a bound that sends any row the
@@ -459,10 +460,8 @@ def _unsure_rows(xp, last, sq_q, sq_max, kth, dim):
     at its largest), for any x at most ``sqrt(D) eps (|q| + max |x|)^2``.  Where
     ``last`` less that does not exceed the k-th recomputed distance (``kth``, less
     RTOL: a tie within RTOL may go either way), the row is unsure; a k-th
-    neighbour at distance 0 cannot be beaten.  On Fashion-MNIST (20,000 images,
-    float32, 90-NN) no row is; for its two halves moved 3 (of pixels in [0, 1])
-    up and down, 45 rows, and moved 30 every row (2 of 200 checked rows were
-    wrong)."""
+    neighbour at distance 0 cannot be beaten.  How many rows that is on
+    Fashion-MNIST moved apart: the module doc."""
     dtype = kth.dtype
     eps = float(np.finfo(dtype).eps)
     reach = (xp.sqrt(sq_q.astype(np.float64)) + np.sqrt(float(sq_max))) ** 2
@@ -480,16 +479,22 @@ def _settle(be, Q, X, k, exclude_self, block_bytes, sqdist, indices, unsure):
         return sqdist, indices
     if X.dtype == np.float64:
         again = _rows_exactly(xp, Q, X, rows, k, exclude_self, block_bytes)
-    elif exclude_self and 2 * rows.size > X.shape[0]:
-        # The search of all points takes half the products of as many queries.
-        rows, X64 = xp.arange(X.shape[0]), X.astype(np.float64)
-        again = _knn(be, X64, X64, k, True, block_bytes, mixed=False)
     else:
         X64 = X.astype(np.float64)
-        again = _rows_in_float64(be, X64 if Q is X else Q.astype(np.float64), X64, rows, k,
-                                 exclude_self, block_bytes)
+        rows, *again = _float64_search(be, X64 if Q is X else Q.astype(np.float64), X64, rows,
+                                       k, exclude_self, block_bytes)
     sqdist[rows], indices[rows] = (a.astype(sqdist.dtype, copy=False) for a in again)
     return sqdist, indices
+
+
+def _float64_search(be, Q, X, rows, k, exclude_self, block_bytes):
+    """(rows, sqdist, indices): the k-NN of float64 queries Q[rows] by the float64
+    search (_rows_in_float64), or of all points where they are more than half
+    of them: that search takes half the products of as many queries."""
+    if exclude_self and 2 * rows.size > X.shape[0]:
+        return (be.xp.arange(X.shape[0]),
+                *_knn(be, X, X, k, True, block_bytes, mixed=False))
+    return (rows, *_rows_in_float64(be, Q, X, rows, k, exclude_self, block_bytes))
 
 
 def _check_spread(xp, dtype, sqnorms):
@@ -557,8 +562,8 @@ def _mixed_precision_knn(be, Q, X, k, exclude_self, block_bytes, n_cand):
                      * (1.0 - 2.0 * RTOL[np.dtype(np.float32)])) - slack
     unsure = np.flatnonzero(~(beyond > np.sqrt(sqdist[:, -1])) | unsettled)
     if unsure.size:
-        sqdist[unsure], indices[unsure] = _rows_in_float64(be, Q, X, unsure, k, exclude_self,
-                                                           block_bytes)
+        rows, *again = _float64_search(be, Q, X, unsure, k, exclude_self, block_bytes)
+        sqdist[rows], indices[rows] = again
     return sqdist, indices
 
 
@@ -769,7 +774,16 @@ def _finish(xp, Q, X, dist, sq_rows, sq_cand, cand, k, block_bytes):
 
 def _recompute(xp, Q, X, cand, dist, r, c, block_bytes):
     """dist[r, c] = |Q[r] - X[cand[r, c]]|^2 from the coordinates' differences (D
-    values each), taken about ``block_bytes`` at a time."""
+    values each): dense on the CPU compiled pair by pair (neighbors_cpu.pair_sqdist),
+    else taken about ``block_bytes`` at a time.  NumPy's gathers and differences
+    took 6.7 s of the 15.0 s of the 90-NN of Fashion-MNIST 20k as float64 with its
+    halves moved 30 up and down, where every candidate came here, twice (now
+    10.1 s; the float64 search alone 10.0 s, now 5.4 s)."""
+    if xp is np and not is_sparse(X):
+        from .neighbors_cpu import pair_sqdist
+
+        pair_sqdist(Q, X, cand, r, c, dist)
+        return
     step = max(1, block_bytes // (3 * X.shape[1] * X.dtype.itemsize))
     for start in range(0, r.size, step):
         rows, cols = r[start:start + step], c[start:start + step]

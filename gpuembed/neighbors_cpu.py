@@ -12,8 +12,9 @@ on all cores in one pass instead of NumPy's partition, filter and gather.
 For sparse rows the strips come from ``sparse_gram``, compiled here too, and
 ``centred_float32`` and ``candidate_sqdist`` serve the float32 search of float64
 points (neighbors._mixed_precision_knn): its input, and its candidates' float64
-distances (the k-d tree's too); ``best_sorted`` puts every CPU search's
-candidates in (distance, index) order.
+distances (the k-d tree's too); ``pair_sqdist`` recomputes the GEMM distances
+rounding could dominate; ``best_sorted`` puts every CPU search's candidates in
+(distance, index) order.
 """
 from __future__ import annotations
 
@@ -131,23 +132,37 @@ def centred_float32(X, mean):
     return out, sq
 
 
+@njit(inline="always")
+def _sqdist(q, x):
+    """|q - x|^2, the squares of the coordinates' differences summed in float64 (no
+    GEMM's cancellation)."""
+    s = 0.0
+    for t in range(q.shape[0]):
+        u = q[t] - x[t]
+        s += u * u
+    return s
+
+
 @njit(parallel=True, cache=True)
 def candidate_sqdist(Q, X, cand):
-    """|q_i - x_j|^2 for every query row i and each of its candidates j = cand[i, e],
-    the squares of the coordinates' differences summed in float64 (no GEMM's
-    cancellation), in Q's dtype."""
+    """|q_i - x_j|^2 for every query row i and each of its candidates j = cand[i, e]
+    (_sqdist), in Q's dtype."""
     m, c = cand.shape
     out = np.empty((m, c), dtype=Q.dtype)
     for i in prange(m):
         q = Q[i]
         for e in range(c):
-            x = X[cand[i, e]]
-            s = 0.0
-            for t in range(q.shape[0]):
-                u = q[t] - x[t]
-                s += u * u
-            out[i, e] = s
+            out[i, e] = _sqdist(q, X[cand[i, e]])
     return out
+
+
+@njit(parallel=True, cache=True)
+def pair_sqdist(Q, X, cand, r, c, dist):
+    """dist[i, e] = |q_i - x_j|^2 (_sqdist), j = cand[i, e], for the pairs
+    (i, e) = (r[p], c[p])."""
+    for p in prange(r.size):
+        i, e = r[p], c[p]
+        dist[i, e] = _sqdist(Q[i], X[cand[i, e]])
 
 
 @njit(inline="always")

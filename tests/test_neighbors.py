@@ -530,15 +530,20 @@ def test_column_means_of_float32_rows_far_from_the_origin(backend):
     np.testing.assert_array_equal(means, exact.astype(np.float32))
 
 
-def test_recomputed_distances_are_taken_a_block_at_a_time(monkeypatch, rng):
+@pytest.mark.parametrize("kind", ["sparse", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_recomputed_distances_are_taken_a_block_at_a_time(monkeypatch, rng, kind):
     """Candidates whose GEMM distances rounding could dominate are recomputed from
-    their coordinates' differences, at most about block_bytes of them at a time
-    (all at once, the 90-NN of Fashion-MNIST centred 9.9 off its mean was killed
-    for memory at 24 GB); the same distances and neighbours as in one block.  Groups 2e3 apart
-    whose spread is 1e-3 send every pair within a group there (in float64, where
-    the GEMM still ranks them: float32 could not choose their candidates)."""
+    their coordinates' differences, for sparse rows and on the GPU at most about
+    block_bytes of them at a time (all at once, the 90-NN of Fashion-MNIST
+    centred 9.9 off its mean was killed for memory at 24 GB; dense on the CPU
+    they are compiled pair by pair); the same distances and neighbours as in one
+    block.  Groups 2e3 apart whose spread is 1e-3 send every pair within a group
+    there (in float64, where the GEMM still ranks them: float32 could not choose
+    their candidates)."""
     X = np.concatenate([c + 1e-3 * rng.standard_normal((150, 40)) for c in (1e3, -1e3)])
-    whole = ge.knn(X, 10, backend="cpu")
+    be = ge.get_backend("gpu" if kind == "gpu" else "cpu")
+    data = scipy.sparse.csr_matrix(X) if kind == "sparse" else be.asarray(X)
+    whole = ge.knn(data, 10, backend=be)
     sizes = []
     row_sqnorms = ge.neighbors.row_sqnorms
 
@@ -547,12 +552,12 @@ def test_recomputed_distances_are_taken_a_block_at_a_time(monkeypatch, rng):
         return row_sqnorms(xp, A)
     monkeypatch.setattr(ge.neighbors, "row_sqnorms", spy)
     block_bytes = 3 * 40 * 8 * 100                 # 100 pairs' differences
-    blocked = ge.knn(X, 10, backend="cpu", block_bytes=block_bytes)
+    blocked = ge.knn(data, 10, backend=be, block_bytes=block_bytes)
     pairs = [s for s in sizes if s != X.shape[0]]  # the rest: the points' own norms
     assert len(pairs) > 10 and max(pairs) == 100
     for a, b in zip(whole, blocked):
-        np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(blocked[1], brute_knn(X, 10)[1])
+        np.testing.assert_array_equal(be.to_host(a), be.to_host(b))
+    np.testing.assert_array_equal(be.to_host(blocked[1]), brute_knn(X, 10)[1])
 
 
 @pytest.fixture
