@@ -28,10 +28,10 @@ distance from the coordinates.  That happens where the points' spread about
 their mean is large against their neighbour distances, as for groups far apart:
 Fashion-MNIST's first 20,000 images (pixels in [0, 1], float32, 90-NN) with their
 halves moved 30 up and down had wrong neighbours in 2 of 200 rows checked, moved
-300 in every one; now none, in 9.4 and 9.8 s against 3.8 and 3.7 s without the
-check (results/knn_split.json, 2-core VM).  Moved 10, 90% of the rows go
-again, 8.2 s against 3.5 s, where float32 had the checked rows right; moved 3,
-26 rows, 3.5 s against 3.3 s; not moved, none.
+300 in every one; now none, in 9.8 and 9.4 s against 3.7 and 3.2 s without the
+check (results/knn_split.json at 9cd0390, 2-core AMD EPYC VM).  Moved 10, 90% of
+the rows go again, 8.2 s against 3.4 s, where float32 had the checked rows right;
+moved 3, 26 rows, 3.6 s against 3.4 s; not moved, none (2.5 s both).
 
 Float64 points on the CPU, when there are many, are searched in float32 and their
 candidates' distances recomputed in float64, with a bound that sends any row the
