@@ -13,6 +13,12 @@ k_max = N - 2 (the full AUC; O(N^2) with partial sorts for small k_max),
 in O(block x N) memory.  The full curve of Fashion-MNIST (784-D, float64) against a
 2-D layout takes 2.3 s at N = 5,000 and 34 s at N = 20,000 on 2 CPU cores
 (benchmarks/results/msne_metrics.json), the two sorts per row most of it.
+
+Distances by GEMM round to about eps |x|^2 (the rows are centred first); where
+that reaches the distances between neighbours (groups far apart against their
+spread) the ranks come out wrong, so each row is checked (RANK_RTOL) and, where
+the check fails, computed again in float64, and past float64's reach coordinate
+by coordinate.
 """
 from __future__ import annotations
 
@@ -20,16 +26,25 @@ import numba
 import numpy as np
 
 from ._checks import check_data, check_int, check_labels
-from ._sparse import BlockProducts, row_sqnorms, transposed
+from ._sparse import BlockProducts, is_sparse, row_sqnorms, transposed
 from .backend import get_backend
 from .metrics_cpu import max_rank_counts
 from .neighbors import graph_smallest, is_graph, knn, metric_rows, smallest_sorted
-from .nbody.exact import centred, squared_distances
+from .nbody.exact import centred, coordinate_squared_distances, squared_distances
 
 __all__ = ["knn_accuracy", "clustering_error", "rnx", "auc_rnx", "log_k_auc", "coranking",
            "procrustes_error"]
 
 BLOCK_BYTES = 64 * 2**20
+# A row of GEMM distances whose rounding, about sqrt(D) eps (|x| + max |x|)^2, exceeds
+# RANK_RTOL of its RANK_REFERENCE-th nearest distance is computed again more precisely
+# (_Space.precise_rows): Fashion-MNIST's float32 images with their halves moved 300 apart
+# (3,000 of them) had an AUC of 0.352 against 0.415 from float64, where float32's rounding
+# exceeded the neighbours' distances.  At 1e-3 every row of a float32 layout of 8,000
+# points in clusters of radius 4 spread over 100 went again (2.8-4.0 s against 2.0-2.3 s),
+# for the same AUC to 6 digits.
+RANK_RTOL = 1e-2
+RANK_REFERENCE = 10
 # knn_accuracy moves layouts of up to this many columns to the CPU's k-d tree.
 LAYOUT_MAX_DIM = 3
 
@@ -102,8 +117,8 @@ def _rank_blocks(X_high, X_low, k_max, be, metric):
                    if is_graph(X_high, metric) else None)
     # Each space's norms and right factor (sparse X_high: its feature split),
     # prepared once for all the blocks; None: the precomputed distances' rows.
-    spaces = [None if metric == "precomputed" and X is X_high else
-              (X, row_sqnorms(xp, X), transposed(X)) for X in (X_high, X_low)]
+    spaces = [None if metric == "precomputed" and X is X_high else _Space(xp, X)
+              for X in (X_high, X_low)]
     rows = max(1, min(n, BLOCK_BYTES // (8 * n)))
     # In fixed tiles: OpenBLAS's threads cut a float32 product differently, and a
     # tie in the ranks moved the log-K AUC of Fashion-MNIST 3k in its 6th digit.
@@ -116,15 +131,62 @@ def _rank_blocks(X_high, X_low, k_max, be, metric):
                 if graph_order is not None and space is None:
                     orders.append(graph_order[start:stop])
                     continue
-                if space is None:
-                    D = X_high[start:stop].copy()
-                else:
-                    X, sq, Xt = space
-                    D = squared_distances(xp, X[start:stop], X, sq[start:stop], sq, Xt,
-                                          products)
+                D = X_high[start:stop].copy() if space is None else space.distances(
+                    start, stop, products)
                 D[own - start, own] = xp.inf
-                orders.append(smallest_sorted(xp, D, k_max))
+                order = smallest_sorted(xp, D, k_max)
+                again = xp.arange(0) if space is None else space.imprecise(D, order, own)
+                if again.size:
+                    D = space.precise_rows(own[again])
+                    D[xp.arange(again.size), own[again]] = xp.inf
+                    order[again] = smallest_sorted(xp, D, k_max)
+                orders.append(order)
             yield orders
+
+
+class _Space:
+    """One space's rows (centred, or sparse), their squared norms and GEMM factor,
+    and, made when first needed, their float64 copies."""
+
+    def __init__(self, xp, X):
+        self.xp, self.X = xp, X
+        self.sq = row_sqnorms(xp, X)
+        self.Xt = transposed(X)
+        self.sq_max = float(self.sq.max())
+        self._float64 = None
+
+    def distances(self, start, stop, products):
+        return squared_distances(self.xp, self.X[start:stop], self.X, self.sq[start:stop],
+                                 self.sq, self.Xt, products)
+
+    def imprecise(self, D, order, rows, dtype=None):
+        """Positions in the block (distances D, their ``order``) of the rows whose
+        rounding could reorder their RANK_REFERENCE nearest: see RANK_RTOL."""
+        xp = self.xp
+        eps = float(np.finfo(dtype or self.X.dtype).eps)
+        reach = (xp.sqrt(self.sq[rows].astype(np.float64)) + np.sqrt(self.sq_max)) ** 2
+        nearest = xp.take_along_axis(D, order[:, min(order.shape[1], RANK_REFERENCE) - 1:]
+                                     [:, :1], axis=1)[:, 0]
+        return xp.flatnonzero(np.sqrt(self.X.shape[1]) * eps * reach > RANK_RTOL * nearest)
+
+    def precise_rows(self, rows):
+        """The distances of ``rows`` to all rows by a float64 GEMM, and where
+        float64's rounding could still reorder them, dense, coordinate by
+        coordinate."""
+        xp = self.xp
+        if self._float64 is None:
+            X64 = self.X.astype(np.float64)
+            self._float64 = (X64, row_sqnorms(xp, X64), transposed(X64))
+        X64, sq64, Xt64 = self._float64
+        D = squared_distances(xp, X64[rows], X64, sq64[rows], sq64, Xt64)
+        if is_sparse(X64):
+            return D
+        D[xp.arange(rows.size), rows] = xp.inf
+        again = self.imprecise(D, smallest_sorted(xp, D, min(D.shape[1], RANK_REFERENCE)),
+                               rows, np.float64)
+        if again.size:
+            D[again] = coordinate_squared_distances(xp, X64[rows[again]], X64)
+        return D
 
 
 def _low_ranks(xp, order_l, n, k_max):

@@ -232,3 +232,48 @@ def test_rnx_of_float32_rows_far_from_the_origin(rng, backend, space):
         moved = (Xh + offset, Xl) if space == "high" else (Xh, Xl + offset)
         far = rnx(*(X.astype(dtype) for X in moved), backend=backend)
         np.testing.assert_allclose(far, exact, atol=atol)
+
+
+@pytest.mark.parametrize("space", ["high", "low"])
+@pytest.mark.parametrize("offset,dtype", [(3e3, np.float32), (3e9, np.float64)])
+def test_rnx_of_groups_far_apart_against_brute_force(rng, backend, space, offset, dtype):
+    """Two groups of unit spread ``offset`` from their mean on either side, which
+    centring cannot bring nearer: GEMM distances round to eps |x|^2, more than the
+    groups' own neighbour distances, and ranked the rows wrongly (R_NX off by 0.015
+    to 0.56).  Such rows are computed again in float64, and where float64 cannot vouch
+    for them either, coordinate by coordinate: the ranks of the rows as given."""
+    def groups(dim):
+        return np.concatenate([c + rng.standard_normal((60, dim)) for c in (offset, -offset)])
+    Xh, Xl = groups(8), groups(2)
+    if space == "high":
+        Xh = Xh.astype(dtype)
+    else:
+        Xl = Xl.astype(dtype)
+    R = rnx_from_coranking(brute_coranking(Xh.astype(np.float64), Xl.astype(np.float64)))
+    np.testing.assert_allclose(rnx(Xh, Xl, backend=backend), R, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(rnx(Xh, Xl, k_max=5, backend=backend), R[:5], rtol=0, atol=1e-12)
+
+
+def test_rnx_of_sparse_rows_far_from_the_origin(rng):
+    """Sparse rows stay uncentred: stored 3e3 from the origin in two groups (every
+    value stored), their float32 GEMM ranks come out wrong as dense ones' do, and
+    the float64 GEMM of the rows answers."""
+    import scipy.sparse
+
+    Xh = np.concatenate([c + rng.standard_normal((60, 8)) for c in (3e3, -3e3)])
+    Xl = rng.standard_normal((120, 2))
+    R = rnx_from_coranking(brute_coranking(Xh.astype(np.float32).astype(np.float64), Xl))
+    sparse = scipy.sparse.csr_matrix(Xh.astype(np.float32))
+    np.testing.assert_allclose(rnx(sparse, Xl), R, rtol=0, atol=1e-12)
+
+
+def test_rnx_of_ordinary_rows_takes_the_gemm_alone(rng, monkeypatch):
+    """Float32 rows whose spread is not small against their neighbour distances
+    (and a float32 layout): no row goes again."""
+    import gpuembed.metrics as metrics
+
+    def refuse(self, rows):
+        raise AssertionError(f"rows {rows} computed again")
+    monkeypatch.setattr(metrics._Space, "precise_rows", refuse)
+    Xh = (rng.standard_normal((400, 30)) + 5).astype(np.float32)
+    rnx(Xh, (Xh[:, :2] + rng.standard_normal((400, 2))).astype(np.float32))
