@@ -29,7 +29,7 @@ from ._checks import check_data, check_int, check_labels
 from ._sparse import BlockProducts, is_sparse, row_sqnorms, transposed
 from .backend import get_backend
 from .metrics_cpu import max_rank_counts
-from .neighbors import graph_smallest, is_graph, knn, metric_rows, smallest_sorted
+from .neighbors import graph_smallest, is_graph, knn, metric_rows, rounding, smallest_sorted
 from .nbody.exact import centred, coordinate_squared_distances, squared_distances
 
 __all__ = ["knn_accuracy", "clustering_error", "rnx", "auc_rnx", "log_k_auc", "coranking",
@@ -163,11 +163,10 @@ class _Space:
         """Positions in the block (distances D, their ``order``) of the rows whose
         rounding could reorder their RANK_REFERENCE nearest: see RANK_RTOL."""
         xp = self.xp
-        eps = float(np.finfo(dtype or self.X.dtype).eps)
-        reach = (xp.sqrt(self.sq[rows].astype(np.float64)) + np.sqrt(self.sq_max)) ** 2
         nearest = xp.take_along_axis(D, order[:, min(order.shape[1], RANK_REFERENCE) - 1:]
                                      [:, :1], axis=1)[:, 0]
-        return xp.flatnonzero(np.sqrt(self.X.shape[1]) * eps * reach > RANK_RTOL * nearest)
+        error = rounding(xp, self.sq[rows], self.sq_max, self.X.shape[1], dtype or self.X.dtype)
+        return xp.flatnonzero(error > RANK_RTOL * nearest)
 
     def precise_rows(self, rows):
         """The distances of ``rows`` to all rows by a float64 GEMM, and where

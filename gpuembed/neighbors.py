@@ -462,11 +462,16 @@ def _unsure_rows(xp, last, sq_q, sq_max, kth, dim):
     RTOL: a tie within RTOL may go either way), the row is unsure; a k-th
     neighbour at distance 0 cannot be beaten.  How many rows that is on
     Fashion-MNIST moved apart: the module doc."""
-    dtype = kth.dtype
+    lowest = last.astype(np.float64) - rounding(xp, sq_q, sq_max, dim, kth.dtype)
+    return (lowest < kth * (1.0 - RTOL[kth.dtype])) & (kth > 0)
+
+
+def rounding(xp, sq_q, sq_max, dim, dtype):
+    """The estimate ``sqrt(D) eps (|q| + max |x|)^2`` of the rounding of the GEMM's
+    squared distances from queries of squared norms sq_q (the module doc's
+    ``sqrt(D) eps (|q|^2 + |x|^2)`` with the cross term at its largest), float64."""
     eps = float(np.finfo(dtype).eps)
-    reach = (xp.sqrt(sq_q.astype(np.float64)) + np.sqrt(float(sq_max))) ** 2
-    lowest = last.astype(np.float64) - np.sqrt(dim) * eps * reach
-    return (lowest < kth * (1.0 - RTOL[dtype])) & (kth > 0)
+    return np.sqrt(dim) * eps * (xp.sqrt(sq_q.astype(np.float64)) + np.sqrt(float(sq_max))) ** 2
 
 
 def _settle(be, Q, X, k, exclude_self, block_bytes, sqdist, indices, unsure):

@@ -52,8 +52,8 @@ from ._checks import check_data, check_float, check_int, make_rng
 from ._sparse import BlockProducts, column_means, is_sparse, row_sqnorms
 from .backend import get_backend
 from .neighbors import (CANDIDATE_MARGIN, DEFAULT_BLOCK_BYTES, TREE_MAX_DIM, _finish_all,
-                        _knn, _select_cpu, _select_gpu, knn, knn_query, metric_rows,
-                        search_metric)
+                        _knn, _select_cpu, _select_gpu, _settle, knn, knn_query, metric_rows,
+                        rounding, search_metric)
 
 __all__ = ["approx_knn", "approx_knn_query", "ListIndex", "QuerySearch", "auto_knn",
            "SEARCHES"]
@@ -78,6 +78,15 @@ MIN_POINTS = 20_000
 # 258 GFLOP/s, 33.6 s.  At 70k, 1 GiB chunks (1,500 rows) took 7.5 s with 8 probes
 # against 5.5 s with 256 MiB (380 rows).
 PROBE_BUFFER_BYTES = 2**30
+# A probed query whose GEMM rounding (neighbors.rounding, an estimate on the safe side)
+# exceeds this share of its k-th distance had its candidates chosen by the rounding
+# more than by the distances, and gets the exact search's answer (_probe).  Fashion-MNIST
+# 20k as float32, halves moved C up and down (pixels in [0, 1]), 30-NN, default probes:
+# recall 0.961 / 0.960 / 0.959 / 0.952 / 0.934 / 0.880 / 0.294 unchecked at C = 0 / 30 /
+# 45 / 60 / 75 / 100 / 300; at this share no row goes again up to 30 (0.9 and 2.3 s against
+# 0.7 and 1.8 s), some at 45 (6.0 s, 0.963) and all from 60 on (8-9 s, recall 1).  At
+# 0.1 every row went again from 30 on (7.1 s, where recall was 0.960 anyway).
+ROUNDING_SHARE = 1.0
 PROBE_GEMM_ROWS = 384
 SAMPLE_PER_LIST = 32        # k-means sample: this many points per list
 KMEANS_ITER = 10
@@ -274,6 +283,8 @@ class ListIndex:
         select = _select_gpu if be.is_gpu else _select_cpu
         sqdist = xp.empty((Q.shape[0], k), dtype=X.dtype)
         indices = xp.empty((Q.shape[0], k), dtype=xp.int64)
+        unsure = xp.empty(Q.shape[0], dtype=bool)
+        sq_max = float(self.sq.max())
         slot_width = int(sizes.max())
         width = int(n_probed.max()) * slot_width
         m = min(width, k + CANDIDATE_MARGIN)
@@ -323,7 +334,12 @@ class ListIndex:
                 sqdist[rows], indices[rows] = _finish_all(xp, Qc, X, values, sq_q, self.sq,
                                                           order_dev, cand, k,
                                                           DEFAULT_BLOCK_BYTES[be.name])
-        return sqdist, indices
+                unsure[rows] = (rounding(xp, sq_q, sq_max, X.shape[1], X.dtype)
+                                > ROUNDING_SHARE * sqdist[rows, -1])
+        # Rows whose candidates the GEMM's rounding chose blindly (groups far apart
+        # against their spread) get the exact search's answer.
+        return _settle(be, Q, X, k, exclude_self, DEFAULT_BLOCK_BYTES[be.name], sqdist,
+                       indices, unsure)
 
     def _recall_by_probes(self, true, ranked, held):
         """found[i, p]: the fraction of ``true[i]`` (the true k-NN of a query)

@@ -8,7 +8,8 @@ import scipy.sparse
 
 import gpuembed as ge
 from gpuembed import neighbors, neighbors_ivf
-from test_neighbors import best_by_distance_then_index, brute_knn
+from test_neighbors import (assert_same_neighbours, best_by_distance_then_index, brute_knn,
+                            far_apart_groups)
 
 
 def clusters(rng, n_clusters=6, per=60, dim=20, spread=50.0):
@@ -47,6 +48,26 @@ def test_approx_knn_is_exact_where_the_probed_lists_hold_every_neighbour(backend
     assert sqdist.dtype == dtype and idx.dtype == np.int64 and idx.shape == (360, 10)
     np.testing.assert_array_equal(idx, ref_i)
     np.testing.assert_allclose(sqdist, ref_d, rtol=1e-4 if dtype == np.float32 else 1e-10)
+
+
+def test_approx_knn_of_groups_far_apart_is_exact(backend, rng):
+    """Two float32 groups 3e3 from their mean, a list each, its own list probed:
+    every neighbour is in it, but float32's GEMM rounding, about 4e2 in squared
+    distances, exceeds the neighbours' (about 20), and chose them blindly (94% of
+    the 10-NN wrong).  Such rows get the exact search's answer."""
+    X = far_apart_groups(rng, 3e3, np.float32)
+    ref_d, ref_i = brute_knn(X, 10)
+    sqdist, idx = on_host(backend, ge.approx_knn(backend.asarray(X), 10, n_lists=2, n_probe=1,
+                                                 backend=backend))
+    assert_same_neighbours(X, idx, ref_d, ref_i, np.float32)
+    np.testing.assert_allclose(sqdist, ref_d, rtol=1e-4)
+    Q = X[::30] + np.float32(0.25)
+    sqdist, idx = on_host(backend, ge.approx_knn_query(
+        backend.asarray(Q), backend.asarray(X), 10, n_lists=2, n_probe=1, backend=backend))
+    Q64, X64 = Q.astype(np.float64), X.astype(np.float64)
+    ref_d, order = best_by_distance_then_index(((Q64[:, None] - X64[None]) ** 2).sum(-1), 10)
+    np.testing.assert_array_equal(idx, order)
+    np.testing.assert_allclose(sqdist, ref_d, rtol=1e-4)
 
 
 def test_approx_knn_finds_more_neighbours_with_more_probes(backend):
