@@ -38,11 +38,11 @@ __all__ = ["knn_accuracy", "clustering_error", "rnx", "auc_rnx", "log_k_auc", "c
 BLOCK_BYTES = 64 * 2**20
 # A row of GEMM distances whose rounding, about sqrt(D) eps (|x| + max |x|)^2, exceeds
 # RANK_RTOL of its RANK_REFERENCE-th nearest distance is computed again more precisely
-# (_Space.precise_rows): Fashion-MNIST's float32 images with their halves moved 300 apart
-# (3,000 of them) had an AUC of 0.352 against 0.415 from float64, where float32's rounding
-# exceeded the neighbours' distances.  At 1e-3 every row of a float32 layout of 8,000
-# points in clusters of radius 4 spread over 100 went again (2.8-4.0 s against 2.0-2.3 s),
-# for the same AUC to 6 digits.
+# (_Space.precise_rows): 3,000 of Fashion-MNIST's float32 images with their halves moved
+# 300 up and down (pixels in [0, 1]) had an AUC of 0.352 against 0.415 from float64,
+# where float32's rounding exceeded the neighbours' distances.  At 1e-3 every row of a
+# float32 layout of 8,000 points in clusters of radius 4 spread over 100 went again
+# (2.8-4.0 s against 2.0-2.3 s), for the same AUC to 6 digits.
 RANK_RTOL = 1e-2
 RANK_REFERENCE = 10
 # knn_accuracy moves layouts of up to this many columns to the CPU's k-d tree.
@@ -163,8 +163,8 @@ class _Space:
         """Positions in the block (distances D, their ``order``) of the rows whose
         rounding could reorder their RANK_REFERENCE nearest: see RANK_RTOL."""
         xp = self.xp
-        nearest = xp.take_along_axis(D, order[:, min(order.shape[1], RANK_REFERENCE) - 1:]
-                                     [:, :1], axis=1)[:, 0]
+        col = min(order.shape[1], RANK_REFERENCE) - 1
+        nearest = xp.take_along_axis(D, order[:, col:col + 1], axis=1)[:, 0]
         error = rounding(xp, self.sq[rows], self.sq_max, self.X.shape[1], dtype or self.X.dtype)
         return xp.flatnonzero(error > RANK_RTOL * nearest)
 
