@@ -165,7 +165,8 @@ class _Space:
         xp = self.xp
         col = min(order.shape[1], RANK_REFERENCE) - 1
         nearest = xp.take_along_axis(D, order[:, col:col + 1], axis=1)[:, 0]
-        error = rounding(xp, self.sq[rows], self.sq_max, self.X.shape[1], dtype or self.X.dtype)
+        error = rounding(xp, self.sq[rows], self.sq_max, self.X.shape[1], dtype or self.X.dtype,
+                         nearest)
         return xp.flatnonzero(error > RANK_RTOL * nearest)
 
     def precise_rows(self, rows):

@@ -334,8 +334,9 @@ class ListIndex:
                 sqdist[rows], indices[rows] = _finish_all(xp, Qc, X, values, sq_q, self.sq,
                                                           order_dev, cand, k,
                                                           DEFAULT_BLOCK_BYTES[be.name])
-                unsure[rows] = (rounding(xp, sq_q, sq_max, X.shape[1], X.dtype)
-                                > ROUNDING_SHARE * sqdist[rows, -1])
+                kth = sqdist[rows, -1].astype(np.float64)
+                unsure[rows] = (rounding(xp, sq_q, sq_max, X.shape[1], X.dtype, kth)
+                                > ROUNDING_SHARE * kth)
         # Rows whose candidates the GEMM's rounding chose blindly (groups far apart
         # against their spread) get the exact search's answer.
         return _settle(be, Q, X, k, exclude_self, DEFAULT_BLOCK_BYTES[be.name], sqdist,

@@ -269,11 +269,16 @@ def test_rnx_of_sparse_rows_far_from_the_origin(rng):
 
 def test_rnx_of_ordinary_rows_takes_the_gemm_alone(rng, monkeypatch):
     """Float32 rows whose spread is not small against their neighbour distances
-    (and a float32 layout): no row goes again."""
+    (and a float32 layout), with two outliers 1e4 away: no row but the outliers'
+    goes again (their far norms bound the rounding only of points as far)."""
     import gpuembed.metrics as metrics
 
-    def refuse(self, rows):
-        raise AssertionError(f"rows {rows} computed again")
-    monkeypatch.setattr(metrics._Space, "precise_rows", refuse)
+    precise_rows = metrics._Space.precise_rows
+
+    def only_outliers(self, rows):
+        assert (rows < 2).all(), f"rows {rows} computed again"
+        return precise_rows(self, rows)
+    monkeypatch.setattr(metrics._Space, "precise_rows", only_outliers)
     Xh = (rng.standard_normal((400, 30)) + 5).astype(np.float32)
+    Xh[:2] = 1e4
     rnx(Xh, (Xh[:, :2] + rng.standard_normal((400, 2))).astype(np.float32))

@@ -629,6 +629,21 @@ def test_ordinary_points_settle_in_their_first_search(rng, dtype, searched_again
     assert searched_again == {"float64": [], "exactly": []}
 
 
+def test_far_outliers_leave_the_other_rows_settled(rng, searched_again):
+    """Three rows 1e4 from the others set max |x|; the rounding of a distance to a
+    point within the k-th distance of an ordinary row is bounded by that point's
+    norm of at most |q| + sqrt(k-th distance) instead (by max |x| alone every
+    other row went again).  Only the outliers' own rows may."""
+    X = rng.standard_normal((2000, 20)).astype(np.float32)
+    X[:3] = 1e4
+    ref_d, ref_i = brute_knn(X, 15)
+    sqdist, idx = ge.knn(X, 15, backend="cpu")
+    assert_same_neighbours(X, idx, ref_d, ref_i, np.float32)
+    ge.neighbors.knn_query(X[::7] + np.float32(0.25), X, 15, backend="cpu")
+    again = np.concatenate([np.empty(0, np.int64), *searched_again["float64"]])
+    assert (again < 3).all() and not searched_again["exactly"]
+
+
 def test_sparse_float32_rows_far_from_the_origin(rng, searched_again):
     """Sparse rows are searched uncentred, and stored as the far-apart groups above
     (every value stored) float32's GEMM cannot rank them either: the float64
