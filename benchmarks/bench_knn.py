@@ -276,7 +276,8 @@ def run_split(n=20_000, offsets=(0, 3, 10, 30, 300), k=90, repeat=1, checked=100
         moved = X.copy()
         moved[:half] += np.float32(offset)
         moved[half:] -= np.float32(offset)
-        centred = moved.astype(np.float64) - moved.astype(np.float64).mean(axis=0)
+        centred = moved.astype(np.float64)
+        centred -= centred.mean(axis=0)
         sq = (centred ** 2).sum(axis=1)
         true = np.sort(sq[rows, None] + sq - 2 * centred[rows] @ centred.T, axis=1)[:, 1:k + 1]
         true = np.sqrt(np.maximum(true, 0))

@@ -135,13 +135,20 @@ def _rank_blocks(X_high, X_low, k_max, be, metric):
                     start, stop, products)
                 D[own - start, own] = xp.inf
                 order = smallest_sorted(xp, D, k_max)
-                again = xp.arange(0) if space is None else space.imprecise(D, order, own)
-                if again.size:
-                    D = space.precise_rows(own[again])
-                    D[xp.arange(again.size), own[again]] = xp.inf
-                    order[again] = smallest_sorted(xp, D, k_max)
+                if space is not None:
+                    _rank_again(xp, space, D, order, own, k_max)
                 orders.append(order)
             yield orders
+
+
+def _rank_again(xp, space, D, order, own, k_max):
+    """``order`` (of the block's rows ``own``, distances D) with the rows whose
+    rounding could reorder them ranked again from the space's precise distances."""
+    again = space.imprecise(D, order, own)
+    if again.size:
+        D = space.precise_rows(own[again])
+        D[xp.arange(again.size), own[again]] = xp.inf
+        order[again] = smallest_sorted(xp, D, k_max)
 
 
 class _Space:

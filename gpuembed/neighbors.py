@@ -565,8 +565,8 @@ def _mixed_precision_knn(be, Q, X, k, exclude_self, block_bytes, n_cand):
     # so that its norms, rounded to float32, cannot fail that.
     if not 8.0 * max(sq_x.max(), sq_q.max()) < float(np.finfo(np.float32).max):
         return _knn(be, Q, X, k, exclude_self, block_bytes, mixed=False)
-    approx, cand, unsettled = _gemm_knn(be, Q32, X32, n_cand, exclude_self, block_bytes, 0,
-                                        True, None)
+    approx, cand, unsettled = _gemm_knn(be, Q32, X32, n_cand, exclude_self, block_bytes,
+                                        mean=0, keep=True, points=None)
     sqdist, indices = _recomputed_best(np, Q, X, cand, k, block_bytes)
     slack = 2.0**-23 * (np.sqrt(sq_q) + np.sqrt(sq_x.max()))
     beyond = np.sqrt(approx[:, -1].astype(np.float64)
@@ -777,8 +777,8 @@ def _finish(xp, Q, X, dist, sq_rows, sq_cand, cand, k, block_bytes):
     all at once, the 90-NN of Fashion-MNIST moved 1e4 from the origin, centred on a
     float32 mean 9.9 off, which sent most pairs here, was killed for memory at 24 GB
     (6.9M pairs: three arrays of 21 GB each)."""
-    rounding = np.sqrt(X.shape[1]) * np.finfo(X.dtype).eps / RTOL[X.dtype]
-    r, c = xp.nonzero(dist <= rounding * (sq_rows[:, None] + sq_cand))
+    share = np.sqrt(X.shape[1]) * np.finfo(X.dtype).eps / RTOL[X.dtype]
+    r, c = xp.nonzero(dist <= share * (sq_rows[:, None] + sq_cand))
     _recompute(xp, Q, X, cand, dist, r, c, block_bytes)
     return _best_sorted(xp, dist, cand, k)
 
