@@ -23,15 +23,23 @@ k-NN its sorts and synchronization would be repeated 3,700 times.
 
 The margin is checked, row by row (_unsure_rows): where by the same estimate of
 the rounding a point left out could lie nearer than the k-th neighbour, the row
-is searched again (_settle), float32 points in float64 and float64 ones by every
-distance from the coordinates.  That happens where the points' spread about
+is searched again (_settle).  That happens where the points' spread about
 their mean is large against their neighbour distances, as for groups far apart:
 Fashion-MNIST's first 20,000 images (pixels in [0, 1], float32, 90-NN) with their
 halves moved 30 up and down had wrong neighbours in 2 of 200 rows checked, moved
 300 in every one; now none, in 9.8 and 9.4 s against 3.7 and 3.2 s without the
 check (results/knn_split.json at 9cd0390, 2-core AMD EPYC VM).  Moved 10, 90% of
 the rows go again, 8.2 s against 3.4 s, where float32 had the checked rows right;
-moved 3, 26 rows, 3.6 s against 3.4 s; not moved, none (2.5 s both).
+moved 3, 26 rows, 3.6 s against 3.4 s; not moved, none (2.5 s both).  Unsure rows
+go first, where there are enough of them, in groups each centred on its own mean
+(_recentred), in X's dtype; the rest go, float32 points in float64 and float64
+ones by every distance from the coordinates.  On the CPU the float32 k-NN of all
+points goes to float64 at once where more than half of its rows are unsure (its
+float64 self search takes half the products).  Every tenth of those images as
+queries among the others (results/knn_split_queries.json): all settled about their
+own centres, 0.80-0.87 s against 1.18-1.31 s through float64 (0.38-0.42 s not
+searched again); the first 5,000 images as float64 moved 1e6 or 1e8, all rows
+unsure: 1.4 s against 6.3-6.9 s from the coordinates (knn_split_float64.json).
 
 Float64 points on the CPU, when there are many, are searched in float32 and their
 candidates' distances recomputed in float64, with a bound that sends any row the
@@ -96,6 +104,9 @@ SHARED_BYTES = 48 * 1024   # static shared memory per block without opting in
 # against 0.46 s.
 MIXED_MIN_RATIO = 200
 MIXED_MIN_QUERIES = 500
+# Rows the GEMM's rounding leaves unsure are searched again about the means of at
+# most RECENTRED_GROUPS groups of at least RECENTRED_GROUP_ROWS of them (_recentred).
+RECENTRED_GROUPS, RECENTRED_GROUP_ROWS = 16, 256
 # Relative accuracy of the returned distances, per dtype (see module doc).
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
 # Up to this many features the CPU walks a k-d tree instead (_tree_knn), 2 cores,
@@ -481,11 +492,16 @@ def rounding(xp, sq_q, sq_max, dim, dtype, within):
 
 
 def _settle(be, Q, X, k, exclude_self, block_bytes, sqdist, indices, unsure):
-    """sqdist, indices with the unsure rows searched again: float32 points in
-    float64 (_rows_in_float64, a float64 copy of X), float64 ones from every
-    point's distance computed from the coordinates (_rows_exactly)."""
+    """sqdist, indices with the unsure rows searched again: dense ones first in
+    X's dtype about centres of their own (_recentred), and those still unsure
+    float32 points in float64 (_rows_in_float64, a float64 copy of X), float64
+    ones from every point's distance computed from the coordinates
+    (_rows_exactly)."""
     xp = be.xp
     rows = xp.flatnonzero(unsure)
+    whole = X.dtype != np.float64 and _whole_search_pays(be, X, rows, exclude_self)
+    if rows.size and not (is_sparse(X) or whole):
+        rows = _recentred(be, Q, X, rows, k, exclude_self, block_bytes, sqdist, indices)
     if rows.size == 0:
         return sqdist, indices
     if X.dtype == np.float64:
@@ -498,14 +514,83 @@ def _settle(be, Q, X, k, exclude_self, block_bytes, sqdist, indices, unsure):
     return sqdist, indices
 
 
+def _recentred(be, Q, X, rows, k, exclude_self, block_bytes, sqdist, indices):
+    """The queries Q[rows] searched again in X's dtype, each group of them
+    (_farthest_point_groups) centred on its own mean; the rows this settles are
+    written into ``sqdist``, ``indices`` and the others returned.
+
+    Rows go unsure where their distance from the points' mean is large against
+    their neighbour distances (groups far apart).  About a centre among them, a
+    query's norm is its group's spread, and so is that of every point within its
+    k-th distance (rounding's ``within``): the check then vouches for rows that
+    otherwise took float64, a float64 copy of X and, on GPUs whose float64 runs
+    at 1/32 to 1/64 of float32, that much slower products.  A group costs a
+    centred copy of X and its norms, as much as the GEMM of some tens of rows: at
+    most RECENTRED_GROUPS groups of at least RECENTRED_GROUP_ROWS rows, none for
+    fewer rows (groups of 64 rows took 1.10 s where 256 took 0.80 s, for 2,000
+    queries in the module doc's case, moved 10).  Times: the module doc."""
+    xp = be.xp
+    n_groups = min(RECENTRED_GROUPS, rows.size // RECENTRED_GROUP_ROWS)
+    if n_groups == 0:
+        return rows
+    m = k + int(exclude_self)            # with its own row, dropped below
+    labels = _farthest_point_groups(xp, Q[rows], n_groups)
+    left = []
+    for group in range(n_groups):
+        own = rows[labels == group]
+        if own.size == 0:                # identical rows: fewer distinct seeds
+            continue
+        queries = Q[own]
+        found, cand, unsure = _gemm_knn(be, queries, X, m, False, block_bytes,
+                                        column_means(xp, queries), False, None)
+        if exclude_self:
+            found, cand = _without_own(found, cand, own)
+        settled = ~unsure
+        sqdist[own[settled]], indices[own[settled]] = found[settled], cand[settled]
+        left.append(own[unsure])
+    return xp.sort(xp.concatenate(left))
+
+
+def _farthest_point_groups(xp, P, n_groups):
+    """Each of P's rows labelled by the nearest of ``n_groups`` seeds, chosen by
+    farthest-point traversal: the first row, then each time the row farthest from
+    the seeds so far, so that groups far apart get seeds of their own before any
+    group a second one.  Distances from coordinate differences (no GEMM)."""
+    labels = xp.zeros(P.shape[0], dtype=xp.int64)
+    nearest = row_sqnorms(xp, P - P[0])
+    for group in range(1, n_groups):
+        sqdist = row_sqnorms(xp, P - P[int(nearest.argmax())])
+        closer = sqdist < nearest
+        labels[closer] = group
+        nearest[closer] = sqdist[closer]
+    return labels
+
+
+def _without_own(sqdist, indices, rows):
+    """The sorted k + 1 neighbours of queries that are the points ``rows`` without
+    each row's own index (or its last, where as many copies at distance 0 come
+    before it): their k neighbours."""
+    drop = indices == rows[:, None]
+    drop[~drop.any(axis=1), -1] = True
+    keep = ~drop
+    shape = (len(rows), indices.shape[1] - 1)
+    return sqdist[keep].reshape(shape), indices[keep].reshape(shape)
+
+
 def _float64_search(be, Q, X, rows, k, exclude_self, block_bytes):
     """(rows, sqdist, indices): the k-NN of float64 queries Q[rows] by the float64
-    search (_rows_in_float64), or of all points where they are more than half
-    of them: that search takes half the products of as many queries."""
-    if exclude_self and 2 * rows.size > X.shape[0]:
+    search (_rows_in_float64), or of all points where _whole_search_pays."""
+    if _whole_search_pays(be, X, rows, exclude_self):
         return (be.xp.arange(X.shape[0]),
                 *_knn(be, X, X, k, True, block_bytes, mixed=False))
     return (rows, *_rows_in_float64(be, Q, X, rows, k, exclude_self, block_bytes))
+
+
+def _whole_search_pays(be, X, rows, exclude_self):
+    """Whether the CPU's k-NN of all points costs less than that of the queries
+    X[rows]: where they are more than half of them, since it takes half the
+    products of as many queries (the GPU's, all of them)."""
+    return exclude_self and not be.is_gpu and 2 * rows.size > X.shape[0]
 
 
 def _check_spread(xp, dtype, sqnorms):
@@ -584,11 +669,9 @@ def _rows_in_float64(be, Q, X, rows, k, exclude_self, block_bytes):
     rows); with ``exclude_self`` (Q is X) without each row's own index (or its
     last candidate, where as many copies at distance 0 come before it)."""
     m = min(X.shape[0], k + int(exclude_self) + CANDIDATE_MARGIN)
-    cand = _knn(be, Q[rows], X, m, False, block_bytes, mixed=False)[1]
+    sqdist, cand = _knn(be, Q[rows], X, m, False, block_bytes, mixed=False)
     if exclude_self:
-        drop = cand == rows[:, None]
-        drop[~drop.any(axis=1), -1] = True
-        cand = cand[~drop].reshape(len(rows), m - 1)
+        cand = _without_own(sqdist, cand, rows)[1]
     return _recomputed_best(be.xp, Q[rows], X, cand, k, block_bytes)
 
 

@@ -563,13 +563,22 @@ def test_recomputed_distances_are_taken_a_block_at_a_time(monkeypatch, rng, kind
 @pytest.fixture
 def searched_again(monkeypatch):
     """The rows the GEMM search could not vouch for, by the way they went again:
-    {"float64": [rows...], "exactly": [rows...]} (neighbors._settle)."""
-    calls = {"float64": [], "exactly": []}
+    {"recentred": [rows settled, on the host...], "float64": [rows...],
+    "exactly": [rows...]} (neighbors._settle)."""
+    calls = {"recentred": [], "float64": [], "exactly": []}
     for name, key in (("_rows_in_float64", "float64"), ("_rows_exactly", "exactly")):
         def spy(*args, _key=key, _again=getattr(ge.neighbors, name)):
             calls[_key].append(args[3].copy())
             return _again(*args)
         monkeypatch.setattr(ge.neighbors, name, spy, raising=False)
+
+    def recentred(be, *args, _again=ge.neighbors._recentred):
+        left = _again(be, *args)
+        settled = np.setdiff1d(be.to_host(args[2]), be.to_host(left))
+        if settled.size:
+            calls["recentred"].append(settled)
+        return left
+    monkeypatch.setattr(ge.neighbors, "_recentred", recentred)
     return calls
 
 
@@ -579,19 +588,25 @@ def far_apart_groups(rng, offset, dtype, n=150, d=20):
                           ).astype(dtype)
 
 
-def test_float32_groups_far_apart_go_again_in_float64(backend, rng, searched_again):
+def test_float32_groups_far_apart_go_again(backend, rng, searched_again):
     """Groups 3e3 from their mean in 20-D: centred squared norms of 1.8e8, which
     float32 resolves to about 2e1 (eps |x|^2), as much as the unit spread's squared
     neighbour distances: the GEMM chose wrong neighbours (95% of them, up to 2.6
-    times as far as the true ones).  Every row's bound fails, and the float64
-    search of all points answers; for queries the float64 search of theirs."""
-    X = far_apart_groups(rng, 3e3, np.float32)
+    times as far as the true ones).  Every row's bound fails.  On the CPU the
+    float64 search of all points answers (half the products of the rows'
+    own); on the GPU the rows' search about centres of their own (600 rows,
+    two groups).  For ten queries, too few for a group, their float64 search."""
+    X = far_apart_groups(rng, 3e3, np.float32, n=300)
     ref_d, ref_i = brute_knn(X, 10)
     sqdist, idx = (backend.to_host(a) for a in ge.knn(backend.asarray(X), 10, backend=backend))
     assert sqdist.dtype == np.float32
     assert_same_neighbours(X, idx, ref_d, ref_i, np.float32)
     np.testing.assert_allclose(sqdist, ref_d, rtol=1e-4)
-    assert searched_again == {"float64": [], "exactly": []}    # all of them: the self search
+    if backend.is_gpu:
+        (rows,) = searched_again["recentred"]
+        np.testing.assert_array_equal(rows, np.arange(len(X)))
+        searched_again["recentred"].clear()
+    assert searched_again == {"recentred": [], "float64": [], "exactly": []}
     Q = X[::30] + np.float32(0.25)
     sqdist, idx = ge.neighbors.knn_query(backend.asarray(Q), backend.asarray(X), 10,
                                          backend=backend)
@@ -605,7 +620,8 @@ def test_float32_groups_far_apart_go_again_in_float64(backend, rng, searched_aga
 
 def test_float64_groups_far_apart_are_searched_exactly(backend, rng, searched_again):
     """Groups 3e9 from their mean: float64 resolves their squared norms (1.8e20) to
-    about 4e4, and its GEMM chose wrong neighbours (94% of them).  No row settles;
+    about 4e4, and its GEMM chose wrong neighbours (94% of them).  No row settles,
+    and 120 rows are too few for a group about its own centre (_recentred):
     every distance is then computed from the coordinates' differences, a few rows
     at a time."""
     X = far_apart_groups(rng, 3e9, np.float64, n=60)
@@ -618,6 +634,52 @@ def test_float64_groups_far_apart_are_searched_exactly(backend, rng, searched_ag
     np.testing.assert_array_equal(backend.to_host(rows), np.arange(len(X)))
 
 
+def test_float32_queries_far_apart_settle_about_their_own_centres(backend, rng,
+                                                                  searched_again):
+    """600 queries of the groups 3e3 apart above: about the means of two groups
+    of them by farthest-point traversal (one in each group far apart), a query's
+    norm and its neighbours' are the unit spread, and the float32 search vouches
+    for every row: no float64 copy of X and no float64 products, which GPUs
+    without float64 units run 32-64 times slower."""
+    X = far_apart_groups(rng, 3e3, np.float32)
+    Q = np.concatenate([X + np.float32(0.25), X - np.float32(0.25)])
+    sqdist, idx = ge.neighbors.knn_query(backend.asarray(Q), backend.asarray(X), 10,
+                                         backend=backend)
+    Q64, X64 = Q.astype(np.float64), X.astype(np.float64)
+    ref_d, order = best_by_distance_then_index(((Q64[:, None] - X64[None]) ** 2).sum(-1), 10)
+    np.testing.assert_array_equal(backend.to_host(idx), order)
+    np.testing.assert_allclose(backend.to_host(sqdist), ref_d, rtol=1e-4)
+    (rows,) = searched_again["recentred"]
+    np.testing.assert_array_equal(rows, np.arange(len(Q)))
+    assert searched_again["float64"] == [] and searched_again["exactly"] == []
+
+
+def test_float64_groups_far_apart_settle_about_their_own_centres(backend, rng,
+                                                                  searched_again):
+    """The float64 groups 3e9 apart, 600 points: about the means of two groups
+    of them the float64 GEMM vouches for every row, where each had taken all N
+    distances from the coordinates."""
+    X = far_apart_groups(rng, 3e9, np.float64, n=300)
+    ref_d, ref_i = brute_knn(X, 7)
+    sqdist, idx = ge.knn(backend.asarray(X), 7, backend=backend)
+    np.testing.assert_array_equal(backend.to_host(idx), ref_i)
+    np.testing.assert_allclose(backend.to_host(sqdist), ref_d, rtol=1e-10)
+    (rows,) = searched_again["recentred"]
+    np.testing.assert_array_equal(rows, np.arange(len(X)))
+    assert searched_again["float64"] == [] and searched_again["exactly"] == []
+
+
+def test_farthest_point_groups_seed_every_group_far_apart(rng):
+    """Three groups 1e3 apart get a seed each, and each group one label; identical
+    rows all take the first (the other seeds' groups stay empty)."""
+    P = np.concatenate([c + rng.standard_normal((40, 5)) for c in rng.standard_normal((3, 5))
+                        * 1e3])
+    labels = ge.neighbors._farthest_point_groups(np, P, 3)
+    assert sorted(len(np.unique(labels[i:i + 40])) for i in (0, 40, 80)) == [1, 1, 1]
+    assert len(np.unique(labels)) == 3
+    assert (ge.neighbors._farthest_point_groups(np, np.ones((5, 3)), 4) == 0).all()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_ordinary_points_settle_in_their_first_search(rng, dtype, searched_again):
     """Points whose spread is not small against their distance from the mean:
@@ -626,7 +688,7 @@ def test_ordinary_points_settle_in_their_first_search(rng, dtype, searched_again
     X[:40] += 30.0
     ge.knn(X, 15, backend="cpu")
     ge.neighbors.knn_query(X[:300] + 0.5, X, 15, backend="cpu")
-    assert searched_again == {"float64": [], "exactly": []}
+    assert searched_again == {"recentred": [], "float64": [], "exactly": []}
 
 
 def test_far_outliers_leave_the_other_rows_settled(rng, searched_again):
@@ -641,7 +703,7 @@ def test_far_outliers_leave_the_other_rows_settled(rng, searched_again):
     assert_same_neighbours(X, idx, ref_d, ref_i, np.float32)
     ge.neighbors.knn_query(X[::7] + np.float32(0.25), X, 15, backend="cpu")
     again = np.concatenate([np.empty(0, np.int64), *searched_again["float64"]])
-    assert (again < 3).all() and not searched_again["exactly"]
+    assert (again < 3).all() and not (searched_again["exactly"] or searched_again["recentred"])
 
 
 def test_sparse_float32_rows_far_from_the_origin(rng, searched_again):
