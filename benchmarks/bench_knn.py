@@ -46,9 +46,13 @@ neighbours' agreement (written to knn_offset.json).
 
 ``--split C [C ...]``: the float32 images with their halves moved C up and down
 (two groups far apart; 0 3 10 30 300 by default), exact 90-NN with the rows the
-GEMM's rounding leaves unsure searched again (the default, neighbors._settle) and
-without (the code before): seconds, rows searched again, and rows wrong among 200
-checked against float64 (written to knn_split.json).
+GEMM's rounding leaves unsure searched again (the default, neighbors._settle),
+searched again without their search about centres of their own first
+(neighbors._recentred) and not searched again: seconds, rows searched again, and
+rows wrong among 200 checked against float64 (written to knn_split.json).  With
+``--split-queries`` every tenth image's 90-NN among the others
+(knn_split_queries.json); with ``--split-dtype float64`` the first 5,000 images
+as float64 (knn_split_float64.json).
 
 ``--low-dim``: points of 2 to 10 coordinates (a layout, a point cloud, a few
 principal components), where gpuembed's CPU path is a k-d tree: against its own
@@ -261,54 +265,85 @@ def run_offset(n=None, offset=1e4, k=90, repeat=1):
             "runs": rows}
 
 
-def run_split(n=20_000, offsets=(0, 3, 10, 30, 300), k=90, repeat=1, checked=100):
-    """Exact k-NN of the images with their halves moved +-offset, with the unsure
-    rows searched again and without; ``checked`` rows of each half against float64."""
+def run_split(n=20_000, offsets=(0, 3, 10, 30, 300), k=90, repeat=1, checked=100,
+              dtype="float32", queries=False):
+    """Exact k-NN of the images (as ``dtype``) with their halves moved +-offset; with
+    ``queries`` every tenth image's k-NN among the others.  Three variants: the unsure
+    rows searched again (the default), searched again without the search about their
+    own centres first (neighbors._recentred; the code before it) and not searched
+    again (before 7bf7e85).  ``checked`` rows (queries) of each half against float64."""
     X, _ = ge.datasets.fashion_mnist()
-    X = X[:n]
+    X = X[:n].astype(dtype)
     half = X.shape[0] // 2
-    rows = np.r_[0:checked, half:half + checked]
+    is_query = np.arange(X.shape[0]) % 10 == 0 if queries else None
     ge.knn(X[:3000], k, backend="cpu")                  # compile + warm up
-    unsure_rows = neighbors._unsure_rows
-    settle = neighbors._settle
+    unsure_rows, recentred = neighbors._unsure_rows, neighbors._recentred
+
+    def kept(be, Q, X_, k_, exclude_self, block_bytes, sqdist, indices, mask):
+        return sqdist, indices
+
+    variants = {"searched again": (),
+                "not re-centred": ((neighbors, "RECENTRED_GROUP_ROWS", 2**62),),
+                "not searched again": ((neighbors, "_settle", kept),)}
     runs = []
     for offset in offsets:
         moved = X.copy()
-        moved[:half] += np.float32(offset)
-        moved[half:] -= np.float32(offset)
-        centred = moved.astype(np.float64)
-        centred -= centred.mean(axis=0)
-        sq = (centred ** 2).sum(axis=1)
-        true = np.sort(sq[rows, None] + sq - 2 * centred[rows] @ centred.T, axis=1)[:, 1:k + 1]
-        true = np.sqrt(np.maximum(true, 0))
-        for variant in ("searched again", "not searched again"):
-            unsure = []
+        moved[:half] += moved.dtype.type(offset)
+        moved[half:] -= moved.dtype.type(offset)
+        exact = moved.astype(np.float64)
+        if queries:
+            Q, P, points = moved[is_query], moved[~is_query], exact[~is_query]
+            first = int(is_query[:half].sum())          # the second half's first query
+            each = min(checked, first, len(Q) - first)
+            rows = np.r_[0:each, first:first + each]
+            near = exact[is_query][rows]
+        else:
+            Q = P = moved
+            points, rows = exact, np.r_[0:checked, half:half + checked]
+            near = exact[rows]
+        # From the coordinates' differences: a GEMM's rounding is what is measured.
+        skip = int(not queries)                         # the row itself
+        true = np.sqrt(np.sort([((points - q) ** 2).sum(axis=1) for q in near],
+                               axis=1)[:, skip:k + skip])
+        for variant, patches in variants.items():
+            unsure, settled = [], []
 
             def counted(*args):
                 mask = unsure_rows(*args)
                 unsure.append(int(mask.sum()))
                 return mask
 
-            def kept(be, Q, X_, k_, exclude_self, block_bytes, sqdist, indices, mask):
-                return sqdist, indices
+            def counted_recentred(be, *args):
+                left = recentred(be, *args)
+                settled.append(int(args[2].size - left.size))
+                return left
 
             def search():
                 unsure.clear()                          # the last repeat's counts
-                return ge.knn(moved, k, backend="cpu")
+                settled.clear()
+                return (ge.neighbors.knn_query(Q, P, k, backend="cpu") if queries
+                        else ge.knn(Q, k, backend="cpu"))
 
-            with mock.patch.object(neighbors, "_unsure_rows", counted), \
-                    mock.patch.object(neighbors, "_settle",
-                                      kept if variant == "not searched again" else settle):
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(mock.patch.object(neighbors, "_unsure_rows", counted))
+                stack.enter_context(mock.patch.object(neighbors, "_recentred",
+                                                      counted_recentred))
+                for target, name, value in patches:
+                    stack.enter_context(mock.patch.object(target, name, value))
                 t, (sqdist, _) = best_time(search, repeat)
             error = np.abs(np.sqrt(sqdist[rows].astype(np.float64)) - true)
-            # The first check is the search's own; any later ones, the float64 search's.
+            positive = true > 0                         # not the duplicates' zeros
+            # The first check is the search's own; any later ones, the searches again.
             runs.append({"offset": offset, "variant": variant, "seconds": t,
                          "rows_unsure": unsure[0], "rows_unsure_again": sum(unsure[1:]),
+                         "rows_settled_recentred": sum(settled),
                          "checked_rows_wrong": int((error > 1e-3 * true).any(axis=1).sum()),
                          "checked_rows": len(rows),
-                         "largest_relative_error": float((error / true).max())})
+                         "largest_relative_error": float((error[positive]
+                                                          / true[positive]).max())})
             print(runs[-1], flush=True)
-    return {"n": X.shape[0], "dim": X.shape[1], "k": k, "dtype": "float32", "runs": runs}
+    return {"n": X.shape[0], "dim": X.shape[1], "k": k, "dtype": dtype,
+            "queries": int(Q.shape[0]) if queries else None, "runs": runs}
 
 
 LOW_DIM_CASES = ((70_000, 2, 10, "uniform"), (300_000, 3, 90, "uniform"),
@@ -588,6 +623,10 @@ def main(argv=None):
                         help="the images' halves moved C up and down (0 3 10 30 300 without "
                              "C): exact k-NN with and without the unsure rows searched "
                              "again (knn_split.json)")
+    parser.add_argument("--split-dtype", default="float32", choices=("float32", "float64"),
+                        help="with --split: the images' dtype (float64: the first 5,000)")
+    parser.add_argument("--split-queries", action="store_true",
+                        help="with --split: every tenth image's k-NN among the others")
     parser.add_argument("--backend", default="cpu", help="with --approx and --approx-large")
     parser.add_argument("--tsne-n", type=int, default=20_000, help="with --approx")
     args = parser.parse_args(argv)
@@ -597,9 +636,13 @@ def main(argv=None):
         return
     if args.split is not None:
         offsets = tuple(args.split) or (0, 3, 10, 30, 300)
-        n = args.n or 20_000
-        write_result("knn_split", run_split(n, offsets, repeat=args.repeat),
-                     suffix="" if args.n is None else f"_n{args.n}")
+        n = args.n or (5_000 if args.split_dtype == "float64" else 20_000)
+        suffix = ("_queries" if args.split_queries else "") + (
+            "_float64" if args.split_dtype == "float64" else "") + (
+            "" if args.n is None else f"_n{args.n}")
+        write_result("knn_split", run_split(n, offsets, repeat=args.repeat,
+                                            dtype=args.split_dtype,
+                                            queries=args.split_queries), suffix=suffix)
         return
     if args.approx_query:
         write_result("knn_approx_query", run_approx_query(args.approx_query),

@@ -30,6 +30,8 @@ RUNS = [
      ["fashion_mnist"]),
     (["bench_knn.py", "--split", "0", "300", "--n", "1500", "--repeat", "1"], "knn_split_n1500",
      ["runs"], ["fashion_mnist"]),
+    (["bench_knn.py", "--split", "1e8", "--split-dtype", "float64", "--split-queries", "--n",
+      "1500", "--repeat", "1"], "knn_split_queries_float64_n1500", ["runs"], ["fashion_mnist"]),
     (["bench_lll.py", "--n", "2000", "--d", "4", "--landmarks", "100", "200"], "lll_n2000",
      ["d4", "kmeans"], ["fashion_mnist"]),
     (["bench_lll.py", "--swiss-roll", "--n", "3000"], "lll_swiss_roll", ["exact_seconds", "runs"],
