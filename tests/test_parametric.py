@@ -1,5 +1,7 @@
 """Parametric embeddings: mappings, the chain-rule baseline and MAC (paper 001)."""
+import copy
 import itertools
+import pickle
 
 import numpy as np
 import pytest
@@ -37,10 +39,28 @@ def test_linear_mapping_recovers_an_affine_map(rng):
     A, b = rng.normal(size=(6, 2)), rng.normal(size=2)
     m = LinearMapping().fit(Y, Y @ A + b)
     assert np.allclose(m.coef_[:6], A, atol=1e-10) and np.allclose(m.coef_[6], b, atol=1e-10)
-    # A warm start on the same Y reuses the cached Gram pseudo-inverse.
+    # A warm start on the same Y reuses the cached design and Gram pseudo-inverse.
     cached = m._cache
     m.fit(Y, Y @ (2 * A), warm_start=True)
     assert m._cache is cached and np.allclose(m.predict(Y), Y @ (2 * A), atol=1e-9)
+
+
+@pytest.mark.parametrize("make", [LinearMapping, lambda: RBFMapping(n_centers=30,
+                                                                    random_state=0)])
+def test_copies_leave_the_warm_fits_cache_behind(rng, make):
+    """Copies and pickles of a fitted mapping (MAC copies its best at every step)
+    hold its parameters, not the design of the training rows kept for warm fits
+    (as large as Y); a copy's warm fit on the same rows builds it again and gives
+    the coefficients of a cold fit."""
+    Y, Z = rng.normal(size=(300, 6)), rng.normal(size=(300, 2))
+    m = make().fit(Y, Z)
+    for other in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert not hasattr(other, "_cache") and other._key is None
+        np.testing.assert_array_equal(other.predict(Y), m.predict(Y))
+        other.fit(Y, 2 * Z, warm_start=True)
+        np.testing.assert_allclose(other.coef_, make().fit(Y, 2 * Z).coef_, rtol=1e-12,
+                                   atol=1e-12)
+    assert len(pickle.dumps(m)) < Y.nbytes
 
 
 def test_linear_mapping_of_rows_far_from_the_origin(rng):

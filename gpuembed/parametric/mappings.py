@@ -9,8 +9,8 @@ a float that multiplies the squared error and not the regularizer.
 Written against the array module of their input (NumPy or CuPy), so they run
 where the data is.  MAC calls ``fit`` once per F step with the same Y and
 ``warm_start=True``: each mapping keeps what does not depend on Z (the linear
-map's Gram pseudo-inverse, the RBF design matrix and its regularized inverse,
-the MLP's weights) so an F step is cheap.
+map's design [Y, 1] and its Gram's pseudo-inverse, the RBF design matrix and
+its regularized inverse, the MLP's weights) so an F step is cheap.
 """
 from __future__ import annotations
 
@@ -71,6 +71,15 @@ class _LinearInParameters:
     _key = None
     fixed_design = True
 
+    def __getstate__(self):
+        # What fit keeps for warm fits on the same Y (a design as large as Y) is
+        # neither copied nor pickled: MAC copies its best mapping at every step,
+        # and the key, Y's identity, means nothing in a copy.
+        state = dict(self.__dict__)
+        state.pop("_cache", None)
+        state.pop("_key", None)
+        return state
+
     def _fit_cache(self, Y, warm_start, build):
         key = (id(Y), Y.shape)
         if not (warm_start and key == self._key):
@@ -112,12 +121,11 @@ class LinearMapping(_LinearInParameters):
     def _build(self, Y):
         self.origin_ = centring_shift(array_module(Y), Y)
         Yb = self.design(Y)
-        return array_module(Y).linalg.pinv(Yb.T @ Yb)
+        return Yb, array_module(Y).linalg.pinv(Yb.T @ Yb)
 
     def fit(self, Y, Z, warm_start=False):
         with _one_blas_thread():
-            gram_pinv = self._fit_cache(Y, warm_start, self._build)
-            Yb = self.design(Y)
+            Yb, gram_pinv = self._fit_cache(Y, warm_start, self._build)
             self.coef_ = gram_pinv @ (Yb.T @ Z)            # (D + 1, L): [A^T; b]
         return self
 
