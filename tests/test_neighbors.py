@@ -658,8 +658,10 @@ def test_float64_groups_far_apart_settle_about_their_own_centres(backend, rng,
                                                                   searched_again):
     """The float64 groups 3e9 apart, 600 points: about the means of two groups
     of them the float64 GEMM vouches for every row, where each had taken all N
-    distances from the coordinates."""
+    distances from the coordinates.  Copies of a point, more of them (10) than
+    the k + 1 searched, come in index order without the row's own."""
     X = far_apart_groups(rng, 3e9, np.float64, n=300)
+    X[1:6], X[301:310] = X[0], X[300]
     ref_d, ref_i = brute_knn(X, 7)
     sqdist, idx = ge.knn(backend.asarray(X), 7, backend=backend)
     np.testing.assert_array_equal(backend.to_host(idx), ref_i)
