@@ -37,9 +37,10 @@ ones by every distance from the coordinates.  On the CPU the float32 k-NN of all
 points goes to float64 at once where more than half of its rows are unsure (its
 float64 self search takes half the products).  Every tenth of those images as
 queries among the others (results/knn_split_queries.json): all settled about their
-own centres, 0.80-0.87 s against 1.18-1.31 s through float64 (0.38-0.42 s not
-searched again); the first 5,000 images as float64 moved 1e6 or 1e8, all rows
-unsure: 1.4 s against 6.3-6.9 s from the coordinates (knn_split_float64.json).
+own centres, 0.83-0.89 s against 1.41-1.65 s through float64 (0.39-0.40 s not
+searched again: wrong from 30 on); the first 5,000 images as float64 moved 1e6 or
+1e8, all rows unsure: 1.55 and 1.89 s against 6.43 and 6.99 s from the
+coordinates (knn_split_float64.json; both at 88c5de6).
 
 Float64 points on the CPU, when there are many, are searched in float32 and their
 candidates' distances recomputed in float64, with a bound that sends any row the
@@ -527,8 +528,9 @@ def _recentred(be, Q, X, rows, k, exclude_self, block_bytes, sqdist, indices):
     at 1/32 to 1/64 of float32, that much slower products.  A group costs a
     centred copy of X and its norms, as much as the GEMM of some tens of rows: at
     most RECENTRED_GROUPS groups of at least RECENTRED_GROUP_ROWS rows, none for
-    fewer rows (groups of 64 rows took 1.10 s where 256 took 0.80 s, for 2,000
-    queries in the module doc's case, moved 10).  Times: the module doc."""
+    fewer rows (groups of 64 rows took 1.12 s where 256 took 0.77 s, for 2,000
+    queries in the module doc's case moved 10, a side run).  Times: the module
+    doc."""
     xp = be.xp
     n_groups = min(RECENTRED_GROUPS, rows.size // RECENTRED_GROUP_ROWS)
     if n_groups == 0:
