@@ -52,7 +52,8 @@ searched again without their search about centres of their own first
 rows wrong among 200 checked against float64 (written to knn_split.json).  With
 ``--split-queries`` every tenth image's 90-NN among the others
 (knn_split_queries.json); with ``--split-dtype float64`` the first 5,000 images
-as float64 (knn_split_float64.json).
+as float64 (knn_split_float64.json); with ``--backend gpu`` on the GPU, whose
+float32 rows re-centre where the CPU's self search goes to float64 (_gpu.json).
 
 ``--low-dim``: points of 2 to 10 coordinates (a layout, a point cloud, a few
 principal components), where gpuembed's CPU path is a k-d tree: against its own
@@ -236,7 +237,7 @@ def run_offset(n=None, offset=1e4, k=90, repeat=1):
     X = X[:n] if n else X
     moved = X + np.float32(offset)
     float32_mean = lambda xp, A: A.mean(axis=0)
-    ge.knn(X[:3000], k, backend="cpu")                  # compile + warm up
+    ge.knn(be.asarray(X[:3000]), k, backend=be)         # compile + warm up
     ge.approx_knn(X[:3000], k, backend="cpu")
     cases = {"unmoved": (X, None), "moved": (moved, None),
              "moved, float32 mean": (moved, float32_mean)}
@@ -266,12 +267,13 @@ def run_offset(n=None, offset=1e4, k=90, repeat=1):
 
 
 def run_split(n=20_000, offsets=(0, 3, 10, 30, 300), k=90, repeat=1, checked=100,
-              dtype="float32", queries=False):
+              dtype="float32", queries=False, backend="cpu"):
     """Exact k-NN of the images (as ``dtype``) with their halves moved +-offset; with
     ``queries`` every tenth image's k-NN among the others.  Three variants: the unsure
     rows searched again (the default), searched again without the search about their
     own centres first (neighbors._recentred; the code before it) and not searched
     again (before 7bf7e85).  ``checked`` rows (queries) of each half against float64."""
+    be = ge.get_backend(backend)
     X, _ = ge.datasets.fashion_mnist()
     X = X[:n].astype(dtype)
     half = X.shape[0] // 2
@@ -301,6 +303,7 @@ def run_split(n=20_000, offsets=(0, 3, 10, 30, 300), k=90, repeat=1, checked=100
             Q = P = moved
             points, rows = exact, np.r_[0:checked, half:half + checked]
             near = exact[rows]
+        Q, P = be.asarray(Q), be.asarray(P)
         # From the coordinates' differences: a GEMM's rounding is what is measured.
         skip = int(not queries)                         # the row itself
         true = np.sqrt(np.sort([((points - q) ** 2).sum(axis=1) for q in near],
@@ -321,8 +324,8 @@ def run_split(n=20_000, offsets=(0, 3, 10, 30, 300), k=90, repeat=1, checked=100
             def search():
                 unsure.clear()                          # the last repeat's counts
                 settled.clear()
-                return (ge.neighbors.knn_query(Q, P, k, backend="cpu") if queries
-                        else ge.knn(Q, k, backend="cpu"))
+                return (ge.neighbors.knn_query(Q, P, k, backend=be) if queries
+                        else ge.knn(Q, k, backend=be))
 
             with contextlib.ExitStack() as stack:
                 stack.enter_context(mock.patch.object(neighbors, "_unsure_rows", counted))
@@ -330,8 +333,8 @@ def run_split(n=20_000, offsets=(0, 3, 10, 30, 300), k=90, repeat=1, checked=100
                                                       counted_recentred))
                 for target, name, value in patches:
                     stack.enter_context(mock.patch.object(target, name, value))
-                t, (sqdist, _) = best_time(search, repeat)
-            error = np.abs(np.sqrt(sqdist[rows].astype(np.float64)) - true)
+                t, (sqdist, _) = best_time(search, repeat, sync=device_sync(be))
+            error = np.abs(np.sqrt(be.to_host(sqdist)[rows].astype(np.float64)) - true)
             positive = true > 0                         # not the duplicates' zeros
             # The first check is the search's own; any later ones, the searches again.
             runs.append({"offset": offset, "variant": variant, "seconds": t,
@@ -342,7 +345,7 @@ def run_split(n=20_000, offsets=(0, 3, 10, 30, 300), k=90, repeat=1, checked=100
                          "largest_relative_error": float((error[positive]
                                                           / true[positive]).max())})
             print(runs[-1], flush=True)
-    return {"n": X.shape[0], "dim": X.shape[1], "k": k, "dtype": dtype,
+    return {"n": X.shape[0], "dim": X.shape[1], "k": k, "dtype": dtype, "backend": be.name,
             "queries": int(Q.shape[0]) if queries else None, "runs": runs}
 
 
@@ -627,7 +630,8 @@ def main(argv=None):
                         help="with --split: the images' dtype (float64: the first 5,000)")
     parser.add_argument("--split-queries", action="store_true",
                         help="with --split: every tenth image's k-NN among the others")
-    parser.add_argument("--backend", default="cpu", help="with --approx and --approx-large")
+    parser.add_argument("--backend", default="cpu",
+                        help="with --approx, --approx-large and --split")
     parser.add_argument("--tsne-n", type=int, default=20_000, help="with --approx")
     args = parser.parse_args(argv)
     if args.offset is not None:
@@ -639,10 +643,10 @@ def main(argv=None):
         n = args.n or (5_000 if args.split_dtype == "float64" else 20_000)
         suffix = ("_queries" if args.split_queries else "") + (
             "_float64" if args.split_dtype == "float64" else "") + (
-            "" if args.n is None else f"_n{args.n}")
+            "" if args.n is None else f"_n{args.n}") + ("_gpu" if args.backend == "gpu" else "")
         write_result("knn_split", run_split(n, offsets, repeat=args.repeat,
-                                            dtype=args.split_dtype,
-                                            queries=args.split_queries), suffix=suffix)
+                                            dtype=args.split_dtype, queries=args.split_queries,
+                                            backend=args.backend), suffix=suffix)
         return
     if args.approx_query:
         write_result("knn_approx_query", run_approx_query(args.approx_query),

@@ -31,6 +31,8 @@
 #                                                # 280,000 and 10^6 shifted images
 #   bash benchmarks/gpu_session.sh tsne-shifted  # default t-SNE of 10^6 shifted images
 #                                                # from the data
+#   bash benchmarks/gpu_session.sh split      # exact k-NN of groups far apart: unsure rows
+#                                             # re-centred in float32 against float64
 #
 # Before spending device time, the same scripts' GPU branches can run here on the
 # CUDA emulator at small sizes, e.g.
@@ -175,6 +177,11 @@ transform)
          --methods "gpuembed TSNE" "gpuembed EE" "gpuembed MultiscaleSNE") 2>&1 \
         | tee "$out/gpu_transform.log"
     ;;
+split)
+    (cd benchmarks &&
+     python3 bench_knn.py --split --backend gpu &&
+     python3 bench_knn.py --split --split-queries --backend gpu) 2>&1 | tee "$out/gpu_split.log"
+    ;;
 pairs)
     (cd benchmarks &&
      python3 bench_embedding.py --pairs --backend gpu --suffix _pairs_gpu) 2>&1 \
@@ -182,7 +189,7 @@ pairs)
     ;;
 *)
     printf '%s%s\n' "usage: $0 tests|bench|large|embedding|tsne|spectral|mac|mac-batch100|" \
-           "msne|profile|transform|pairs|approx|approx-large|tsne-shifted [more parts]" >&2
+           "msne|profile|transform|pairs|approx|approx-large|tsne-shifted|split [more parts]" >&2
     exit 2
     ;;
 esac
