@@ -255,6 +255,55 @@ def test_reduced_problem_of_a_split_graph(monkeypatch, solver):
     np.testing.assert_allclose(A @ U, (B @ U) * vals, atol=1e-7 * abs(A).max())
 
 
+@pytest.mark.parametrize("solver", ["eigh", "lobpcg"])
+def test_reduced_problem_with_landmarks_of_tiny_degree(monkeypatch, solver):
+    """The Laplacian and degrees (A0, B0) of a 20 x 20 grid of random weights
+    scaled by S = diag(s), s 2^-40 on three landmarks (as if their points'
+    degrees were 1e-24 of the others'): S A0 S u' = lambda S B0 S u' has A0's
+    eigenvalues, with u = S u'.  A ridge of 1e-12 of B's mean diagonal swamped
+    those three B_ll, and two of them gave eigenvalues near 0 (A_ll / ridge,
+    2e-13 and 4e-13) with vectors on them alone, the others shifted down: the
+    ridge is now relative to each landmark's own B_ll."""
+    from gpuembed.spectral import lll
+
+    path, ones = scipy.sparse.diags(np.ones(19), 1), scipy.sparse.identity(20)
+    W = (scipy.sparse.kron(path + path.T, ones) + scipy.sparse.kron(ones, path + path.T)).tocsr()
+    W.data = np.random.default_rng(0).uniform(0.5, 1.5, W.data.size)
+    W = (W + W.T) / 2
+    L = W.shape[0]
+    degree = np.asarray(W.sum(axis=1)).ravel()
+    A0, B0 = (scipy.sparse.diags(degree) - W).tocsr(), scipy.sparse.diags(degree).tocsr()
+    s = np.ones(L)
+    s[[7, 150, 301]] = 2.0**-40                # exact: the scaled problem rounds as A0's
+    S = scipy.sparse.diags(s)
+    A, B = (S @ A0 @ S).tocsr(), (S @ B0 @ S).tocsr()
+    if solver == "eigh":
+        monkeypatch.setattr(lll, "DENSE_MAX_L", 10 ** 9)
+    else:
+        monkeypatch.setattr(lll, "DENSE_MAX_L", 0)
+    vals, U = lll.trailing_generalized(A, B, 4, skip=1)
+    ref = scipy.linalg.eigh(A0.toarray(), B0.toarray(), subset_by_index=[1, 4])[0]
+    np.testing.assert_allclose(vals, ref, rtol=1e-9)
+    np.testing.assert_allclose(U.T @ (B @ U), np.eye(4), atol=1e-8)
+
+
+def test_lll_of_a_weak_graph_has_no_columns_on_lone_landmarks():
+    """Clusters with noise 1.0 and width 0.5, whose 15-NN weights fall to 1e-30,
+    6 vectors from 1,000 landmarks: two columns of LLL's embedding had norms of
+    3.6e7, on the landmarks whose points' degrees fell below the reduced problem's
+    ridge, where exact LE's largest is 504 (a vector on near-isolated points);
+    now 168 at most."""
+    X, _ = ge.datasets.gaussian_clusters(2000, 5, 10, random_state=3)
+    X = X + np.random.default_rng(0).normal(scale=1.0, size=X.shape)
+    kw = dict(n_neighbors=15, sigma=0.5, backend="cpu")
+    exact = ge.LaplacianEigenmaps(6, **kw).fit_transform(X)
+    lll = ge.LaplacianEigenmaps(6, n_landmarks=1000, random_state=0, **kw).fit_transform(X)
+    assert np.linalg.norm(lll, axis=0).max() < 2 * np.linalg.norm(exact, axis=0).max()
+    np.testing.assert_allclose(np.abs(lll[:, :4]), np.abs(exact[:, :4]), rtol=1e-8,
+                               atol=1e-10 * np.abs(exact).max())   # the components'
+    assert procrustes_error(exact[:, :4], lll[:, :4]) < 1e-10
+
+
 def test_lll_of_duplicated_points(roll):
     """Every point twice: where both copies of a point are landmarks, the points
     take one of them, and the other reconstructs none (a zero row and column of

@@ -453,7 +453,13 @@ def trailing_generalized(A, B, d, skip=0, sparse_factor=False, data_components=N
     residual above LOBPCG_CHECK (``loose``: LOBPCG to LOOSE_TOL, a residual up to
     LOOSE_CHECK accepted)."""
     L, k = A.shape[0], skip + d
-    ridge = 1e-12 * B.diagonal().sum() / L                  # landmarks far from all data
+    # B's diagonal raised by 1e-12 of itself (of its mean where it is 0: landmarks far
+    # from all data).  A ridge of 1e-12 of the mean swamped landmarks whose points'
+    # degrees lie below it, and each became an eigenvalue near 0 (A_ll / ridge) with a
+    # vector on it alone (clusters whose 15-NN weights fall to 1e-30, 1,000
+    # landmarks: columns of norm 3.6e7 where exact LE's largest is 504).
+    diagonal = B.diagonal()
+    ridge = 1e-12 * np.where(diagonal > 0, diagonal, diagonal.mean())
     known = _null_basis(A, B, k, data_components)
     c = 0 if known is None else known.shape[1]
     if c == k:
@@ -466,7 +472,7 @@ def trailing_generalized(A, B, d, skip=0, sparse_factor=False, data_components=N
     # B-orthonormal vectors shrink by sqrt(scale), undone at the end.
     scale = B.diagonal().mean()
     A = ((A + A.T) / (2 * scale)).tocsr()
-    B = ((B + B.T) / (2 * scale) + ridge / scale * scipy.sparse.identity(L)).tocsr()
+    B = ((B + B.T) / (2 * scale) + scipy.sparse.diags(ridge / scale)).tocsr()
     known = None if known is None else known * np.sqrt(scale)
     shifted_factor = lambda M, shift: factorize_cpu(
         (M + scipy.sparse.diags(shift * B.diagonal())).tocsr())
@@ -572,10 +578,11 @@ def _trailing_dense(A, B, ridge, d, skip):
 
 def dense_generalized_eigh(A, B, ridge, subset):
     """Eigenpairs ``subset`` (first and last index, ascending) of the symmetrized
-    A u = lambda (B + ridge I) u, by LAPACK; sparse inputs are densified."""
+    A u = lambda (B + diag(ridge)) u (``ridge`` a number or one per row), by LAPACK;
+    sparse inputs are densified."""
     dense = lambda M: M.toarray() if scipy.sparse.issparse(M) else np.asarray(M)
     A, B = dense(A), dense(B)
     A = (A + A.T) / 2
-    B = (B + B.T) / 2 + ridge * np.eye(len(B))
+    B = (B + B.T) / 2 + np.diag(np.broadcast_to(ridge, len(B)))
     with get_backend("cpu").serial_blas():      # the same bits on any number of threads
         return scipy.linalg.eigh(A, B, subset_by_index=subset)
