@@ -237,7 +237,7 @@ def run_offset(n=None, offset=1e4, k=90, repeat=1):
     X = X[:n] if n else X
     moved = X + np.float32(offset)
     float32_mean = lambda xp, A: A.mean(axis=0)
-    ge.knn(be.asarray(X[:3000]), k, backend=be)         # compile + warm up
+    ge.knn(X[:3000], k, backend="cpu")                  # compile + warm up
     ge.approx_knn(X[:3000], k, backend="cpu")
     cases = {"unmoved": (X, None), "moved": (moved, None),
              "moved, float32 mean": (moved, float32_mean)}
@@ -278,7 +278,7 @@ def run_split(n=20_000, offsets=(0, 3, 10, 30, 300), k=90, repeat=1, checked=100
     X = X[:n].astype(dtype)
     half = X.shape[0] // 2
     is_query = np.arange(X.shape[0]) % 10 == 0 if queries else None
-    ge.knn(X[:3000], k, backend="cpu")                  # compile + warm up
+    ge.knn(be.asarray(X[:3000]), k, backend=be)         # compile + warm up
     unsure_rows, recentred = neighbors._unsure_rows, neighbors._recentred
 
     def kept(be, Q, X_, k_, exclude_self, block_bytes, sqdist, indices, mask):
