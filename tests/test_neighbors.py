@@ -582,6 +582,17 @@ def searched_again(monkeypatch):
     return calls
 
 
+def assert_queries_exact(backend, Q, X, k):
+    """knn_query's k-NN of float32 Q among X: the float64 brute force's, in
+    distances to float32's RTOL."""
+    sqdist, idx = ge.neighbors.knn_query(backend.asarray(Q), backend.asarray(X), k,
+                                         backend=backend)
+    Q64, X64 = Q.astype(np.float64), X.astype(np.float64)
+    ref_d, order = best_by_distance_then_index(((Q64[:, None] - X64[None]) ** 2).sum(-1), k)
+    np.testing.assert_array_equal(backend.to_host(idx), order)
+    np.testing.assert_allclose(backend.to_host(sqdist), ref_d, rtol=1e-4)
+
+
 def far_apart_groups(rng, offset, dtype, n=150, d=20):
     """Two groups of unit spread ``offset`` from the origin on either side."""
     return np.concatenate([c + rng.standard_normal((n, d)) for c in (offset, -offset)]
@@ -608,12 +619,7 @@ def test_float32_groups_far_apart_go_again(backend, rng, searched_again):
         searched_again["recentred"].clear()
     assert searched_again == {"recentred": [], "float64": [], "exactly": []}
     Q = X[::30] + np.float32(0.25)
-    sqdist, idx = ge.neighbors.knn_query(backend.asarray(Q), backend.asarray(X), 10,
-                                         backend=backend)
-    Q64, X64 = Q.astype(np.float64), X.astype(np.float64)
-    ref_d, order = best_by_distance_then_index(((Q64[:, None] - X64[None]) ** 2).sum(-1), 10)
-    np.testing.assert_array_equal(backend.to_host(idx), order)
-    np.testing.assert_allclose(backend.to_host(sqdist), ref_d, rtol=1e-4)
+    assert_queries_exact(backend, Q, X, 10)
     (rows,) = searched_again["float64"]
     np.testing.assert_array_equal(backend.to_host(rows), np.arange(len(Q)))
 
@@ -643,12 +649,7 @@ def test_float32_queries_far_apart_settle_about_their_own_centres(backend, rng,
     without float64 units run 32-64 times slower."""
     X = far_apart_groups(rng, 3e3, np.float32)
     Q = np.concatenate([X + np.float32(0.25), X - np.float32(0.25)])
-    sqdist, idx = ge.neighbors.knn_query(backend.asarray(Q), backend.asarray(X), 10,
-                                         backend=backend)
-    Q64, X64 = Q.astype(np.float64), X.astype(np.float64)
-    ref_d, order = best_by_distance_then_index(((Q64[:, None] - X64[None]) ** 2).sum(-1), 10)
-    np.testing.assert_array_equal(backend.to_host(idx), order)
-    np.testing.assert_allclose(backend.to_host(sqdist), ref_d, rtol=1e-4)
+    assert_queries_exact(backend, Q, X, 10)
     (rows,) = searched_again["recentred"]
     np.testing.assert_array_equal(rows, np.arange(len(Q)))
     assert searched_again["float64"] == [] and searched_again["exactly"] == []
