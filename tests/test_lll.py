@@ -288,7 +288,7 @@ def test_reduced_problem_with_landmarks_of_tiny_degree(monkeypatch, solver):
 
 
 def test_lll_of_a_weak_graph_has_no_columns_on_lone_landmarks():
-    """Clusters with noise 1.0 and width 0.5, whose 15-NN weights fall to 1e-30,
+    """Clusters with noise 1.0 and width 0.5, whose 15-NN weights fall to 1e-36,
     6 vectors from 1,000 landmarks: two columns of LLL's embedding had norms of
     3.6e7, on the landmarks whose points' degrees fell below the reduced problem's
     ridge, where exact LE's largest is 504 (a vector on near-isolated points);

@@ -456,7 +456,7 @@ def trailing_generalized(A, B, d, skip=0, sparse_factor=False, data_components=N
     # B's diagonal raised by 1e-12 of itself (of its mean where it is 0: landmarks far
     # from all data).  A ridge of 1e-12 of the mean swamped landmarks whose points'
     # degrees lie below it, and each became an eigenvalue near 0 (A_ll / ridge) with a
-    # vector on it alone (clusters whose 15-NN weights fall to 1e-30, 1,000
+    # vector on it alone (clusters whose 15-NN weights fall to 1e-36, 1,000
     # landmarks: columns of norm 3.6e7 where exact LE's largest is 504).
     diagonal = B.diagonal()
     ridge = 1e-12 * np.where(diagonal > 0, diagonal, diagonal.mean())
