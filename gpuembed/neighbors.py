@@ -537,14 +537,23 @@ def _recentred(be, Q, X, rows, k, exclude_self, block_bytes, sqdist, indices):
         return rows
     m = k + int(exclude_self)            # with its own row, dropped below
     labels = _farthest_point_groups(xp, Q[rows], n_groups)
+    mean = column_means(xp, X)
+    spread = np.sqrt(float(row_sqnorms(xp, X - mean).max()))
     left = []
     for group in range(n_groups):
         own = rows[labels == group]
         if own.size == 0:                # identical rows: fewer distinct seeds
             continue
         queries = Q[own]
-        found, cand, unsure = _gemm_knn(be, queries, X, m, False, block_bytes,
-                                        column_means(xp, queries), False, None)
+        centre = column_means(xp, queries)
+        # Points lie up to spread + |centre - mean| from the centre: where their squared
+        # distances could leave the dtype's range (_check_spread), the rows go on.
+        reach = spread + float(xp.linalg.norm((centre - mean).astype(np.float64)))
+        if not 4.0 * reach**2 < float(np.finfo(X.dtype).max):
+            left.append(own)
+            continue
+        found, cand, unsure = _gemm_knn(be, queries, X, m, False, block_bytes, centre, False,
+                                        None)
         if exclude_self:
             found, cand = _without_own(found, cand, own)
         settled = ~unsure

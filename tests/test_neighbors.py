@@ -655,6 +655,22 @@ def test_float32_queries_far_apart_settle_about_their_own_centres(backend, rng,
     assert searched_again["float64"] == [] and searched_again["exactly"] == []
 
 
+def test_queries_too_far_apart_to_recentre_go_to_float64(backend, rng, searched_again):
+    """Float32 groups 1.58e18 from their mean in 20-D, of spread 1e13 (75 of
+    float32's steps there): squared norms of 5e37, within float32's range for
+    the first search (4 x that, below 3.4e38), but about a group's own centre the
+    other group lies twice as far, out of that range (the re-centred search
+    raised "spreads too far").  Those rows go to the float64 search instead,
+    which finds the float64 brute force's neighbours."""
+    X = (1.58e18 + 1e13 * rng.standard_normal((600, 20))).astype(np.float32)
+    X[300:] *= -1
+    Q = np.concatenate([X + np.float32(2.5e12), X - np.float32(2.5e12)])
+    assert_queries_exact(backend, Q, X, 10)
+    assert searched_again["recentred"] == [] and searched_again["exactly"] == []
+    (rows,) = searched_again["float64"]
+    np.testing.assert_array_equal(backend.to_host(rows), np.arange(len(Q)))
+
+
 def test_float64_groups_far_apart_settle_about_their_own_centres(backend, rng,
                                                                   searched_again):
     """The float64 groups 3e9 apart, 600 points: about the means of two groups
