@@ -45,6 +45,42 @@ def test_linear_mapping_recovers_an_affine_map(rng):
     assert m._cache is cached and np.allclose(m.predict(Y), Y @ (2 * A), atol=1e-9)
 
 
+@pytest.mark.parametrize("n", [100, 400])
+def test_linear_mapping_of_float32_rows_is_the_least_norm_solution(rng, n):
+    """Float32 pixel rows, fewer (100) and more (400) than the 301 columns of
+    [Y, 1]: the map is float64 least squares' solution of least norm, so it fits
+    the training targets exactly when it can and predicts other rows as that
+    solution does.  Through the float32 Gram with every eigenvalue inverted the
+    100 rows were fitted 11 units off and other rows predicted 14x their scale off."""
+    from scipy.linalg import lstsq
+
+    Y = (rng.integers(0, 256, size=(n + 50, 300)) / 255).astype(np.float32)
+    Z = rng.standard_normal((n, 2))
+    m = LinearMapping().fit(Y[:n], Z)
+    X = np.c_[Y.astype(np.float64) - m.origin_, np.ones(n + 50)]
+    expected = X @ lstsq(X[:n], Z)[0]
+    np.testing.assert_allclose(m.predict(Y), expected, atol=1e-6 * np.abs(expected).max())
+    if n < 301:
+        np.testing.assert_allclose(m.predict(Y[:n]), Z, atol=1e-6)
+
+
+def test_gram_pseudo_inverse_cuts_rounding_level_eigenvalues(rng):
+    """An eigenvalue of 8e-15 of the largest, below what an 81 x 81 Gram
+    resolves (81 eps = 1.8e-14; NumPy 2.5.5's OpenBLAS left one at 1.03e-15 on
+    an exactly singular Gram), is cut, not inverted as by pinv's default cut,
+    1e-15."""
+    from gpuembed.parametric.mappings import _gram_pinv
+
+    V = np.linalg.qr(rng.standard_normal((81, 81)))[0]
+    eigenvalues = np.r_[np.linspace(1.0, 250.0, 60), np.full(21, 0.0)]
+    eigenvalues[-1] = 8e-15 * 250.0
+    G = (V * eigenvalues) @ V.T
+    projector = V[:, :60] @ V[:, :60].T
+    np.testing.assert_allclose(_gram_pinv(G) @ G, projector, atol=1e-9)
+    assert np.linalg.norm(_gram_pinv(G), 2) < 1.0 + 1e-9
+    assert np.linalg.norm(np.linalg.pinv(G), 2) > 1e11              # 1 / (8e-15 * 250)
+
+
 @pytest.mark.parametrize("make", [LinearMapping, lambda: RBFMapping(n_centers=30,
                                                                     random_state=0)])
 def test_copies_leave_the_warm_fits_cache_behind(rng, make):
