@@ -537,23 +537,20 @@ def _recentred(be, Q, X, rows, k, exclude_self, block_bytes, sqdist, indices):
         return rows
     m = k + int(exclude_self)            # with its own row, dropped below
     labels = _farthest_point_groups(xp, Q[rows], n_groups)
-    mean = column_means(xp, X)
-    spread = np.sqrt(float(row_sqnorms(xp, X - mean).max()))
     left = []
     for group in range(n_groups):
         own = rows[labels == group]
         if own.size == 0:                # identical rows: fewer distinct seeds
             continue
         queries = Q[own]
-        centre = column_means(xp, queries)
-        # Points lie up to spread + |centre - mean| from the centre: where their squared
-        # distances could leave the dtype's range (_check_spread), the rows go on.
-        reach = spread + float(xp.linalg.norm((centre - mean).astype(np.float64)))
-        if not 4.0 * reach**2 < float(np.finfo(X.dtype).max):
+        try:
+            found, cand, unsure = _gemm_knn(be, queries, X, m, False, block_bytes,
+                                            column_means(xp, queries), False, None)
+        except _SpreadTooFar:
+            # About the group's centre points lie up to twice as far as about the
+            # mean, past the dtype's range of squared distances: the rows go on.
             left.append(own)
             continue
-        found, cand, unsure = _gemm_knn(be, queries, X, m, False, block_bytes, centre, False,
-                                        None)
         if exclude_self:
             found, cand = _without_own(found, cand, own)
         settled = ~unsure
@@ -604,13 +601,17 @@ def _whole_search_pays(be, X, rows, exclude_self):
     return exclude_self and not be.is_gpu and 2 * rows.size > X.shape[0]
 
 
+class _SpreadTooFar(ValueError):
+    """_check_spread's error, which _recentred takes as a sign to go on."""
+
+
 def _check_spread(xp, dtype, sqnorms):
     """Squared distances reach 4 x the largest of the squared norms about the mean
     (a list of arrays); past the dtype's range they were inf, and the affinities
     failed deep in numba."""
     largest = float(xp.stack([s.max() for s in sqnorms]).max())
     if not 4.0 * largest < float(np.finfo(dtype).max):
-        raise ValueError(f"X spreads too far for {dtype} squared distances (largest squared "
+        raise _SpreadTooFar(f"X spreads too far for {dtype} squared distances (largest squared "
                          f"distance from the mean {largest:.3g}); rescale it, e.g. X / X.std()")
 
 

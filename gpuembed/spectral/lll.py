@@ -459,7 +459,8 @@ def trailing_generalized(A, B, d, skip=0, sparse_factor=False, data_components=N
     # vector on it alone (clusters whose 15-NN weights fall to 1e-36, 1,000
     # landmarks: columns of norm 3.6e7 where exact LE's largest is 504).
     diagonal = B.diagonal()
-    ridge = 1e-12 * np.where(diagonal > 0, diagonal, diagonal.mean())
+    scale = diagonal.mean()
+    ridge = 1e-12 * np.where(diagonal > 0, diagonal, scale)
     known = _null_basis(A, B, k, data_components)
     c = 0 if known is None else known.shape[1]
     if c == k:
@@ -470,7 +471,6 @@ def trailing_generalized(A, B, d, skip=0, sparse_factor=False, data_components=N
         return _with_known(vals, vecs, known, skip)
     # One scale for both, so that tol is relative; the eigenvalues do not change, the
     # B-orthonormal vectors shrink by sqrt(scale), undone at the end.
-    scale = B.diagonal().mean()
     A = ((A + A.T) / (2 * scale)).tocsr()
     B = ((B + B.T) / (2 * scale) + scipy.sparse.diags(ridge / scale)).tocsr()
     known = None if known is None else known * np.sqrt(scale)
