@@ -474,6 +474,30 @@ def test_out_of_sample_compiled_rows_match_array_code(rng, cost, kappa, precisio
         np.testing.assert_allclose(c, c0, rtol=1e-9)
 
 
+@pytest.mark.parametrize("precisions", sorted(PRECISIONS))
+def test_target_sums_match_dense_sums(rng, precisions):
+    """msne_cpu.target_sums (transform's exact sums, every scale in one pass
+    over blocks of the sources) against the dense shifted sums, with new points
+    on the sources, between them and 6 units from all of them, at geometric
+    precisions (exps) and chained ones (kernels squared from the next coarser
+    scale's).  (Far points' arguments p d / 2 - m round to eps p d, 1e-11.)"""
+    from numba import get_num_threads
+
+    from gpuembed.objectives.msne_cpu import squaring_plan, target_sums
+
+    Y = np.concatenate([rng.standard_normal((200, 2)), rng.standard_normal((200, 2)) + 6.0])
+    X = np.concatenate([Y[:3], rng.standard_normal((5, 2)) * 3.0, [[-10.0, 1.0], [16.0, 2.0]]])
+    half_p = 0.5 * PRECISIONS[precisions]
+    d = ((X[:, None] - Y[None]) ** 2).sum(axis=2)
+    nearest = d.min(axis=1)
+    Z, SX = np.empty((4, len(X))), np.empty((4, len(X), 2))
+    target_sums(X, np.ascontiguousarray(Y.T), half_p, squaring_plan(half_p), nearest, Z, SX,
+                np.empty((get_num_threads(), 5, 150)))     # 3 blocks, the last one short
+    e = np.exp(-half_p[:, None, None] * (d - nearest[:, None])[None])
+    np.testing.assert_allclose(Z, e.sum(axis=2), rtol=1e-10)
+    np.testing.assert_allclose(SX, e @ Y, rtol=1e-10, atol=1e-12 * np.abs(Y).max())
+
+
 @pytest.mark.parametrize("cost", ["kl", "js"])
 def test_out_of_sample_fgt_matches_exact(rng, cost):
     """The fast engine's path of the per-point objective (unshifted FGT sums at
@@ -639,15 +663,15 @@ def test_multiscale_sne_bad_arguments(kwargs, match):
 
 
 def test_fused_sweep_gives_the_same_bits_compiled_or_loaded_from_the_cache(numba_cache_runs):
-    """msne_cpu.fused_exact, edge_terms (the FGT path's) and out_of_sample_rows
-    (transform's) are cached on disk; compiled in a process or loaded from numba's
+    """msne_cpu.fused_exact, edge_terms (the FGT path's), out_of_sample_rows and
+    target_sums (transform's) are cached on disk; compiled in a process or loaded from numba's
     cache they must give the same bits (with fastmath's reassociation the two once
     differed in the last bits, so a first run would not have repeated later)."""
     script = """
 import hashlib, json, numpy as np, scipy.sparse
 from numba import get_num_threads
 from gpuembed.objectives.msne_cpu import (edge_terms, fused_exact, out_of_sample_rows,
-                                          squaring_plan)
+                                          squaring_plan, target_sums)
 rng = np.random.default_rng(0)
 n, H, d = 300, 4, 2
 half_p = np.array([30.0, 7.5, 1.875, 0.5])        # chained (factors of 4), then an exp
@@ -672,12 +696,15 @@ W = rng.random((M, k)); W /= W.sum(axis=1, keepdims=True)
 rows = [np.empty(M), np.empty(M), np.empty((M, d)), np.empty(M)]
 out_of_sample_rows(X, Y, idx, W, half_p, plan, np.zeros(M), np.full((H, M), 7.0),
                    rng.standard_normal((H, M, d)), True, 0.3, True, *rows, np.empty((T, H + 3, k)))
+Zt, SXt = np.empty((H, M)), np.empty((H, M, d))
+nearest = ((X[:, None, :] - Y[None]) ** 2).sum(axis=2).min(axis=1)
+target_sums(X, XT, half_p, plan, nearest, Zt, SXt, np.empty((T, H + 1, n)))
 digest = hashlib.sha1(b"".join(np.asarray(a).tobytes() for a in
-                              (grad, out, rs, edge_grad, edge_out, *rows))).hexdigest()
+                              (grad, out, rs, edge_grad, edge_out, *rows, Zt, SXt))).hexdigest()
 hits = sum(f.stats.cache_hits.get(f.signatures[0], 0)
-           for f in (fused_exact, edge_terms, out_of_sample_rows))
+           for f in (fused_exact, edge_terms, out_of_sample_rows, target_sums))
 print(json.dumps({"hits": hits, "digest": digest}))
 """
     first, second = (json.loads(line) for line in numba_cache_runs(script))
-    assert (first["hits"], second["hits"]) == (0, 3)
+    assert (first["hits"], second["hits"]) == (0, 4)
     assert first["digest"] == second["digest"]
