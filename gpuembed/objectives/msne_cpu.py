@@ -11,9 +11,9 @@ about 1 ns per exp and core with ``fastexp.expneg``, whose argument
 p_h d_ij / 2 - m_hi is never negative (m_hi: the row's nearest neighbour).
 ``fused_exact`` (the exact engine) computes the whole cost and gradient in one
 sweep that evaluates each kernel once: 4x faster than the exact sums plus
-``edge_terms`` on digits.  These two and ``out_of_sample_rows`` (transform's)
-square one scale's kernels into the next where the precisions allow it
-(``squaring_plan``).
+``edge_terms`` on digits.  These two and transform's ``out_of_sample_rows`` and
+``target_sums`` square one scale's kernels into the next where the precisions
+allow it (``squaring_plan``).
 """
 from __future__ import annotations
 
