@@ -705,6 +705,9 @@ hits = sum(f.stats.cache_hits.get(f.signatures[0], 0)
            for f in (fused_exact, edge_terms, out_of_sample_rows, target_sums))
 print(json.dumps({"hits": hits, "digest": digest}))
 """
+    from gpuembed.objectives import msne_cpu
+
     first, second = (json.loads(line) for line in numba_cache_runs(script))
-    assert (first["hits"], second["hits"]) == (0, 4)
+    # Before numba 0.68 edge_terms, which reassociates, is compiled in each process.
+    assert (first["hits"], second["hits"]) == (0, 3 + msne_cpu.CACHE_REASSOCIATED)
     assert first["digest"] == second["digest"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 from numba import get_thread_id, njit, prange
 
@@ -40,7 +41,11 @@ TINY = np.finfo(np.float64).tiny
 # iterations on Fashion-MNIST 3k 16.6-18.2 s against 11.9-13.5 s strict.
 # edge_terms (the FGT path, from 6,000 points) keeps reassociation, 21% faster;
 # it was compiled in each process (4.3 s each time) until numba 0.68 gave the
-# same bits from its cache too (tested), and is cached since.
+# same bits from its cache too (tested), and is cached since, with numba 0.68
+# and later only: with numba 0.59 (.ci/oldest.txt) on an AMD Zen 4 VM its
+# cached gradient differed from the one compiled in the process in the last
+# bits, as the code before 0.68 had on the VMs of earlier sessions.
+CACHE_REASSOCIATED = tuple(int(part) for part in numba.__version__.split(".")[:2]) >= (0, 68)
 FLAGS = {"contract"}
 LANES = 8
 # The sweeps' rows go in this many slots of consecutive rows, each with its own
@@ -157,7 +162,7 @@ def _edge_cost(sg, s, js, kappa, off):
     return cost, (r if s >= TINY else 0.0), se
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=CACHE_REASSOCIATED)
 def edge_terms(indptr, indices, XT, sigma, half_p, squarings, m, Z, js, kappa, rs, grad):
     """One sweep: fills ``rs`` (H, N) with sum_j r_ij s_hij, where r = dE/ds (KL:
     sigma / s; JS: eq. 2.7's), and ``grad`` (N, d) with the pattern's gradient
