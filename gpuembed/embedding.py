@@ -207,6 +207,7 @@ class _Embedding(TransformerOutput, Params):
     extra_params = METHOD_PARAMS
     optimizers = tuple(DIRECTIONS)
     SD_MEMORY = {}          # SD's curvature pairs where sd_memory is not given (see EE, SSNE)
+    _min_samples = 4        # the fewest points fit takes (ParametricEmbedding checks too)
 
     def __init__(self, n_components=2, perplexity=30.0, *, affinities=None, optimizer="sd",
                  nbody="auto", max_iter=1000, tol="auto", init="pca", random_state=None,
@@ -251,7 +252,8 @@ class _Embedding(TransformerOutput, Params):
             raise ValueError("X is required, unless affinities are given (then fit(None) "
                              "embeds them alone)")
         else:
-            X = metric_rows(be, check_data(X, be, min_samples=4, sparse=True), self._metric())
+            X = metric_rows(be, check_data(X, be, min_samples=self._min_samples, sparse=True),
+                            self._metric())
             n = X.shape[0]
         d = check_int(self.n_components, "n_components", 1, n - 2)
         max_iter = check_int(self.max_iter, "max_iter", 1)
@@ -864,6 +866,7 @@ class MultiscaleSNE(TransformerOutput, Params):
     """
 
     optimizers = ("lbfgs", "cg", "gd")
+    _min_samples = 5        # the fewest points fit takes (ParametricEmbedding checks too)
 
     def __init__(self, n_components=2, *, perplexity=2.0, cost="js", kappa=0.5,
                  fit_exponent=True, optimizer="lbfgs", max_iter=100, tol=1e-7, init="pca",
@@ -908,7 +911,8 @@ class MultiscaleSNE(TransformerOutput, Params):
                                       ld_precisions)
 
         be = get_backend(self.backend)
-        X = metric_rows(be, check_data(X, be, min_samples=5, sparse=True), self.metric)
+        X = metric_rows(be, check_data(X, be, min_samples=self._min_samples, sparse=True),
+                        self.metric)
         n = X.shape[0]
         d = check_int(self.n_components, "n_components", 1, n - 2)
         max_iter = check_int(self.max_iter, "max_iter", 1)

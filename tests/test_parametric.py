@@ -809,6 +809,13 @@ def test_bad_input():
         ge.ParametricEmbedding(ge.EE(backend="cpu"), mu="fast").fit(X)
     with pytest.raises(TypeError, match="mapping_params must be a dict, got str"):
         ge.ParametricEmbedding(ge.EE(backend="cpu"), mapping="rbf", mapping_params="x").fit(X)
+    # fit's data is Y (the paper's name, as in transform's Y_new), not the free embedding's X.
+    with pytest.raises(ValueError, match="^Y contains NaN"):
+        ge.ParametricEmbedding(ge.EE(backend="cpu")).fit(np.where(X > 3, np.nan, X))
+    with pytest.raises(ValueError, match="^Y needs at least 5 samples, got n_samples=4"):
+        ge.ParametricEmbedding(ge.MultiscaleSNE(backend="cpu")).fit(X[:4])
+    with pytest.raises(ValueError, match="^Y needs at least 4 samples, got n_samples=3"):
+        ge.ParametricEmbedding(ge.TSNE(backend="cpu")).fit(X[:3])
     pe = ge.ParametricEmbedding(ge.EE(backend="cpu", max_iter=20), n_mu=2).fit(X)
     with pytest.raises(ValueError, match="features"):
         pe.transform(X[:, :3])

@@ -28,7 +28,7 @@ import numpy as np
 from .._checks import (check_bool, check_data, check_features, check_fitted, check_float,
                        check_int, check_random_state, check_verbose, warn)
 from .._params import Params, TransformerOutput
-from .._sparse import is_sparse
+from ..backend import get_backend
 from ..neighbors import metric_rows
 from ..objectives.penalty import Penalized
 from ..optim import DIRECTIONS, Monitor, minimize
@@ -198,13 +198,14 @@ class ParametricEmbedding(TransformerOutput, Params):
     def fit(self, Y, y=None):
         from ..embedding import EE, MultiscaleSNE, _Embedding
 
-        if is_sparse(Y):        # the free embedding would take it, the mappings not
-            raise TypeError("Y is a sparse matrix, which the mappings do not take; pass a "
-                            "dense array (Y.toarray())")
         embedding = EE() if self.embedding is None else self.embedding
         if not isinstance(embedding, (_Embedding, MultiscaleSNE)):
             raise TypeError("embedding must be an EE, SSNE, TSNE, SNE or MultiscaleSNE "
                             f"estimator, got {type(embedding).__name__}")
+        # Checked here under its own name (the free embedding's check calls it X);
+        # dense only: the free embedding would take sparse rows, the mappings not.
+        Y = check_data(Y, get_backend(embedding.backend), name="Y",
+                       min_samples=embedding._min_samples)
         mapping = make_mapping(self.mapping, self.mapping_params,
                                check_random_state(self.random_state))
         max_inner = check_int(self.max_inner, "max_inner", 1)
