@@ -373,6 +373,43 @@ def test_isolated_rows_summed_over_their_balls(rng, d):
         np.testing.assert_allclose(SXw, SXw0, rtol=rtol, atol=rtol * np.abs(SXw0).max())
 
 
+@pytest.mark.parametrize("d", [1, 2, 3, 4])
+def test_ball_kernels_find_exactly_the_points_in_each_ball(rng, d):
+    """msne._ball_kernels' grid walk returns each query's pairs with exactly the
+    points inside its ball c^2 |x - q|^2 - m_q < tail (brute force), itself
+    left out, and their shifted kernels: for rows of X and for other targets,
+    with duplicates, an outlier, grids held to 4 N cells (the finest scale's
+    balls a fraction of a cell) and balls that take the whole layout."""
+    from gpuembed.objectives import msne
+    X = np.concatenate([rng.standard_normal((300, d)), 0.2 * rng.standard_normal((200, d)) + 4])
+    X[10:15] = X[9]                                     # duplicates
+    X[0] = 12.0
+    targets = np.concatenate([rng.standard_normal((40, d)) * 3, X[100:110]])
+    tail = msne.TAIL + np.log(len(X))
+    for c in (40.0, 3.0, 0.3, 0.01):
+        for own in (True, False):
+            Q = X if own else targets
+            rows = rng.choice(len(Q), 40, replace=False)
+            sq = ((Q[rows, None] - X[None]) ** 2).sum(axis=2)
+            # Shifts up to the nearest kernel's, as the sums take (so e <= 1).
+            nearest = np.sort(sq, axis=1)[:, 1 if own else 0]
+            m = rng.uniform(0.0, 1.0, rows.size) * c * c * nearest
+            inside = c * c * sq - m[:, None] < tail
+            if own:
+                inside[np.arange(rows.size), rows] = False
+            pos, nbr, e = msne._ball_kernels(X, Q[rows], rows if own else np.full(40, -1),
+                                             m, c, tail)
+            assert np.all(np.diff(pos) >= 0)           # in query order
+            found = np.zeros_like(inside)
+            found[pos, nbr] = True
+            assert len(pos) == inside.sum() and np.array_equal(found, inside)
+            np.testing.assert_allclose(e, np.exp(m[pos] - c * c * sq[pos, nbr]), rtol=1e-12)
+    # One point over and over: a grid of one cell.
+    same = np.ones((20, d))
+    pos, nbr, e = msne._ball_kernels(same, same[:3], np.arange(3), np.zeros(3), 1.0, tail)
+    assert len(pos) == 3 * 19 and np.all(e == 1.0) and not np.any(nbr == pos)
+
+
 # LD precisions of the out-of-sample cases, both spanning 0.05 to ~5e3 (the finest
 # isolate most new points): a geometric range, each scale's kernels an exp, and
 # descending factors of 16 as ld_precisions makes them (factors of 2^(2U/P)),

@@ -39,7 +39,7 @@ from ..nbody.exact import MAX_COMPILED_DIM
 from ..neighbors import knn, knn_query
 from . import msne_gpu
 from .base import Objective
-from .msne_cpu import edge_terms, fused_exact, squaring_plan
+from .msne_cpu import ball_pairs, edge_terms, fused_exact, squaring_plan
 
 COSTS = ("kl", "js")
 # Shift (in kernel units) beyond which a row's sums go to the exact engine: e^m
@@ -301,9 +301,10 @@ def shifted_row_sums(be, nbody, accuracy, Xs, m, c=None, balls=None, targets=Non
 
 class _Balls:
     """Exact shifted Gaussian sums of a few rows (or sources) over their
-    neighbourhoods, on the CPU: a k-d tree of the layout X (built once per
-    evaluation, for every scale) gives each isolated point the points within its
-    ball t - m < TAIL + log N, in kernel units of the scale's Xs = c X.  The
+    neighbourhoods, on the CPU: each isolated point's sums run over the points
+    within its ball t - m < TAIL + log N, in kernel units of the scale's
+    Xs = c X, found over a grid of the layout X per scale (_ball_kernels); a
+    k-d tree of X (built once per evaluation) gives the nearest distances.  The
     row and column sums of a scale isolate the same points: their pairs and
     kernels are found once.  ``targets``: other points whose rows are summed
     over X (out-of-sample points; default X itself, self pairs excluded);
@@ -323,33 +324,15 @@ class _Balls:
 
     def _kernels(self, rows, m, c):
         """(position in rows, neighbour j != row, exp(-(t - m_row))) for every
-        point in each row's ball (and some beyond), t = |xs_row - xs_j|^2.
-        k-NN queries with k the ball's count rounded up to a power of 2, rows
-        grouped by it: fixed-size arrays where a ball query returns a Python
-        list per row.  On one thread: most groups hold under 2^15 kernels, and
-        SciPy's ``workers=-1`` started Python threads per query, which waited
-        for cores that numba's and OpenBLAS's threads still spun on (a fit of
-        Fashion-MNIST 10k, 20 iterations per stage: 58.5 s against 55.6 s)."""
-        if c in self.kernels:
-            return self.kernels[c]
-        radius = np.sqrt(m + self.tail) / c
-        own = self.targets is None
-        points = (self.X if own else self.targets)[rows]
-        n = self.X.shape[0]
-        counts = self.tree.query_ball_point(points, radius, return_length=True)
-        groups = np.minimum(2 ** np.ceil(np.log2(np.maximum(counts, 2))).astype(np.int64), n)
-        pos, nbr, t = [], [], []
-        for k in np.unique(groups):
-            sel = np.flatnonzero(groups == k)
-            dist, idx = self.tree.query(points[sel], k=int(k))
-            keep = (idx != rows[sel, None]) if own else (idx < n)
-            pos.append(np.broadcast_to(sel[:, None], idx.shape)[keep])
-            nbr.append(idx[keep])
-            t.append(c * c * dist[keep] ** 2)
-        pos = np.concatenate(pos)
-        found = pos, np.concatenate(nbr), np.exp(m[pos] - np.concatenate(t))
-        self.kernels[c] = found
-        return found
+        point in each row's ball, t = |xs_row - xs_j|^2 (Xs = c X), by
+        :func:`_ball_kernels`.  In place of k-NN queries of the k-d tree, which
+        took a quarter of an evaluation on a trained Fashion-MNIST 10k layout."""
+        if c not in self.kernels:
+            own = self.targets is None
+            self.kernels[c] = _ball_kernels(
+                self.X, (self.X if own else self.targets)[rows],
+                rows if own else np.full(rows.size, -1), m, c, self.tail)
+        return self.kernels[c]
 
     def row_sums(self, Xs, c, rows, m):
         """(Z, SX) of ``rows``: sum_k exp(-(t_ik - m_i)) (1, xs_k), Xs = c X."""
@@ -361,6 +344,39 @@ class _Balls:
         sum_k exp(-(t_ik - m_k)) w_k (1, xs_k), Xs = c X."""
         pos, nbr, e = self._kernels(sources, m, c)
         return _scatter(nbr, e * w[pos], Xs[sources[pos]], Xs.shape[0])
+
+
+def _ball_kernels(X, queries, own, m, c, tail):
+    """(query position q, point index j, exp(m_q - c^2 |x_j - q|^2)) for the
+    points of X (N, d) in each query's ball c^2 |x_j - q|^2 - m_q < tail, j !=
+    own[q] (-1: none), in query order, by msne_cpu.ball_pairs over a grid of
+    cells as wide as the smallest ball's radius, sqrt(tail) / c (wider where
+    that would take more than 4 N cells): a ball's box spans a few cells per
+    dimension whatever the scale, and the walk two passes, counting then
+    filling."""
+    n, d = X.shape
+    lo = X.min(axis=0)
+    extent = X.max(axis=0) - lo
+    cell = math.sqrt(tail) / c
+    while np.prod(np.floor(extent / cell) + 1) > 4 * n:
+        cell *= 1.25
+    inv_cell = 1.0 / cell
+    shape = (extent * inv_cell).astype(np.int64) + 1
+    key = np.ravel_multi_index(np.minimum(((X - lo) * inv_cell).astype(np.int64), shape - 1).T,
+                               shape)
+    order = np.argsort(key, kind="stable")
+    starts = np.searchsorted(key[order], np.arange(int(shape.prod()) + 1))
+    offsets = np.zeros(queries.shape[0] + 1, dtype=np.int64)
+    walk = (X[order], order, starts, lo, inv_cell, shape, np.ascontiguousarray(queries),
+            np.asarray(own, dtype=np.int64), np.asarray(m, dtype=np.float64), c * c, tail,
+            offsets)
+    none = np.empty(0, dtype=np.int64)
+    ball_pairs(*walk, False, none, none, np.empty(0))
+    np.cumsum(offsets, out=offsets)
+    pos, nbr, kernel = (np.empty(offsets[-1], dtype=np.int64),
+                        np.empty(offsets[-1], dtype=np.int64), np.empty(offsets[-1]))
+    ball_pairs(*walk, True, pos, nbr, kernel)
+    return pos, nbr, kernel
 
 
 def _scatter(into, e, x, n):

@@ -13,7 +13,8 @@ p_h d_ij / 2 - m_hi is never negative (m_hi: the row's nearest neighbour).
 sweep that evaluates each kernel once: 4x faster than the exact sums plus
 ``edge_terms`` on digits.  These two and transform's ``out_of_sample_rows`` and
 ``target_sums`` square one scale's kernels into the next where the precisions
-allow it (``squaring_plan``).
+allow it (``squaring_plan``).  ``ball_pairs`` finds the FGT path's isolated rows'
+neighbours over a grid (msne._ball_kernels).
 """
 from __future__ import annotations
 
@@ -415,3 +416,61 @@ def target_sums(X, YT, half_p, squarings, nearest, Z, SX, scratch):
                 Z[h, i] += _lane_sum(Eh, None)
                 for c in range(dim):
                     SX[h, i, c] += _lane_sum(Eh, YT[c][lo:lo + width])
+
+
+@njit(inline="always")
+def _cell(v, lo, inv_cell, size):
+    """The grid cell of coordinate v along one dimension, clamped into [0, size)."""
+    f = (v - lo) * inv_cell
+    return 0 if f < 0.0 else (size - 1 if f >= size - 1 else np.int64(f))
+
+
+@njit(parallel=True, cache=True)
+def ball_pairs(points, order, starts, lo, inv_cell, shape, queries, own, shift, c2, tail,
+               offsets, fill, pos, nbr, kernel):
+    """The pairs of each query q (row of ``queries``) with the points in its ball
+    c2 |x - q|^2 - shift_q < tail (msne._Balls), over a grid: ``points`` sorted
+    by cell (row-major keys over ``shape``, cell of v: floor((v - lo) inv_cell)),
+    their original indices ``order``, and ``starts[key]`` the first point of
+    cell ``key`` (starts[-1] = N).  For each cell of the first d - 1 dimensions
+    in the ball's box, the box's cells along the last one hold one contiguous
+    run of points.  The point own[q] is left out (-1: none).
+    fill=False: the counts in offsets[q + 1]; fill=True: from offsets[q] on,
+    (q, the point's index, exp(shift_q - c2 |x - q|^2)) in pos, nbr and kernel."""
+    n_q, d = queries.shape
+    for q in prange(n_q):
+        x = queries[q]
+        r2 = (shift[q] + tail) / c2
+        r = math.sqrt(r2)
+        first, last = np.empty(d, np.int64), np.empty(d, np.int64)
+        for k in range(d):
+            first[k] = _cell(x[k] - r, lo[k], inv_cell, shape[k])
+            last[k] = _cell(x[k] + r, lo[k], inv_cell, shape[k])
+        cur = first.copy()
+        at, count = offsets[q], 0
+        while True:
+            key = 0
+            for k in range(d - 1):
+                key = key * shape[k] + cur[k]
+            key *= shape[d - 1]
+            for s in range(starts[key + first[d - 1]], starts[key + last[d - 1] + 1]):
+                d2 = 0.0
+                for k in range(d):
+                    diff = points[s, k] - x[k]
+                    d2 += diff * diff
+                if d2 < r2 and order[s] != own[q]:
+                    if fill:
+                        pos[at], nbr[at] = q, order[s]
+                        kernel[at] = math.exp(shift[q] - c2 * d2)
+                        at += 1
+                    else:
+                        count += 1
+            k = d - 2                   # the next cell of the first d - 1 dimensions
+            while k >= 0 and cur[k] == last[k]:
+                cur[k] = first[k]
+                k -= 1
+            if k < 0:
+                break
+            cur[k] += 1
+        if not fill:
+            offsets[q + 1] = count
