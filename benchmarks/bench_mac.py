@@ -18,9 +18,10 @@
 5. ``mlp``: the same for t-SNE with an MLP (50-256-256-2, Adam on minibatches of
    1,000) on Fashion-MNIST
    (first N points after PCA to 50), Barnes-Hut sums for MAC's Z step and for
-   the chain rule's gradient; MAC also with one iteration per Z step, with a
-   mu schedule 8x higher and with both, and one more MAC fit of the first two
-   timed by phase (``mac_phases``).
+   the chain rule's gradient (``--mlp-chain-iter`` iterations, 100; a longer run
+   also gives MAC's speedup to its P(F) at CHAIN_CHECKPOINTS iterations); MAC also
+   with one iteration per Z step, with a mu schedule 8x higher and with both, and
+   one more MAC fit of the first two timed by phase (``mac_phases``).
 6. ``mlp-kernels`` (``--backend gpu``): the MLP's minibatch products on the mlp
    part's shapes (1,000 rows, 50-256-256-2): kernels/mlp.cu's GEMM with each
    operand as back-propagation reads it (stored or a transposed view), whole and
@@ -118,6 +119,9 @@ MLP_MAC_TSNE_EARLY = {**MLP_MAC_TSNE, "mu_start": 0.08}
 # Both at once: on the H200 at 4856c9f one Z-step iteration per step passed the mark
 # at 0.246 s (1.85x) and mu_start 0.08 at 0.162 s (2.81x; the default 0.289 s).
 MLP_MAC_TSNE_ONE_Z_EARLY = {**MLP_MAC_TSNE_EARLY, **MLP_MAC_TSNE_ONE_Z}
+# The chain rule's iterations at which the curves also give MAC's speedup, where a
+# chain-rule run goes on past them (--mlp-chain-iter).
+CHAIN_CHECKPOINTS = (100, 300)
 
 
 def pca(X, d):
@@ -223,21 +227,27 @@ def _curves_once(Y, embedding, mapping, macs, chain_engines, chain_max_iter, cha
         out[f"chain rule ({engine})"] = history
         print("chain", engine, history[-1], flush=True)
     out["speedup_to_chain_final"] = _speedup(out)
+    # Where a long chain-rule run passed CHAIN_CHECKPOINTS iterations: the ratio
+    # depends on where the chain rule is stopped.
+    out["speedup_to_chain_at"] = {k: _speedup(out, k) for k in CHAIN_CHECKPOINTS
+                                  if k < chain_max_iter}
     return out
 
 
-def _speedup(out):
-    """For each chain-rule run and MAC curve: the chain rule's time to its final
-    P(F) over the MAC curve's time to reach it (None: never reached)."""
+def _speedup(out, iterations=None):
+    """For each chain-rule run and MAC curve: the chain rule's time to its P(F)
+    after ``iterations`` iterations (None: its last) over the MAC curve's time to
+    reach it (None: never reached)."""
     result = {}
     macs = [key for key in out if key.startswith("MAC")]
     for key, hist in out.items():
         if not key.startswith("chain rule"):
             continue
-        target = hist[-1]["objective"]
+        chain = hist[-1] if iterations is None else hist[iterations]
         for name in macs:
-            mac = next((h["seconds"] for h in out[name] if h["objective"] <= target), None)
-            speedup = None if mac is None else hist[-1]["seconds"] / max(mac, 1e-9)
+            mac = next((h["seconds"] for h in out[name] if h["objective"] <= chain["objective"]),
+                       None)
+            speedup = None if mac is None else chain["seconds"] / max(mac, 1e-9)
             result[f"{name} vs {key}"] = speedup
     return result
 
@@ -438,6 +448,8 @@ def main():
     parser.add_argument("--rbf-n", type=int, default=5000)
     parser.add_argument("--msne-n", type=int, default=2500)
     parser.add_argument("--chain-iter", type=int, default=100)
+    parser.add_argument("--mlp-chain-iter", type=int, default=100,
+                        help="the mlp part's chain-rule iterations")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the mlp and rbf parts' curves this many times (timing noise)")
     parser.add_argument("--mlp-params", type=json.loads, default={},
@@ -499,7 +511,7 @@ def main():
                                        "MAC (mu_start 0.08)": {**mac, **MLP_MAC_TSNE_EARLY},
                                        "MAC (1 Z iteration, mu_start 0.08)":
                                            {**mac, **MLP_MAC_TSNE_ONE_Z_EARLY}},
-                      ("bh",), 100, "gd", args.repeats)
+                      ("bh",), args.mlp_chain_iter, "gd", args.repeats)
         phases = {key: mac_phases(Y, tsne, "mlp", params)
                   for key, params in (("MAC", mac), ("MAC (1 Z iteration)", one_z))}
         print("phases", phases, flush=True)

@@ -13,7 +13,8 @@
 #                                             # was cut by the call's limit)
 #   bash benchmarks/gpu_session.sh mac        # parametric embeddings: MAC vs chain rule (its
 #                                             # mlp part with 3 and 1 Z-step iterations and
-#                                             # mu_start 0.08; first the parametric gpu
+#                                             # mu_start 0.08, the chain rule 1,000
+#                                             # iterations; first the parametric gpu
 #                                             # tests, then the MLP's minibatch products,
 #                                             # whole and split, a few s)
 #   bash benchmarks/gpu_session.sh mac-batch100  # its mlp part with the network before
@@ -155,7 +156,7 @@ mac)
         | tee "$out/gpu_mac_tests.log"
     (cd benchmarks &&
      python3 bench_mac.py --backend gpu --parts mlp-kernels,cost,linear,linear-fmnist,mlp \
-         --exact-max-n 50000 --suffix _gpu) 2>&1 | tee "$out/gpu_mac.log"
+         --exact-max-n 50000 --mlp-chain-iter 1000 --suffix _gpu) 2>&1 | tee "$out/gpu_mac.log"
     ;;
 mac-batch100)
     (cd benchmarks &&
