@@ -117,7 +117,9 @@ MLP_MAC_TSNE_ONE_Z = {**MLP_MAC_TSNE, "z_max_iter": 1}
 # RBF network 1.643, 1.845), where EE's and s-SNE's stay within 0.5%.
 MLP_MAC_TSNE_EARLY = {**MLP_MAC_TSNE, "mu_start": 0.08}
 # Both at once: on the H200 at 4856c9f one Z-step iteration per step passed the mark
-# at 0.246 s (1.85x) and mu_start 0.08 at 0.162 s (2.81x; the default 0.289 s).
+# at 0.246 s (1.85x) and mu_start 0.08 at 0.162 s (2.81x; the default 0.289 s).  Both
+# at 1827a3e and 8f7b55f: the 8th step (0.197 s, 2.34x; 0.158 s, 3.84x), where the
+# CPU's step count had said the 7th.
 MLP_MAC_TSNE_ONE_Z_EARLY = {**MLP_MAC_TSNE_EARLY, **MLP_MAC_TSNE_ONE_Z}
 # The chain rule's iterations at which the curves also give MAC's speedup, where a
 # chain-rule run goes on past them (--mlp-chain-iter).
@@ -227,21 +229,21 @@ def _curves_once(Y, embedding, mapping, macs, chain_engines, chain_max_iter, cha
         out[f"chain rule ({engine})"] = history
         print("chain", engine, history[-1], flush=True)
     out["speedup_to_chain_final"] = _speedup(out)
-    # Where a long chain-rule run passed CHAIN_CHECKPOINTS iterations: the ratio
+    # Where a chain-rule run went past CHAIN_CHECKPOINTS iterations: the ratio
     # depends on where the chain rule is stopped.
-    out["speedup_to_chain_at"] = {k: _speedup(out, k) for k in CHAIN_CHECKPOINTS
-                                  if k < chain_max_iter}
+    at = {k: _speedup(out, k) for k in CHAIN_CHECKPOINTS}
+    out["speedup_to_chain_at"] = {k: ratios for k, ratios in at.items() if ratios}
     return out
 
 
 def _speedup(out, iterations=None):
     """For each chain-rule run and MAC curve: the chain rule's time to its P(F)
     after ``iterations`` iterations (None: its last) over the MAC curve's time to
-    reach it (None: never reached)."""
+    reach it (None: never reached); chain-rule runs that stopped sooner are left out."""
     result = {}
     macs = [key for key in out if key.startswith("MAC")]
     for key, hist in out.items():
-        if not key.startswith("chain rule"):
+        if not key.startswith("chain rule") or (iterations or 0) >= len(hist):
             continue
         chain = hist[-1] if iterations is None else hist[iterations]
         for name in macs:

@@ -65,13 +65,14 @@
 # /tmp/o into the real $OUT (benchmarks/results/logs_h200_a38b0f6/README.md).
 # At 4856c9f (no cache) `mac embedding tests` under timeout 530: mac 4 minutes (its
 # tests 150 s), embedding 2, tests cut after 88.
-# The open issue's GPU part in one call (a session's 15 minutes of device time hold
-# about one 9-minute call after the machine's start), most needed first:
+# At 1827a3e (no cache) the gpu tests of every file but test_parametric, test_embedding and
+# test_objectives took 330 s, the mlp part of mac about 100 s.
+# One call's worth (a session's 15 minutes of device time hold about one 9-minute call
+# after the machine's start), with the results tarred as above:
 #   GPUEMBED_COMMIT=<HEAD> OUT=/tmp/o timeout 540 bash benchmarks/gpu_session.sh \
-#       mac tests; tar czf "$OUT/o.tgz" -C /tmp o
-# (issue 7's MAC and its kernels' tests, then as much of the gpu suite as fits, whose
-# files other than test_parametric, test_embedding and test_objectives last ran at
-# a38b0f6; carry .fmnist).
+#       tests; tar czf "$OUT/o.tgz" -C /tmp o
+# (all gpu files last passed at 1827a3e or 4856c9f; the parts not run since a38b0f6 or
+# earlier: tsne, bench, large, spectral, msne, transform; carry .fmnist).
 #
 # Fashion-MNIST travels with the working tree: before the first call, here,
 #   mkdir -p .fmnist && cp /usr/share/datasets/fashion-mnist/*.gz .fmnist/
