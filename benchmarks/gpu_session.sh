@@ -72,7 +72,8 @@
 #   GPUEMBED_COMMIT=<HEAD> OUT=/tmp/o timeout 540 bash benchmarks/gpu_session.sh \
 #       tests; tar czf "$OUT/o.tgz" -C /tmp o
 # (all gpu files last passed at 1827a3e or 4856c9f; the parts not run since a38b0f6 or
-# earlier: tsne, bench, large, spectral, msne, transform; carry .fmnist).
+# earlier: large, spectral, msne, transform, and bench's N-body crossover and tree, cut
+# at 22d7f4b; carry .fmnist).
 #
 # Fashion-MNIST travels with the working tree: before the first call, here,
 #   mkdir -p .fmnist && cp /usr/share/datasets/fashion-mnist/*.gz .fmnist/
