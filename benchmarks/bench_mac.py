@@ -243,9 +243,14 @@ def _speedup(out, iterations=None):
     result = {}
     macs = [key for key in out if key.startswith("MAC")]
     for key, hist in out.items():
-        if not key.startswith("chain rule") or (iterations or 0) >= len(hist):
+        if not key.startswith("chain rule"):
             continue
-        chain = hist[-1] if iterations is None else hist[iterations]
+        if iterations is None:
+            chain = hist[-1]
+        elif iterations < len(hist):
+            chain = hist[iterations]
+        else:
+            continue
         for name in macs:
             mac = next((h["seconds"] for h in out[name] if h["objective"] <= chain["objective"]),
                        None)
